@@ -1,0 +1,31 @@
+# Two commands set everything up on a fresh machine:
+#   make demo   create .venv, install, train the quickstart on this machine's CPU, print the summary
+#   make test   create .venv, install, run the test suite
+#
+# TORCH_SPEC picks the torch build. The default is the CPU wheel that lies on this project's
+# machines; on a GPU machine install your own CUDA build, e.g. `make test TORCH_SPEC=torch`.
+PYTHON ?= python3
+TORCH_SPEC ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/kanscale train configs/experiments/quickstart.yaml --out runs/demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,109 @@
+"""Reading and writing run records on disk.
+
+A run directory holds ``summary.json`` (the :class:`RunRecord`), ``steps.jsonl`` (one
+:class:`StepRecord` per line, appended as training goes) and ``config.yaml`` (the resolved
+experiment). The summary is replaced atomically (temp file + rename), so a reader sees either
+the previous complete version or the new one, never half a file. A run writes its summary with
+status ``incomplete`` before the first step, so a process that is killed leaves a record that
+says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from analysis.schema import SCHEMA_VERSION, RunRecord, StepRecord
+
+SUMMARY_FILE = "summary.json"
+STEPS_FILE = "steps.jsonl"
+CONFIG_FILE = "config.yaml"
+
+
+class RecordError(ValueError):
+    """A run record that cannot be read or does not follow the schema."""
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class RunWriter:
+    """Writes one run's directory. Validates every record before it touches the disk."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def summary_path(self) -> Path:
+        return self.run_dir / SUMMARY_FILE
+
+    def write_config(self, yaml_text: str) -> None:
+        atomic_write_text(self.run_dir / CONFIG_FILE, yaml_text)
+
+    def write_summary(self, record: RunRecord) -> None:
+        checked = RunRecord.model_validate(record.model_dump())
+        atomic_write_text(self.summary_path, checked.model_dump_json(indent=2) + "\n")
+
+    def append_steps(self, steps: list[StepRecord]) -> None:
+        lines = "".join(StepRecord.model_validate(s.model_dump()).model_dump_json() + "\n" for s in steps)
+        with open(self.run_dir / STEPS_FILE, "a") as f:
+            f.write(lines)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def read_summary(path: Path) -> RunRecord:
+    """Read and validate ``summary.json`` (the file or its run directory)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / SUMMARY_FILE
+    if not path.exists():
+        raise RecordError(f"{path}: no run summary here")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise RecordError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version != SCHEMA_VERSION:
+        raise RecordError(f"{path}: schema_version {version!r} is not one this kanscale reads (it reads {SCHEMA_VERSION})")
+    try:
+        return RunRecord.model_validate(data)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'record'}: {e['msg']}" for e in err.errors())
+        raise RecordError(f"{path}: does not follow the run record schema: {problems}") from None
+
+
+def read_steps(path: Path) -> list[StepRecord]:
+    """Read ``steps.jsonl`` (the file or its run directory). A torn last line, left by a process
+    killed mid-write, is skipped; any other bad line is an error."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / STEPS_FILE
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    steps = []
+    for n, line in enumerate(lines, start=1):
+        try:
+            steps.append(StepRecord.model_validate_json(line))
+        except ValidationError as err:
+            if n == len(lines) and not path.read_text().endswith("\n"):
+                break
+            raise RecordError(f"{path}:{n}: not a valid step record: {err.errors()[0]['msg']}") from None
+    return steps

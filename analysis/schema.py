@@ -1,0 +1,170 @@
+"""Metrics schema v1: the run record (one per run, ``summary.json``) and the step records (one
+per optimizer step, ``steps.jsonl``). Every strategy writes exactly these fields; analysis reads
+nothing else. Records are validated when written and when read; ``kanscale schema`` prints the
+JSON Schema generated from these classes (also shipped as ``analysis/run_record.schema.json``).
+
+Units: seconds, bytes, samples. Per-step times are means over the timed (post-warm-up) steps.
+Derived quantities (speedup, efficiency, retention, ...) are computed in analysis, never stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.json_schema import models_json_schema
+
+SCHEMA_VERSION = 1
+Status = Literal["ok", "failed", "incomplete"]
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StrategyInfo(Record):
+    name: str
+    options: dict[str, Any] = Field(description="the strategy's resolved options")
+    distributed_type: str | None = Field(None, description="what the backend reports it actually ran, e.g. Accelerate's")
+
+
+class ModelInfo(Record):
+    family: str
+    widths: list[int]
+    grid: int | None = Field(None, description="grid intervals (spline families) or centres (rbf)")
+    order: int | None = Field(None, description="spline order k, or polynomial degree")
+    options: dict[str, Any]
+    params_trainable: int = Field(ge=0)
+    params_total: int = Field(ge=0, description="all parameter and buffer elements, as the study counts pykan's")
+
+
+class TaskInfo(Record):
+    name: str
+    input_dim: int = Field(ge=1)
+    n_train: int = Field(ge=1)
+    n_test: int = Field(ge=0)
+
+
+class Topology(Record):
+    world_size: int = Field(ge=1)
+    nodes: int = Field(ge=1)
+    procs_per_node: int = Field(ge=1)
+    launcher: str = Field(description="none | torchrun | accelerate | deepspeed | slurm")
+    comm_backend: str | None = Field(None, description="gloo | nccl | None for one process")
+    device_type: str
+    device_name: str
+
+
+class BatchInfo(Record):
+    micro_batch: int = Field(ge=1)
+    grad_accum: int = Field(ge=1)
+    global_batch: int = Field(ge=1, description="micro_batch x grad_accum x world_size")
+    steps: int = Field(ge=0, description="optimizer steps completed")
+    epochs: float = Field(ge=0.0, description="passes over the training set completed")
+    warmup_steps: int = Field(ge=0)
+    timed_steps: int = Field(ge=0)
+
+
+class Timings(Record):
+    total_s: float = Field(ge=0.0, description="wall time of the training loop, warm-up included")
+    step_mean_s: float = Field(ge=0.0)
+    step_p50_s: float = Field(ge=0.0)
+    step_p95_s: float = Field(ge=0.0)
+    compute_s: float = Field(ge=0.0, description="per step: step time minus exposed communication and data")
+    comm_exposed_s: float = Field(ge=0.0, description="per step: communication not hidden behind compute")
+    data_s: float = Field(ge=0.0, description="per step: fetching the batch")
+    compile_s: float | None = Field(None, ge=0.0, description="torch.compile time, excluded from step times")
+
+
+class Throughput(Record):
+    samples_per_s: float = Field(ge=0.0, description="global samples per second over the timed steps")
+    samples_per_s_per_rank: float = Field(ge=0.0)
+
+
+class ModelStateBytes(Record):
+    params: int = Field(ge=0)
+    grads: int = Field(ge=0)
+    optimizer: int = Field(ge=0)
+
+
+class Memory(Record):
+    peak_device_bytes: int | None = Field(None, ge=0, description="max_memory_allocated on GPU (rank 0); None on CPU")
+    peak_rss_bytes: int | None = Field(None, ge=0, description="peak resident set size of the process (max over ranks)")
+    model_state: ModelStateBytes = Field(description="bytes of parameters, gradients and optimizer state rank 0 holds")
+
+
+class Environment(Record):
+    python: str
+    torch: str
+    deepspeed: str | None = None
+    accelerate: str | None = None
+    pykan: str | None = None
+    platform: str
+    hosts: list[str]
+    gpu_model: str | None = None
+
+
+class RunError(Record):
+    type: str
+    message: str
+    rank: int | None = None
+    step: int | None = Field(None, description="last completed step")
+
+
+class RunRecord(Record):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    run_id: str
+    name: str
+    status: Status
+    error: RunError | None = None
+    study: str | None = None
+    config_digest: str = Field(description="hash of the resolved config; equal digests mean equal experiments")
+    started_at: str
+    finished_at: str | None = None
+    seed: int
+    strategy: StrategyInfo
+    model: ModelInfo
+    task: TaskInfo
+    topology: Topology
+    batch: BatchInfo
+    timings: Timings | None = None
+    throughput: Throughput | None = None
+    comm_overhead: float | None = Field(None, ge=0.0, le=1.0, description="exposed communication / step time")
+    memory: Memory | None = None
+    final_loss: float | None = Field(None, description="training loss of the last step (global mean)")
+    test_mse: float | None = Field(None, ge=0.0)
+    environment: Environment
+
+    @model_validator(mode="after")
+    def _complete_when_ok(self) -> "RunRecord":
+        if self.status == "ok":
+            missing = [f for f in ("timings", "throughput", "comm_overhead", "memory", "final_loss", "test_mse", "finished_at")
+                       if getattr(self, f) is None]
+            if missing:
+                raise ValueError(f"a run with status ok must have {', '.join(missing)}")
+        if self.status == "failed" and self.error is None:
+            raise ValueError("a failed run must say why in error")
+        return self
+
+
+class StepRecord(Record):
+    step: int = Field(ge=1)
+    loss: float = Field(description="global mean training loss of the step")
+    time_s_max: float = Field(ge=0.0, description="step time, slowest rank")
+    time_s_mean: float = Field(ge=0.0)
+    comm_s_max: float = Field(ge=0.0, description="exposed communication, slowest rank")
+    comm_s_mean: float = Field(ge=0.0)
+    samples: int = Field(ge=0, description="global samples in the step")
+    timed: bool = Field(description="false for warm-up steps")
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of both record kinds (their definitions under ``$defs``)."""
+    _, schema = models_json_schema([(RunRecord, "validation"), (StepRecord, "validation")])
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": f"https://kanscale.invalid/schema/v{SCHEMA_VERSION}",
+        "title": f"kanscale metrics schema v{SCHEMA_VERSION}",
+        "description": "summary.json holds one RunRecord; steps.jsonl holds one StepRecord per line.",
+        **schema,
+    }

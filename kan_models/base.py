@@ -1,0 +1,86 @@
+"""What every zoo model shares: its config base class, the layer stack, parameter counting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from torch import nn
+
+
+class ModelConfig(BaseModel):
+    """Fields every family has. A family subclasses this, narrows ``family`` to a literal,
+    adds its own options and implements :meth:`build`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    family: str
+    widths: list[int] = Field(description="layer widths including input and output, e.g. [2, 64, 1]")
+
+    @field_validator("widths")
+    @classmethod
+    def _at_least_two_positive(cls, widths: list[int]) -> list[int]:
+        if len(widths) < 2:
+            raise ValueError("needs at least an input and an output width, e.g. [2, 64, 1]")
+        if any(w <= 0 for w in widths):
+            raise ValueError("every width must be a positive integer")
+        return widths
+
+    def build(self) -> nn.Module:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One line naming the model, e.g. ``bspline [2, 64, 1] grid=10 k=3``."""
+        extras = self.model_dump(exclude={"family", "widths"})
+        return " ".join([self.family, str(self.widths)] + [f"{k}={v}" for k, v in extras.items()])
+
+
+class LayerStack(nn.Module):
+    """A feed-forward stack of KAN (or MLP) layers.
+
+    ``layers`` is also the unit the sharding strategies wrap one by one (one FSDP unit per
+    KAN layer), so every zoo model exposes its layers through :attr:`blocks`.
+    """
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        return list(self.layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    @property
+    def supports_grid_update(self) -> bool:
+        return all(hasattr(layer, "update_grid") for layer in self.layers)
+
+    @torch.no_grad()
+    def update_grid(self, x: torch.Tensor) -> None:
+        """Refit every layer's grid to the activations that reach it (layer by layer, so each
+        layer sees its input as produced by the already-updated layers before it)."""
+        if not self.supports_grid_update:
+            raise TypeError(f"{type(self.layers[0]).__name__} has no grid to update")
+        for layer in self.layers:
+            layer.update_grid(x)
+            x = layer(x)
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    trainable: int
+    total: int
+
+
+def count_parameters(model: nn.Module) -> ParamCount:
+    """Trainable = elements of parameters that require grad; total = elements of the whole
+    state (parameters and buffers such as spline grids), which is how the published study counts
+    pykan's non-trainable grid and mask tensors."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(t.numel() for t in model.state_dict().values())
+    return ParamCount(trainable=trainable, total=total)

@@ -1,0 +1,144 @@
+"""B-spline KAN (Liu et al. 2024): every edge i -> o carries its own learnable activation
+
+    phi_oi(x) = scale_base[o, i] * silu(x) + scale_spline[o, i] * sum_j coef[o, i, j] * B_j(x)
+
+where B_j are the G + k B-spline bases of order k on a grid of G intervals over ``grid_range``,
+extended by k knots on either side. This module is the straightforward Cox-de Boor
+implementation most KAN libraries use.
+
+Outside the extended knot span every basis is zero, so the spline term vanishes and only the
+SiLU base path remains; on the k extension intervals at either end the bases no longer sum to 1.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field, model_validator
+from torch import nn
+
+from kan_models.base import LayerStack, ModelConfig
+
+
+def uniform_knots(grid: int, k: int, low: float, high: float, in_features: int) -> torch.Tensor:
+    """Knots t_0 .. t_{G+2k} of a uniform grid over [low, high] extended by k knots per side,
+    one row per input feature: shape (in_features, G + 2k + 1)."""
+    h = (high - low) / grid
+    knots = low + h * torch.arange(-k, grid + k + 1, dtype=torch.float64)
+    return knots.expand(in_features, -1).contiguous()
+
+
+def bspline_basis(x: torch.Tensor, knots: torch.Tensor, k: int) -> torch.Tensor:
+    """All G + k B-spline bases of order k at x by the Cox-de Boor recursion.
+
+    x: (batch, in); knots: (in, G + 2k + 1), non-decreasing per row. Returns (batch, in, G + k).
+    """
+    x = x.unsqueeze(-1)
+    t = knots.unsqueeze(0)
+    bases = ((x >= t[..., :-1]) & (x < t[..., 1:])).to(x.dtype)
+    for p in range(1, k + 1):
+        left = (x - t[..., : -(p + 1)]) / (t[..., p:-1] - t[..., : -(p + 1)]) * bases[..., :-1]
+        right = (t[..., p + 1 :] - x) / (t[..., p + 1 :] - t[..., 1:-p]) * bases[..., 1:]
+        bases = left + right
+    return bases
+
+
+def adaptive_knots(x: torch.Tensor, grid: int, k: int, grid_eps: float) -> torch.Tensor:
+    """Knots refitted to the data in x (batch, in): ``grid_eps`` mixes a uniform grid over each
+    feature's observed range (1.0) with one placed at the data's quantiles (0.0), as in pykan.
+    Returns (in, G + 2k + 1)."""
+    x_sorted = torch.sort(x, dim=0).values
+    n = x_sorted.shape[0]
+    quantile_idx = torch.linspace(0, n - 1, grid + 1, device=x.device).round().long()
+    quantile_grid = x_sorted[quantile_idx]  # (G + 1, in)
+    low, high = x_sorted[0], x_sorted[-1]
+    # A feature with (almost) no spread still needs strictly increasing knots.
+    span = torch.clamp(high - low, min=1e-4 * torch.clamp(high.abs(), min=1.0))
+    step = span / grid
+    uniform_grid = low + step * torch.arange(grid + 1, device=x.device, dtype=x.dtype).unsqueeze(1)
+    inner = grid_eps * uniform_grid + (1.0 - grid_eps) * quantile_grid
+    # Quantile knots coincide on repeated values; a tiny ramp keeps them strictly increasing.
+    inner = inner + 1e-6 * step * torch.arange(grid + 1, device=x.device, dtype=x.dtype).unsqueeze(1)
+    ext = torch.arange(1, k + 1, device=x.device, dtype=x.dtype).unsqueeze(1) * step
+    knots = torch.cat([inner[:1] - ext.flip(0), inner, inner[-1:] + ext], dim=0)
+    return knots.T.contiguous()
+
+
+class BSplineKANLayer(nn.Module):
+    """One KAN layer with Cox-de Boor B-spline activations on every edge."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        grid: int = 5,
+        k: int = 3,
+        grid_range: tuple[float, float] = (-1.0, 1.0),
+        grid_eps: float = 0.02,
+        noise_scale: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.grid, self.k, self.grid_eps = grid, k, grid_eps
+        self.register_buffer("knots", uniform_knots(grid, k, *grid_range, in_features).float())
+        self.coef = nn.Parameter(torch.randn(out_features, in_features, grid + k) * noise_scale / math.sqrt(grid))
+        bound = 1.0 / math.sqrt(in_features)
+        self.scale_base = nn.Parameter(torch.empty(out_features, in_features).uniform_(-bound, bound))
+        self.scale_spline = nn.Parameter(torch.full((out_features, in_features), bound))
+
+    def basis(self, x: torch.Tensor) -> torch.Tensor:
+        return bspline_basis(x, self.knots, self.k)
+
+    def spline_weight(self) -> torch.Tensor:
+        return self.coef * self.scale_spline.unsqueeze(-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        base = F.linear(F.silu(x), self.scale_base)
+        spline = F.linear(self.basis(x).flatten(1), self.spline_weight().flatten(1))
+        return base + spline
+
+    @torch.no_grad()
+    def update_grid(self, x: torch.Tensor) -> None:
+        """Move the knots to the distribution of x (batch, in) and refit ``coef`` by least
+        squares so each edge's spline changes as little as possible on x."""
+        old_curves = torch.einsum("bij,oij->ibo", self.basis(x), self.coef)  # (in, batch, out)
+        self.knots.copy_(adaptive_knots(x, self.grid, self.k, self.grid_eps))
+        new_basis = self.basis(x).permute(1, 0, 2)  # (in, batch, G + k)
+        self.coef.copy_(least_squares(new_basis, old_curves).permute(2, 0, 1))
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, grid={self.grid}, k={self.k}"
+
+
+def least_squares(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Batched min ||a x - b||; solved in float64 for accuracy, returned in b's dtype.
+    The CPU driver handles rank-deficient systems (fewer samples than bases)."""
+    driver = "gelsd" if a.device.type == "cpu" else None
+    solution = torch.linalg.lstsq(a.double(), b.double(), driver=driver).solution
+    return solution.to(b.dtype)
+
+
+class BSplineConfig(ModelConfig):
+    """B-spline KAN: SiLU base path plus an order-k spline on a G-interval grid per edge."""
+
+    family: Literal["bspline"]
+    grid: int = Field(5, ge=1, le=1000, description="number of grid intervals G")
+    k: int = Field(3, ge=1, le=5, description="spline order")
+    grid_range: tuple[float, float] = Field((-1.0, 1.0), description="initial grid [low, high]")
+    grid_eps: float = Field(0.02, ge=0.0, le=1.0, description="grid update: 1 = uniform, 0 = quantiles")
+    noise_scale: float = Field(0.1, ge=0.0, description="std of the initial spline coefficients, times 1/sqrt(G)")
+
+    @model_validator(mode="after")
+    def _range_increasing(self) -> "BSplineConfig":
+        if not self.grid_range[0] < self.grid_range[1]:
+            raise ValueError(f"grid_range must be [low, high] with low < high, got {list(self.grid_range)}")
+        return self
+
+    def build(self) -> LayerStack:
+        return LayerStack([
+            BSplineKANLayer(i, o, self.grid, self.k, self.grid_range, self.grid_eps, self.noise_scale)
+            for i, o in zip(self.widths[:-1], self.widths[1:])
+        ])

@@ -1,0 +1,48 @@
+"""The one-screen summary ``kanscale train`` prints at the end of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from analysis.schema import RunRecord
+
+
+def human_bytes(n: int | float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def format_summary(record: RunRecord, run_dir: Path) -> str:
+    r = record
+    m, b, topo = r.model, r.batch, r.topology
+    lines = [
+        f"run        {r.run_id}  [{r.status}]",
+        f"model      {m.family} {m.widths}" + "".join(f" {k}={v}" for k, v in (("grid", m.grid), ("k", m.order)) if v is not None)
+        + f"  {m.params_trainable:,} trainable / {m.params_total:,} total params",
+        f"task       {r.task.name}  {r.task.n_train:,} train / {r.task.n_test:,} test samples",
+        f"strategy   {r.strategy.name} on {topo.world_size} rank(s) x {topo.nodes} node(s), {topo.device_type} "
+        f"({topo.device_name}), launcher {topo.launcher}",
+        f"training   {b.steps} steps = {b.epochs:g} epochs, global batch {b.global_batch} "
+        f"(micro {b.micro_batch} x accum {b.grad_accum} x {topo.world_size} ranks), {b.timed_steps} timed",
+    ]
+    if r.throughput and r.timings:
+        lines.append(f"speed      {r.throughput.samples_per_s:,.0f} samples/s ({r.throughput.samples_per_s_per_rank:,.0f} per rank); "
+                     f"step p50 {r.timings.step_p50_s * 1e3:.2f} ms, p95 {r.timings.step_p95_s * 1e3:.2f} ms; "
+                     f"comm overhead {100 * (r.comm_overhead or 0):.1f}%")
+    if r.memory:
+        ms = r.memory.model_state
+        lines.append(f"memory     peak RSS {human_bytes(r.memory.peak_rss_bytes)}"
+                     + (f", peak device {human_bytes(r.memory.peak_device_bytes)}" if r.memory.peak_device_bytes is not None else "")
+                     + f"; model state per rank: params {human_bytes(ms.params)}, grads {human_bytes(ms.grads)}, "
+                     f"optimizer {human_bytes(ms.optimizer)}")
+    if r.final_loss is not None:
+        lines.append(f"loss       final train {r.final_loss:.4e}   test MSE {r.test_mse:.4e}")
+    if r.error:
+        lines.append(f"error      {r.error.type} on rank {r.error.rank} after step {r.error.step}: {r.error.message}")
+    lines.append(f"record     {run_dir / 'summary.json'}")
+    return "\n".join(lines)

@@ -1,0 +1,56 @@
+"""Which samples each rank trains on at each step.
+
+A global batch (micro_batch x grad_accum x world_size samples) is cut first into grad_accum
+micro-steps, then each micro-step into world_size rank shards. The cut depends only on the
+seed, the step and those three sizes, never on the strategy, so every backend sees the same
+data. An epoch's last global batch may be short: it is cut the same way, as evenly as possible,
+and the loss is normalised by the samples actually in the step, so no sample is dropped or
+repeated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    n_samples: int
+    global_batch: int
+    seed: int
+    epochs: float | None = None
+    steps: int | None = None
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(self.n_samples / self.global_batch)
+
+    @property
+    def total_steps(self) -> int:
+        if self.steps is not None:
+            return self.steps
+        return max(1, math.ceil(self.epochs * self.steps_per_epoch))
+
+    def epochs_done(self, steps: int) -> float:
+        """Passes over the data after ``steps`` optimizer steps (fractional within an epoch)."""
+        full, partial = divmod(steps, self.steps_per_epoch)
+        seen = min(partial * self.global_batch, self.n_samples)
+        return full + seen / self.n_samples
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        return torch.from_numpy(np.random.default_rng([self.seed, epoch]).permutation(self.n_samples))
+
+    def global_indices(self, step: int) -> torch.Tensor:
+        """Sample indices of the global batch of ``step`` (0-based)."""
+        epoch, offset = divmod(step, self.steps_per_epoch)
+        start = offset * self.global_batch
+        return self.epoch_order(epoch)[start : start + self.global_batch]
+
+
+def rank_micro_batches(indices: torch.Tensor, grad_accum: int, world_size: int, rank: int) -> list[torch.Tensor]:
+    """This rank's share of each micro-step of one global batch."""
+    return [part.tensor_split(world_size)[rank] for part in indices.tensor_split(grad_accum)]

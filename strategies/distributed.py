@@ -1,0 +1,127 @@
+"""Where this process sits among the ranks, and the few collectives the loop itself needs.
+
+Every launcher (torchrun, accelerate launch, the deepspeed launcher, srun) exports the same
+environment variables; one process started by hand has none of them and is rank 0 of 1.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else default
+
+
+def detect_launcher() -> str:
+    if os.environ.get("ACCELERATE_DYNAMO_BACKEND") is not None or os.environ.get("ACCELERATE_MIXED_PRECISION") is not None:
+        return "accelerate"
+    if os.environ.get("KANSCALE_LAUNCHER"):
+        return os.environ["KANSCALE_LAUNCHER"]
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
+        return "torchrun"
+    if os.environ.get("RANK") is not None:
+        return "deepspeed"
+    return "none"
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    launcher: str = "none"
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @classmethod
+    def from_environ(cls, device: str = "auto") -> "DistEnv":
+        world = _env_int("WORLD_SIZE", 1)
+        local_rank = _env_int("LOCAL_RANK", 0)
+        return cls(
+            rank=_env_int("RANK", 0),
+            world_size=world,
+            local_rank=local_rank,
+            local_world_size=_env_int("LOCAL_WORLD_SIZE", world),
+            launcher=detect_launcher() if world > 1 or "RANK" in os.environ else "none",
+            device=pick_device(device, local_rank),
+        )
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world_size // self.local_world_size)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return dist.is_available() and dist.is_initialized()
+
+    @property
+    def comm_backend(self) -> str | None:
+        return dist.get_backend() if self.distributed else None
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, then for every rank: the edge of a timed window."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.barrier()
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """In-place sum or max over ranks (a no-op for one process)."""
+        if self.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return tensor
+
+    def gather_strings(self, value: str) -> list[str]:
+        if not self.distributed:
+            return [value]
+        out: list[str | None] = [None] * self.world_size
+        dist.all_gather_object(out, value)
+        return [str(v) for v in out]
+
+    def broadcast_string(self, value: str) -> str:
+        if not self.distributed:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def pick_device(device: str, local_rank: int = 0) -> torch.device:
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return _cpu_model() or "cpu"
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def hostname() -> str:
+    return socket.gethostname()

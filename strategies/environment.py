@@ -1,0 +1,32 @@
+"""Software and hardware a run used, for its record."""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+
+import torch
+
+from analysis.schema import Environment
+from strategies.distributed import DistEnv, hostname
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def environment_info(env: DistEnv) -> Environment:
+    """Collected on every rank (host names are gathered, so every rank must call this)."""
+    return Environment(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        deepspeed=package_version("deepspeed"),
+        accelerate=package_version("accelerate"),
+        pykan=package_version("pykan"),
+        platform=platform.platform(),
+        hosts=sorted(set(env.gather_strings(hostname()))),
+        gpu_model=torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else None,
+    )

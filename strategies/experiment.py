@@ -1,0 +1,180 @@
+"""The experiment config: one YAML file holding the model, the task, every training
+hyperparameter, the strategy and where results go, validated into typed objects.
+
+Loading goes YAML -> dict -> ``--set`` overrides -> pydantic validation. Every problem is
+reported as a :class:`ConfigError` naming the field, what was given and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, get_args
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from kan_models import AnyModelConfig, AnyTaskConfig
+from strategies.config import ConfigError, OutputConfig, RuntimeConfig, Section, TrainingConfig
+from strategies.registry import AnyStrategyConfig
+
+
+class ExperimentConfig(Section):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="used in run ids")
+    study: str | None = Field(None, description="the study (sweep) this run belongs to")
+    model: AnyModelConfig
+    task: AnyTaskConfig
+    training: TrainingConfig = TrainingConfig()
+    strategy: AnyStrategyConfig = Field(default_factory=lambda: {"name": "single"}, validate_default=True)
+    runtime: RuntimeConfig = RuntimeConfig()
+    output: OutputConfig = OutputConfig()
+
+    @model_validator(mode="after")
+    def _model_fits_task(self) -> "ExperimentConfig":
+        if self.model.widths[0] != self.task.input_dim:
+            raise ValueError(
+                f"model.widths starts with {self.model.widths[0]} inputs but task {self.task.name} has "
+                f"{self.task.input_dim}; set model.widths[0] to {self.task.input_dim}")
+        if self.model.widths[-1] != 1:
+            raise ValueError(f"model.widths must end with 1 output for a scalar regression task, got {self.model.widths[-1]}")
+        return self
+
+    def resolved(self) -> dict[str, Any]:
+        """Every field, defaults filled in: what a run used, written as its config.yaml."""
+        return self.model_dump(mode="json")
+
+    def digest(self) -> str:
+        """Hash of the resolved config; equal digests mean equal experiments."""
+        canonical = json.dumps(self.resolved(), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------
+# Loading
+
+
+def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
+    """Read a YAML experiment, apply ``key.path=value`` overrides, validate."""
+    return parse_experiment(read_yaml(path), overrides, source=str(path))
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist")
+    if path.is_dir():
+        raise ConfigError(f"config path {path} is a directory; give a YAML file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path} is not valid YAML{where}: {getattr(err, 'problem', err)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (model, task, training, ...), got {type(data).__name__}")
+    return data
+
+
+def parse_experiment(data: dict[str, Any], overrides: list[str] = (), source: str = "config") -> ExperimentConfig:
+    for override in overrides:
+        apply_override(data, override)
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        lines = [describe_error(e, data) for e in err.errors()]
+        raise ConfigError(f"{source} is invalid:\n" + "\n".join(f"  - {line}" for line in lines)) from None
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """``training.lr=0.01`` sets data['training']['lr'] = 0.01; the value is parsed as YAML, so
+    ``model.widths=[2,32,1]`` and ``runtime.threads=null`` work."""
+    key, sep, raw = override.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {override!r}: expected key.path=value, e.g. --set training.lr=0.01")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    node = data
+    parts = key.strip().split(".")
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {override!r}: {'.'.join(parts[: i + 1])} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def describe_error(error: dict[str, Any], data: dict[str, Any]) -> str:
+    """One line for one pydantic error: the field path, what was given, what is allowed."""
+    path, parent = _field_path(error["loc"], data)
+    kind, msg, given = error["type"], error["msg"], error.get("input")
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(error["loc"], data)
+        close = difflib.get_close_matches(str(error["loc"][-1]), allowed, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return f"{path}: unknown key; {hint}allowed keys here: {', '.join(allowed)}"
+    if kind == "union_tag_invalid":
+        ctx = error["ctx"]
+        return f"{path}.{ctx['discriminator'].strip(chr(39))}: {ctx['tag']!r} is not one of {ctx['expected_tags']}"
+    if kind == "union_tag_not_found":
+        return f"{path}: missing '{error['ctx']['discriminator'].strip(chr(39))}' (which kind to use)"
+    if kind == "missing":
+        return f"{path}: required field is missing"
+    msg = msg.removeprefix("Value error, ")
+    shown = "" if isinstance(given, dict) else f" (given: {given!r})"
+    return f"{path}: {msg}{shown}" if path else f"{msg}{shown}"
+
+
+def _field_path(loc: tuple, data: dict[str, Any]) -> tuple[str, Any]:
+    """Join a pydantic error location into ``a.b.c``, dropping the union-tag entries pydantic
+    inserts (``model.bspline.grid`` -> ``model.grid``)."""
+    parts, node = [], data
+    for part in loc:
+        if isinstance(node, dict) and part not in node and isinstance(part, str) and _is_tag(node, part):
+            continue
+        parts.append(f"[{part}]" if isinstance(part, int) else str(part))
+        node = node.get(part) if isinstance(node, dict) else (node[part] if isinstance(node, list) and isinstance(part, int) and part < len(node) else None)
+    return ".".join(parts).replace(".[", "["), node
+
+
+def _is_tag(node: dict[str, Any], part: str) -> bool:
+    return any(node.get(key) == part for key in ("family", "name"))
+
+
+def _allowed_keys(loc: tuple, data: dict[str, Any]) -> list[str]:
+    """The fields of the config class that rejected an unknown key at ``loc``."""
+    cls: Any = ExperimentConfig
+    node: Any = data
+    for part in loc[:-1]:
+        if isinstance(node, dict) and part not in node and _is_tag(node, part):
+            continue
+        field = cls.model_fields.get(part) if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+        node = node.get(part) if isinstance(node, dict) else None
+        cls = _resolve_class(field.annotation if field else None, node)
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        return list(cls.model_fields)
+    return []
+
+
+def _resolve_class(annotation: Any, node: Any) -> Any:
+    """The BaseModel class a field's value is validated into (following discriminated unions)."""
+    candidates = [annotation]
+    while candidates:
+        current = candidates.pop()
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            tag_fields = [f for f in ("family", "name") if f in current.model_fields]
+            if not tag_fields or not isinstance(node, dict):
+                return current
+            tag = current.model_fields[tag_fields[0]].annotation
+            if node.get(tag_fields[0]) in get_args(tag):
+                return current
+            continue
+        candidates.extend(get_args(current))
+    return None
+
+
+def dump_yaml(data: dict[str, Any]) -> str:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=None)

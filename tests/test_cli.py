@@ -1,0 +1,88 @@
+"""The kanscale CLI as a user runs it."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.records import read_steps, read_summary
+from launchers.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = str(ROOT / "configs/experiments/quickstart.yaml")
+PAPER = str(ROOT / "configs/experiments/paper_kan64.yaml")
+
+
+def only_run(out: Path) -> Path:
+    runs = [p for p in out.iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def test_train_prints_a_summary_and_writes_a_valid_record(tmp_path, capsys):
+    assert main(["train", QUICKSTART, "--out", str(tmp_path), "--set", "training.epochs=1", "--no-progress"]) == 0
+    out = capsys.readouterr()
+    record = read_summary(only_run(tmp_path))
+    assert record.status == "ok" and record.strategy.name == "single"
+    for text in ("bspline [2, 16, 1]", "samples/s", "test MSE", "summary.json", record.run_id):
+        assert text in out.out
+    assert "[kanscale] step" in out.err  # compact log lines when not on a terminal
+    assert record.final_loss < read_steps(only_run(tmp_path))[0].loss
+
+
+def test_paper_config_trains_the_pykan_model(tmp_path, capsys, in_tmp_cwd):
+    # The study's model and task, shortened: pykan [2, 64, 1], grid 10, k 3, batch 512.
+    code = main(["train", PAPER, "--out", str(tmp_path / "runs"), "--no-progress",
+                 "--set", "task.n_train=4096", "--set", "task.n_test=512", "--set", "training.epochs=2"])
+    assert code == 0
+    record = read_summary(only_run(tmp_path / "runs"))
+    assert (record.model.family, record.model.params_total, record.batch.micro_batch) == ("pykan", 5414, 512)
+    assert record.batch.steps == 16 and record.environment.pykan == "0.2.8"
+    assert sorted(p.name for p in in_tmp_cwd.iterdir()) == ["runs"]  # pykan wrote nothing else
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--set", "training.lrr=1"], "training.lrr: unknown key; did you mean 'lr'"),
+    (["--set", "training.warmup_steps=500", "--set", "training.steps=10"], "training.warmup_steps: 500 warm-up steps leave none"),
+    (["--set", "model.k=0"], "model.k"),
+])
+def test_bad_input_exits_2_with_one_message_and_no_traceback(tmp_path, capsys, args, message):
+    assert main(["train", QUICKSTART, "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # nothing was started
+
+
+def test_output_dir_that_is_a_file(tmp_path, capsys):
+    target = tmp_path / "taken"
+    target.write_text("")
+    assert main(["train", QUICKSTART, "--out", str(target)]) == 2
+    assert "output.dir" in capsys.readouterr().err
+
+
+def test_missing_config_through_the_console_script(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "launchers.cli", "train", str(tmp_path / "none.yaml")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_models_lists_every_family_with_counts(capsys):
+    assert main(["models", "--widths", "2,64,1"]) == 0
+    out = capsys.readouterr().out
+    for family in ("bspline", "rbf", "chebyshev", "pykan", "mlp"):
+        assert family in out
+    assert "5,414" in out  # pykan at the study's size (its defaults: grid 10, k 3)
+
+
+def test_models_rejects_bad_widths(capsys):
+    assert main(["models", "--widths", "2,x"]) == 2
+    assert "--widths" in capsys.readouterr().err
+
+
+def test_schema_prints_json_schema(capsys):
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert {"RunRecord", "StepRecord"} <= set(schema["$defs"])

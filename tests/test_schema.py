@@ -1,0 +1,94 @@
+"""Metrics schema v1: round trip, rejection of malformed records, the shipped JSON Schema."""
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from analysis.records import RecordError, RunWriter, read_steps, read_summary
+from analysis.schema import RunRecord, StepRecord, json_schema
+from strategies.experiment import load_experiment
+from strategies.loop import train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    cfg = load_experiment(ROOT / "configs/experiments/quickstart.yaml",
+                          [f"output.dir={out}", "training.steps=30", "task.n_train=2000"])
+    record, run_dir = train(cfg, show_progress=False)
+    return record, run_dir
+
+
+def test_a_real_run_round_trips(finished_run):
+    record, run_dir = finished_run
+    assert record.status == "ok"
+    assert read_summary(run_dir) == record
+    steps = read_steps(run_dir)
+    assert [s.step for s in steps] == list(range(1, 31))
+    assert sum(s.timed for s in steps) == 25 == record.batch.timed_steps
+    assert record.final_loss == steps[-1].loss
+    assert (run_dir / "config.yaml").exists()
+
+
+def test_the_shipped_json_schema_is_current_and_validates_real_records(finished_run):
+    shipped = json.loads((ROOT / "analysis/run_record.schema.json").read_text())
+    assert shipped == json_schema(), "regenerate with: kanscale schema --out analysis/run_record.schema.json"
+    _, run_dir = finished_run
+    defs = shipped["$defs"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    jsonschema.validate(summary, {**shipped, "$ref": "#/$defs/RunRecord"})
+    for line in (run_dir / "steps.jsonl").read_text().splitlines():
+        jsonschema.validate(json.loads(line), {**shipped, "$ref": "#/$defs/StepRecord"})
+    bad = {**summary, "status": "done"}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, {"$defs": defs, "$ref": "#/$defs/RunRecord"})
+
+
+def test_malformed_records_are_rejected(finished_run, tmp_path):
+    record, _ = finished_run
+    with pytest.raises(ValueError, match="status ok must have timings"):
+        RunRecord.model_validate({**record.model_dump(), "timings": None})
+    with pytest.raises(ValueError, match="failed run must say why"):
+        RunRecord.model_validate({**record.model_dump(), "status": "failed"})
+    with pytest.raises(ValueError):
+        RunRecord.model_validate({**record.model_dump(), "unexpected": 1})
+    with pytest.raises(ValueError):
+        StepRecord.model_validate({"step": 0, "loss": 1.0, "time_s_max": 1, "time_s_mean": 1, "comm_s_max": 0,
+                                   "comm_s_mean": 0, "samples": 1, "timed": True})
+
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({**record.model_dump(), "throughput": {"samples_per_s": -1}}))
+    with pytest.raises(RecordError, match="does not follow the run record schema: throughput"):
+        read_summary(path)
+    path.write_text(json.dumps({**record.model_dump(), "schema_version": 99}))
+    with pytest.raises(RecordError, match="schema_version 99"):
+        read_summary(path)
+    path.write_text('{"schema_version": 1, ')
+    with pytest.raises(RecordError, match="not valid JSON"):
+        read_summary(path)
+    with pytest.raises(RecordError, match="no run summary"):
+        read_summary(tmp_path / "elsewhere")
+
+
+def test_writer_validates_before_writing(finished_run, tmp_path):
+    record, _ = finished_run
+    writer = RunWriter(tmp_path / "run")
+    broken = record.model_copy(update={"final_loss": None})  # model_copy skips validation
+    with pytest.raises(ValueError):
+        writer.write_summary(broken)
+    assert not writer.summary_path.exists()
+
+
+def test_a_torn_last_step_line_is_skipped(finished_run, tmp_path):
+    _, run_dir = finished_run
+    text = (run_dir / "steps.jsonl").read_text()
+    torn = tmp_path / "steps.jsonl"
+    torn.write_text(text + '{"step": 31, "loss": 0.1, "ti')
+    assert len(read_steps(torn)) == 30
+    torn.write_text('{"step": 1}\n' + text)
+    with pytest.raises(RecordError, match=":1: not a valid step record"):
+        read_steps(torn)
