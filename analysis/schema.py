@@ -70,9 +70,11 @@ class Timings(Record):
     step_mean_s: float = Field(ge=0.0)
     step_p50_s: float = Field(ge=0.0)
     step_p95_s: float = Field(ge=0.0)
-    compute_s: float = Field(ge=0.0, description="per step: step time minus exposed communication and data")
-    comm_exposed_s: float = Field(ge=0.0, description="per step: communication not hidden behind compute")
     data_s: float = Field(ge=0.0, description="per step: fetching the batch")
+    compute_s: float = Field(ge=0.0, description="per step: the same per-rank work on an unwrapped replica, no communication")
+    comm_exposed_s: float = Field(ge=0.0, description="per step: step - data - compute, communication not hidden behind compute")
+    comm_exposed_check_s: float | None = Field(
+        None, ge=0.0, description="per step, independent check: step time minus the main thread's CPU time (CPU, one thread per rank)")
     compile_s: float | None = Field(None, ge=0.0, description="torch.compile time, excluded from step times")
 
 
@@ -82,15 +84,22 @@ class Throughput(Record):
 
 
 class ModelStateBytes(Record):
-    params: int = Field(ge=0)
+    params: int = Field(ge=0, description="model parameters (this rank's shards where sharded)")
     grads: int = Field(ge=0)
-    optimizer: int = Field(ge=0)
+    optimizer: int = Field(ge=0, description="optimizer state such as Adam's moments")
+    master_params: int = Field(0, ge=0, description="fp32 master copies of parameters kept by ZeRO-style optimizers")
 
 
 class Memory(Record):
-    peak_device_bytes: int | None = Field(None, ge=0, description="max_memory_allocated on GPU (rank 0); None on CPU")
+    peak_device_bytes: int | None = Field(None, ge=0, description="max_memory_allocated on GPU (max over ranks); None on CPU")
     peak_rss_bytes: int | None = Field(None, ge=0, description="peak resident set size of the process (max over ranks)")
-    model_state: ModelStateBytes = Field(description="bytes of parameters, gradients and optimizer state rank 0 holds")
+    model_state: ModelStateBytes = Field(description="bytes each kind of model state takes on the rank holding the most of it")
+
+
+class MeasurementInfo(Record):
+    comm_method: str = Field(description="how comm_exposed_s was measured")
+    baseline_steps: int = Field(ge=0, description="timed steps of the compute-only replica")
+    check_method: str | None = Field(None, description="how comm_exposed_check_s was measured, if it was")
 
 
 class Environment(Record):
@@ -130,6 +139,7 @@ class RunRecord(Record):
     timings: Timings | None = None
     throughput: Throughput | None = None
     comm_overhead: float | None = Field(None, ge=0.0, le=1.0, description="exposed communication / step time")
+    measurement: MeasurementInfo | None = None
     memory: Memory | None = None
     final_loss: float | None = Field(None, description="training loss of the last step (global mean)")
     test_mse: float | None = Field(None, ge=0.0)
@@ -138,7 +148,8 @@ class RunRecord(Record):
     @model_validator(mode="after")
     def _complete_when_ok(self) -> "RunRecord":
         if self.status == "ok":
-            missing = [f for f in ("timings", "throughput", "comm_overhead", "memory", "final_loss", "test_mse", "finished_at")
+            missing = [f for f in ("timings", "throughput", "comm_overhead", "measurement", "memory", "final_loss", "test_mse",
+                                   "finished_at")
                        if getattr(self, f) is None]
             if missing:
                 raise ValueError(f"a run with status ok must have {', '.join(missing)}")

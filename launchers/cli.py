@@ -10,6 +10,7 @@ from pathlib import Path
 EPILOG = """examples:
   kanscale train configs/experiments/quickstart.yaml
   kanscale train configs/experiments/paper_kan64.yaml --set training.epochs=1 --out runs/paper
+  torchrun --standalone --nproc_per_node 2 -m launchers.cli train configs/experiments/quickstart.yaml --strategy fsdp2
   kanscale models --widths 2,64,1
   kanscale schema > run_record.schema.json
 """
@@ -21,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train Kolmogorov-Arnold Networks under interchangeable parallelism strategies and "
                     "compare what each costs in time, communication and memory.")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    # The deepspeed launcher passes --local_rank=N before the subcommand; the rank comes from the
+    # environment (LOCAL_RANK), which every launcher sets, so the flag is accepted and ignored.
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
     # --debug is accepted after the subcommand too; SUPPRESS keeps the subparser from resetting it.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks on errors")
@@ -33,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("config", help="experiment YAML, e.g. configs/experiments/quickstart.yaml")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config field, e.g. --set training.lr=0.01 --set model.widths=[2,32,1] (repeatable)")
+    train.add_argument("--strategy", metavar="PRESET", help="replace the experiment's strategy section with a preset from "
+                       "configs/strategies/ (single, ddp, fsdp1, fsdp2, zero0-3, zero3_offload, accelerate, ...) or a YAML file")
     train.add_argument("--out", help="results directory (overrides output.dir)")
     bar = train.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
@@ -55,10 +61,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from strategies.loop import train
 
     overrides = list(args.overrides) + ([f"output.dir={args.out}"] if args.out else [])
-    cfg = load_experiment(args.config, overrides)
-    record, run_dir = train(cfg, show_progress=args.progress)
-    if record.run_id and Path(run_dir).exists():
-        print(format_summary(record, run_dir))
+    cfg = load_experiment(args.config, overrides, strategy=args.strategy)
+    result = train(cfg, show_progress=args.progress)
+    if result.is_main:
+        print(format_summary(result.record, result.run_dir))
     return 0
 
 

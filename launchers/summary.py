@@ -39,7 +39,8 @@ def format_summary(record: RunRecord, run_dir: Path) -> str:
         lines.append(f"memory     peak RSS {human_bytes(r.memory.peak_rss_bytes)}"
                      + (f", peak device {human_bytes(r.memory.peak_device_bytes)}" if r.memory.peak_device_bytes is not None else "")
                      + f"; model state per rank: params {human_bytes(ms.params)}, grads {human_bytes(ms.grads)}, "
-                     f"optimizer {human_bytes(ms.optimizer)}")
+                     f"optimizer {human_bytes(ms.optimizer)}"
+                     + (f", fp32 master copy {human_bytes(ms.master_params)}" if ms.master_params else ""))
     if r.final_loss is not None:
         lines.append(f"loss       final train {r.final_loss:.4e}   test MSE {r.test_mse:.4e}")
     if r.error:

@@ -3,13 +3,25 @@ output. :mod:`strategies.experiment` assembles them with the model, task and str
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 
 class ConfigError(ValueError):
     """A config the suite refuses, with a message meant for the user (no traceback needed)."""
+
+
+def find_file(path: str, field: str, what: str) -> Path:
+    """A file a config names: as given (absolute or relative to the working directory), else
+    relative to the kanscale checkout, so the shipped ``configs/...`` paths work from anywhere."""
+    for candidate in (Path(path), REPO_ROOT / path):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"{field}: {what} {path} does not exist (looked in the working directory and in {REPO_ROOT})")
 
 
 class Section(BaseModel):
@@ -27,7 +39,9 @@ class TrainingConfig(Section):
     weight_decay: float = Field(0.0, ge=0.0)
     momentum: float = Field(0.0, ge=0.0, lt=1.0, description="SGD momentum")
     grad_clip: float = Field(0.0, ge=0.0, description="max global gradient norm; 0 = off")
-    micro_batch: int = Field(512, ge=1, description="samples per rank per forward/backward")
+    micro_batch: int | None = Field(512, ge=1, description="samples per rank per forward/backward")
+    global_batch: int | None = Field(
+        None, ge=1, description="samples per optimizer step over all ranks; when set, micro_batch is derived from it")
     grad_accum: int = Field(1, ge=1, description="micro-batches accumulated per optimizer step")
     epochs: float | None = Field(1, gt=0.0, description="passes over the training set (or set steps)")
     steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs when set")
@@ -44,12 +58,32 @@ class TrainingConfig(Section):
                 raise ValueError(f"betas must each lie in [0, 1), got {list(self.betas)}")
         if self.epochs is None and self.steps is None:
             raise ValueError("set either epochs or steps")
+        if (self.micro_batch is None) == (self.global_batch is None):
+            raise ValueError("set exactly one of micro_batch (per rank) and global_batch (over all ranks); "
+                             "set the other to null")
         return self
+
+    def micro_batch_for(self, world_size: int) -> int:
+        """Samples per rank per micro-step at this world size."""
+        if self.micro_batch is not None:
+            return self.micro_batch
+        ranks_x_accum = self.grad_accum * world_size
+        if self.global_batch % ranks_x_accum:
+            raise ConfigError(
+                f"training.global_batch: {self.global_batch} samples cannot be split evenly over grad_accum "
+                f"({self.grad_accum}) x world size ({world_size}) = {ranks_x_accum}; use a multiple of {ranks_x_accum}")
+        return self.global_batch // ranks_x_accum
+
+
+class MeasurementConfig(Section):
+    baseline_steps: int = Field(
+        10, ge=1, description="timed steps of the compute-only replica that exposed communication is measured against")
 
 
 class RuntimeConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads per rank; default: torch's")
+    timeout_s: float = Field(120.0, gt=0.0, description="collective timeout: a rank waiting longer on the others fails")
 
 
 class OutputConfig(Section):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -20,14 +21,15 @@ def _env_int(name: str, default: int) -> int:
 
 
 def detect_launcher() -> str:
-    if os.environ.get("ACCELERATE_DYNAMO_BACKEND") is not None or os.environ.get("ACCELERATE_MIXED_PRECISION") is not None:
-        return "accelerate"
+    """Which launcher started this process, from the variables each one exports."""
     if os.environ.get("KANSCALE_LAUNCHER"):
-        return os.environ["KANSCALE_LAUNCHER"]
-    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
-        return "torchrun"
-    if os.environ.get("RANK") is not None:
+        return os.environ["KANSCALE_LAUNCHER"]  # set by kanscale's own generated commands (e.g. under SLURM)
+    if "ACCELERATE_MIXED_PRECISION" in os.environ:
+        return "accelerate"  # accelerate launch (it uses torchrun underneath)
+    if "CROSS_RANK" in os.environ:
         return "deepspeed"
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return "torchrun"
     return "none"
 
 
@@ -40,22 +42,24 @@ class DistEnv:
     launcher: str = "none"
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
+    nodes: int = 1
+
     @classmethod
     def from_environ(cls, device: str = "auto") -> "DistEnv":
         world = _env_int("WORLD_SIZE", 1)
         local_rank = _env_int("LOCAL_RANK", 0)
+        # torchrun exports LOCAL_WORLD_SIZE and GROUP_WORLD_SIZE (one group per node), the
+        # deepspeed launcher LOCAL_SIZE and CROSS_SIZE.
+        local_world = _env_int("LOCAL_WORLD_SIZE", _env_int("LOCAL_SIZE", world))
         return cls(
             rank=_env_int("RANK", 0),
             world_size=world,
             local_rank=local_rank,
-            local_world_size=_env_int("LOCAL_WORLD_SIZE", world),
-            launcher=detect_launcher() if world > 1 or "RANK" in os.environ else "none",
+            local_world_size=local_world,
+            launcher=detect_launcher(),
             device=pick_device(device, local_rank),
+            nodes=_env_int("CROSS_SIZE", _env_int("GROUP_WORLD_SIZE", max(1, world // local_world))),
         )
-
-    @property
-    def nodes(self) -> int:
-        return max(1, self.world_size // self.local_world_size)
 
     @property
     def is_main(self) -> bool:
@@ -68,6 +72,34 @@ class DistEnv:
     @property
     def comm_backend(self) -> str | None:
         return dist.get_backend() if self.distributed else None
+
+    def init_process_group(self, timeout_s: float) -> None:
+        """Join the launch's process group: NCCL on GPUs, gloo on CPUs. A process started by
+        hand (no launcher) gets a one-rank group, so distributed strategies also run at world
+        size 1 (the baseline of a strong-scaling curve)."""
+        if self.distributed:
+            return
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        timeout = timedelta(seconds=timeout_s)
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+
+    def shutdown(self) -> None:
+        """Leave the process group. The barrier first matters: a rank that destroys the group
+        while another still talks to it can abort ("terminate called without an active exception")."""
+        if self.distributed:
+            dist.barrier()
+            dist.destroy_process_group()
+
+    def broadcast_tensors(self, tensors: list[torch.Tensor]) -> None:
+        """Overwrite every rank's tensors with rank 0's, in place."""
+        if self.distributed and self.world_size > 1:
+            for t in tensors:
+                dist.broadcast(t, src=0)
 
     def barrier(self) -> None:
         if self.distributed:

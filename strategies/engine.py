@@ -13,17 +13,32 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
+from typing import ClassVar
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from analysis.schema import ModelStateBytes
 from strategies.config import Section, TrainingConfig
 from strategies.distributed import DistEnv
 
 
+def local(t: torch.Tensor) -> torch.Tensor:
+    """The part of a tensor this rank holds: a DTensor's local shard, else the tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes this rank holds for these (possibly sharded) tensors."""
+    return sum(local(t).numel() * t.element_size() for t in tensors)
+
+
+def frozen_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """Parameters that never train. The FSDP strategies leave them whole on every rank: there is
+    nothing to gain from sharding them, and pykan keeps its frozen affine constants in plain
+    Python lists besides the module, which would go on pointing at the unsharded originals."""
+    return [p for p in model.parameters() if not p.requires_grad]
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.Tensor]:
@@ -39,6 +54,15 @@ class Engine:
         self.model = model
         self.optimizer = optimizer
         self.training = training
+        # Model-state bytes are counted once, in a step, after the gradients exist and before the
+        # update frees them: the loop arms the count, the engine takes it at that point.
+        self.count_state_next_step = False
+        self.counted_state: ModelStateBytes | None = None
+
+    def _count_state_if_armed(self) -> None:
+        if self.count_state_next_step:
+            self.counted_state = self.model_state_bytes()
+            self.count_state_next_step = False
 
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-step; ``enabled`` is False for all but the last micro-step of a
@@ -59,11 +83,13 @@ class Engine:
         """Clip (if configured), update the parameters, clear the gradients."""
         if self.training.grad_clip > 0:
             self.clip_grad_norm(self.training.grad_clip)
+        self._count_state_if_armed()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
     def model_state_bytes(self) -> ModelStateBytes:
-        """Bytes of parameters, gradients and optimizer state this rank holds right now."""
+        """Bytes of parameters, gradients and optimizer state this rank holds right now (the
+        local shards of sharded tensors: FSDP1's flat parameters, FSDP2's DTensors)."""
         params = list(self.model.parameters())
         return ModelStateBytes(
             params=tensor_bytes(params),
@@ -72,13 +98,20 @@ class Engine:
         )
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The whole model's state as a plain (unsharded, unwrapped) state dict."""
+        """The whole model's state as a plain state dict with the unwrapped model's keys, on
+        every rank. Sharded engines gather it, so every rank must call this together."""
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     @torch.no_grad()
-    def update_grid(self, x: torch.Tensor) -> None:
-        """Refit the KAN grids to the activations of x."""
-        self.model.update_grid(x)
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace the model's state with ``state`` (as :meth:`full_state_dict` returns it),
+        re-sharding where the engine shards. Every rank calls this with the same state."""
+        self.model.load_state_dict(state)
+
+    def distributed_type(self) -> str | None:
+        """What the backend says it is running, where that can differ from what was asked
+        (Accelerate picks it from its launch config)."""
+        return None
 
 
 class StrategyConfig(Section):
@@ -86,7 +119,14 @@ class StrategyConfig(Section):
     subclasses it, narrows ``name`` to a literal and implements :meth:`apply`."""
 
     name: str
+    # Every strategy but ``single`` runs inside a process group, a one-rank group included.
+    needs_process_group: ClassVar[bool] = True
+
+    def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
+        """Refuse, before any process starts, what cannot run on ``device_type`` (``cpu`` or
+        ``cuda``) at ``world_size``; raise :class:`ConfigError` naming the option and the fix."""
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
-        """Wrap ``model`` (already on ``env.device``) and build its optimizer."""
+        """Wrap ``model`` (already on ``env.device``, same initial state on every rank) and
+        build its optimizer."""
         raise NotImplementedError

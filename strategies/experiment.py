@@ -17,7 +17,9 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from kan_models import AnyModelConfig, AnyTaskConfig
-from strategies.config import ConfigError, OutputConfig, RuntimeConfig, Section, TrainingConfig
+from strategies.config import (
+    REPO_ROOT, ConfigError, MeasurementConfig, OutputConfig, RuntimeConfig, Section, TrainingConfig, find_file,
+)
 from strategies.registry import AnyStrategyConfig
 
 
@@ -28,6 +30,7 @@ class ExperimentConfig(Section):
     task: AnyTaskConfig
     training: TrainingConfig = TrainingConfig()
     strategy: AnyStrategyConfig = Field(default_factory=lambda: {"name": "single"}, validate_default=True)
+    measurement: MeasurementConfig = MeasurementConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     output: OutputConfig = OutputConfig()
 
@@ -55,9 +58,27 @@ class ExperimentConfig(Section):
 # Loading
 
 
-def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
-    """Read a YAML experiment, apply ``key.path=value`` overrides, validate."""
-    return parse_experiment(read_yaml(path), overrides, source=str(path))
+def load_experiment(path: str | Path, overrides: list[str] = (), strategy: str | None = None) -> ExperimentConfig:
+    """Read a YAML experiment, swap in a strategy preset if one is named, apply ``key.path=value``
+    overrides, validate."""
+    data = read_yaml(path)
+    if strategy is not None:
+        data["strategy"] = read_yaml(strategy_preset_path(strategy))
+    return parse_experiment(data, overrides, source=str(path))
+
+
+STRATEGY_PRESETS = REPO_ROOT / "configs/strategies"
+
+
+def strategy_preset_path(name: str) -> Path:
+    """``zero3`` -> configs/strategies/zero3.yaml; a path to a YAML file is taken as it is."""
+    if name.endswith((".yaml", ".yml")):
+        return find_file(name, "--strategy", "strategy file")
+    path = STRATEGY_PRESETS / f"{name}.yaml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in STRATEGY_PRESETS.glob("*.yaml")))
+        raise ConfigError(f"--strategy: no preset named {name!r}; presets: {known} (or give a YAML file)")
+    return path
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:

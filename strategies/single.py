@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from torch import nn
 
@@ -16,10 +16,13 @@ class SingleConfig(StrategyConfig):
     """One process, plain PyTorch."""
 
     name: Literal["single"]
+    needs_process_group: ClassVar[bool] = False
+
+    def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
+        if world_size > 1:
+            raise ConfigError(
+                f"strategy.name: single trains in one process but {world_size} ranks were launched; "
+                "launch one process or choose a distributed strategy (ddp, fsdp1, fsdp2, deepspeed, accelerate)")
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
-        if env.world_size > 1:
-            raise ConfigError(
-                f"strategy.name: single trains in one process but {env.world_size} ranks were launched; "
-                "launch one process or choose a distributed strategy")
         return Engine(model, build_optimizer(model.parameters(), training), training)

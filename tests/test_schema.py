@@ -19,8 +19,8 @@ def finished_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
     cfg = load_experiment(ROOT / "configs/experiments/quickstart.yaml",
                           [f"output.dir={out}", "training.steps=30", "task.n_train=2000"])
-    record, run_dir = train(cfg, show_progress=False)
-    return record, run_dir
+    result = train(cfg, show_progress=False)
+    return result.record, result.run_dir
 
 
 def test_a_real_run_round_trips(finished_run):

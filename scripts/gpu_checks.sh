@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, in one call: NCCL, CUDA memory metrics, GPU-only strategy options,
+# Accelerate's FSDP and DeepSpeed plugins, and kernel speed. Written for a machine with at least
+# one CUDA GPU and a torch CUDA build already installed; every check runs at world size 1 unless
+# more GPUs are visible (two ranks on one GPU are not allowed by NCCL).
+#
+#   bash scripts/gpu_checks.sh [OUT_DIR]        # results in OUT_DIR (default: gpu_checks/)
+#
+# Each check prints PASS/FAIL and goes on; the summary is OUT_DIR/summary.txt, the run records
+# are under OUT_DIR/runs, the kernel benchmark table is OUT_DIR/bench.md.
+set -u
+OUT=${1:-${OUT:-gpu_checks}}
+mkdir -p "$OUT/runs"
+PY=${PYTHON:-python3}
+GPUS=$($PY -c "import torch; print(torch.cuda.device_count())")
+NPROC=$(( GPUS >= 2 ? 2 : 1 ))
+EXP=configs/experiments/quickstart.yaml
+COMMON=(--no-progress --set runtime.device=cuda --set training.steps=40 --set measurement.baseline_steps=5)
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+
+check() {  # check NAME COMMAND...
+  local name=$1; shift
+  echo "== $name: $*" | tee -a "$OUT/log.txt"
+  if "$@" >> "$OUT/log.txt" 2>&1; then echo "PASS $name" | tee -a "$SUMMARY"; else echo "FAIL $name" | tee -a "$SUMMARY"; fi
+}
+
+torchrun_train() {  # torchrun_train OUTNAME ARGS...
+  local name=$1; shift
+  $PY -m torch.distributed.run --standalone --nproc_per_node "$NPROC" -m launchers.cli train "$EXP" "${COMMON[@]}" --out "$OUT/runs/$name" "$@"
+}
+
+accelerate_train() {  # accelerate_train OUTNAME ACCELERATE_CONFIG ARGS...
+  local name=$1 config=$2; shift 2
+  $PY -m accelerate.commands.launch --config_file "$config" --num_processes "$NPROC" -m launchers.cli train "$EXP" \
+    "${COMMON[@]}" --out "$OUT/runs/$name" --strategy accelerate "$@"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())" | tee -a "$OUT/gpu.txt"
+
+check ddp_nccl          torchrun_train ddp --strategy ddp
+check fsdp1             torchrun_train fsdp1 --strategy fsdp1
+check fsdp1_cpu_offload torchrun_train fsdp1_offload --strategy fsdp1 --set strategy.cpu_offload=true
+check fsdp2             torchrun_train fsdp2 --strategy fsdp2
+check fsdp2_cpu_offload torchrun_train fsdp2_offload --strategy fsdp2 --set strategy.cpu_offload=true
+check fsdp2_bf16        torchrun_train fsdp2_bf16 --strategy fsdp2 --set strategy.param_dtype=bfloat16 --set strategy.reduce_dtype=float32
+check zero2             torchrun_train zero2 --strategy zero2
+check zero3_offload     torchrun_train zero3_offload --strategy zero3_offload
+check accelerate_ddp    accelerate_train acc_ddp configs/accelerate/ddp.yaml
+check accelerate_fsdp1  accelerate_train acc_fsdp1 configs/accelerate/fsdp1.yaml
+check accelerate_fsdp2  accelerate_train acc_fsdp2 configs/accelerate/fsdp2.yaml
+check accelerate_zero3  accelerate_train acc_zero3 configs/accelerate/deepspeed_zero3.yaml
+
+# Every record: NCCL backend, CUDA peak memory present, the distributed type Accelerate ran.
+check records $PY - "$OUT/runs" <<'PYEOF'
+import sys
+from pathlib import Path
+from analysis.records import read_summary
+bad = 0
+for summary in sorted(Path(sys.argv[1]).glob("*/*/summary.json")):
+    r = read_summary(summary)
+    ok = r.status == "ok" and r.topology.comm_backend == "nccl" and (r.memory.peak_device_bytes or 0) > 0
+    bad += not ok
+    print(f"{'ok ' if ok else 'BAD'} {summary.parent.parent.name:14s} {r.strategy.distributed_type or r.strategy.name:18s} "
+          f"{r.throughput.samples_per_s if r.throughput else 0:12,.0f} samples/s  peak {r.memory.peak_device_bytes if r.memory else None} B  "
+          f"comm {100 * (r.comm_overhead or 0):.1f}%  loss {r.final_loss}")
+sys.exit(1 if bad else 0)
+PYEOF
+
+check bench $PY -m launchers.cli bench --out "$OUT/bench.json"
+cat "$SUMMARY"

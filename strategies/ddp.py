@@ -1,0 +1,55 @@
+"""``ddp``: PyTorch DistributedDataParallel. Every rank holds the whole model; gradients are
+all-reduced in buckets during the backward pass, overlapping with it."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from strategies.config import TrainingConfig
+from strategies.distributed import DistEnv
+from strategies.engine import Engine, StrategyConfig
+from strategies.optim import build_optimizer
+
+
+class DDPEngine(Engine):
+    def __init__(self, model: DistributedDataParallel, optimizer: torch.optim.Optimizer, training: TrainingConfig,
+                 world_size: int) -> None:
+        super().__init__(model, optimizer, training)
+        self.world_size = world_size
+
+    def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if enabled else self.model.no_sync()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # DDP averages gradients over ranks; scaling the rank's share by the world size makes the
+        # result the gradient of the global mean.
+        (loss * self.world_size).backward()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.model.module.state_dict().items()}
+
+    @torch.no_grad()
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.module.load_state_dict(state)
+
+
+class DDPConfig(StrategyConfig):
+    """DistributedDataParallel: full replica per rank, bucketed gradient all-reduce."""
+
+    name: Literal["ddp"]
+    bucket_cap_mb: float = Field(25.0, gt=0.0, description="gradient bucket size in MiB")
+    static_graph: bool = Field(False, description="tell DDP the graph does not change between steps")
+    gradient_as_bucket_view: bool = Field(False, description="gradients are views into the buckets (saves a copy)")
+
+    def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
+        ddp = DistributedDataParallel(
+            model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            bucket_cap_mb=self.bucket_cap_mb, static_graph=self.static_graph,
+            gradient_as_bucket_view=self.gradient_as_bucket_view)
+        return DDPEngine(ddp, build_optimizer(ddp.parameters(), training), training, env.world_size)

@@ -1,0 +1,85 @@
+"""``fsdp1``: PyTorch FullyShardedDataParallel (the original, flat-parameter FSDP). One FSDP
+unit per KAN layer, so only one layer's parameters are gathered at a time."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+from torch.distributed.fsdp import CPUOffload, FullStateDictConfig, ShardingStrategy, StateDictType
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+from strategies.config import ConfigError, TrainingConfig
+from strategies.distributed import DistEnv
+from strategies.engine import Engine, StrategyConfig, frozen_parameters
+from strategies.optim import build_optimizer
+
+
+class FSDP1Engine(Engine):
+    def __init__(self, model: FSDP, optimizer: torch.optim.Optimizer, training: TrainingConfig, world_size: int) -> None:
+        super().__init__(model, optimizer, training)
+        self.world_size = world_size
+
+    def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if enabled else self.model.no_sync()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # FSDP averages the reduce-scattered gradients over ranks, as DDP does.
+        (loss * self.world_size).backward()
+
+    def clip_grad_norm(self, max_norm: float) -> None:
+        self.model.clip_grad_norm_(max_norm)  # the norm over all ranks' shards
+
+    def _full_state(self) -> contextlib.AbstractContextManager:
+        return FSDP.state_dict_type(self.model, StateDictType.FULL_STATE_DICT,
+                                    FullStateDictConfig(offload_to_cpu=False, rank0_only=False))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        with self._full_state():
+            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    @torch.no_grad()
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        with self._full_state():
+            self.model.load_state_dict(state)
+
+
+class FSDP1Config(StrategyConfig):
+    """FullyShardedDataParallel (FSDP1): flat parameters sharded per KAN layer."""
+
+    name: Literal["fsdp1"]
+    sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"] = Field(
+        "FULL_SHARD", description="what is sharded: params+grads+optimizer / grads+optimizer / nothing / full within a node")
+    cpu_offload: bool = Field(False, description="keep sharded parameters on the CPU between uses (GPU runs)")
+    limit_all_gathers: bool = Field(True, description="rate-limit all-gathers to bound memory")
+    forward_prefetch: bool = Field(False, description="prefetch the next layer's all-gather in forward")
+    use_orig_params: bool = Field(True, description="expose the original parameters (needed when a layer mixes "
+                                                    "trainable and frozen tensors, as pykan's layers do)")
+
+    def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
+        if self.sharding_strategy == "HYBRID_SHARD" and device_type != "cuda":
+            # FSDP builds the intra-node shard groups from the GPUs per node. Tried on this
+            # project's CPUs: it sharded nothing and trained differently from every other strategy.
+            raise ConfigError("strategy.sharding_strategy: HYBRID_SHARD groups ranks by the GPUs of each node and does "
+                              "not work on CPUs; use FULL_SHARD (or fsdp2) on a CPU-only machine")
+        if self.cpu_offload and device_type != "cuda":
+            raise ConfigError("strategy.cpu_offload: offloading parameters to the CPU needs CUDA devices; "
+                              "set strategy.cpu_offload=false on a CPU-only machine")
+
+    def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
+        blocks = set(model.blocks)
+        fsdp = FSDP(
+            model,
+            sharding_strategy=ShardingStrategy[self.sharding_strategy],
+            auto_wrap_policy=lambda module, recurse, nonwrapped_numel: recurse or module in blocks,
+            cpu_offload=CPUOffload(offload_params=self.cpu_offload),
+            device_id=env.device,
+            limit_all_gathers=self.limit_all_gathers,
+            forward_prefetch=self.forward_prefetch,
+            use_orig_params=self.use_orig_params,
+            ignored_states=frozen_parameters(model),
+        )
+        return FSDP1Engine(fsdp, build_optimizer(fsdp.parameters(), training), training, env.world_size)

@@ -1,0 +1,81 @@
+"""``fsdp2``: PyTorch's per-parameter FSDP (``fully_shard``), applied to every KAN layer and to
+the root. Parameters become DTensors sharded over a 1-D device mesh of all ranks."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Shard
+
+from strategies.config import ConfigError, TrainingConfig
+from strategies.distributed import DistEnv
+from strategies.engine import Engine, StrategyConfig, frozen_parameters
+from strategies.optim import build_optimizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def shard_largest_dim(param: nn.Parameter) -> Shard:
+    """Shard each parameter along its longest dimension. FSDP2's default, dim 0, puts a KAN
+    output layer's whole coefficient tensor (out = 1, in, G + k) on one rank."""
+    return Shard(max(range(param.dim()), key=lambda d: param.shape[d])) if param.dim() else Shard(0)
+
+
+class FSDP2Engine(Engine):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig, world_size: int) -> None:
+        super().__init__(model, optimizer, training)
+        self.world_size = world_size
+
+    @contextlib.contextmanager
+    def gradient_sync(self, enabled: bool):
+        self.model.set_requires_gradient_sync(enabled)
+        yield
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # fully_shard averages the reduce-scattered gradients over ranks.
+        (loss * self.world_size).backward()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+                for k, v in self.model.state_dict().items()}
+
+    @torch.no_grad()
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+
+
+class FSDP2Config(StrategyConfig):
+    """fully_shard (FSDP2): per-parameter DTensor sharding per KAN layer and on the root."""
+
+    name: Literal["fsdp2"]
+    reshard_after_forward: bool = Field(True, description="free gathered parameters after forward (ZeRO-3-like); false keeps them until backward (ZeRO-2-like)")
+    cpu_offload: bool = Field(False, description="CPUOffloadPolicy: sharded parameters, gradients and optimizer step on the CPU (GPU runs)")
+    param_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(None, description="mixed precision: dtype of gathered parameters for compute; null = training.dtype")
+    reduce_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(None, description="mixed precision: dtype of the gradient reduce-scatter; null = param_dtype")
+    shard_largest_dim: bool = Field(True, description="shard each parameter along its longest dimension instead of dim 0")
+
+    def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
+        if self.cpu_offload and device_type != "cuda":
+            raise ConfigError("strategy.cpu_offload: CPUOffloadPolicy moves shards between GPU and CPU and needs CUDA "
+                              "devices; set strategy.cpu_offload=false on a CPU-only machine")
+
+    def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
+        mesh = init_device_mesh(env.device.type, (env.world_size,))
+        options = dict(
+            mesh=mesh, reshard_after_forward=self.reshard_after_forward,
+            offload_policy=CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy(),
+            mp_policy=MixedPrecisionPolicy(param_dtype=DTYPES.get(self.param_dtype), reduce_dtype=DTYPES.get(self.reduce_dtype)),
+            shard_placement_fn=shard_largest_dim if self.shard_largest_dim else None,
+            ignored_params=set(frozen_parameters(model)),
+        )
+        for block in model.blocks:
+            fully_shard(block, **options)
+        fully_shard(model, **options)
+        return FSDP2Engine(model, build_optimizer(model.parameters(), training), training, env.world_size)

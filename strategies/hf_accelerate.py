@@ -1,0 +1,178 @@
+"""``accelerate``: the training step driven through Hugging Face Accelerate.
+
+Which distributed type runs (multi-CPU/GPU DDP, the FSDP plugin, the DeepSpeed plugin) is not
+chosen here but by the accelerate launch config the run was started with
+(``accelerate launch --config_file configs/accelerate/<x>.yaml``); the engine records what
+Accelerate reports. Two silent failure modes of Accelerate are refused instead of recorded:
+several ranks that each train alone (distributed type NO: Accelerate's FSDP plugin does this on
+machines without GPUs), and a requested plugin that Accelerate quietly replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Literal
+
+import torch
+import yaml
+from pydantic import Field
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from analysis.schema import ModelStateBytes
+from strategies.config import ConfigError, TrainingConfig, find_file
+from strategies.ddp import DDPEngine
+from strategies.distributed import DistEnv
+from strategies.engine import Engine, StrategyConfig
+from strategies.fsdp1 import FSDP1Engine
+from strategies.fsdp2 import FSDP2Engine
+from strategies.optim import build_optimizer
+from strategies.zero import DeepSpeedEngine, fill_training_keys, suite_owned_flags
+
+GPU_ONLY_MESSAGE = "accelerate + FSDP needs CUDA devices here (Accelerate's FSDP plugin does not run on CPUs); use strategy fsdp2 or fsdp1 on CPU"
+
+
+def requested_plugin() -> str | None:
+    """The plugin ``accelerate launch`` was asked for, from the environment it exports."""
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        return "DEEPSPEED"
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        return "FSDP"
+    return None
+
+
+def launch_config_conflicts(launch: dict[str, Any], training: TrainingConfig, device_type: str) -> list[str]:
+    """What an accelerate launch config says that the experiment contradicts or that cannot
+    run on ``device_type``."""
+    problems = []
+    kind = launch.get("distributed_type")
+    if kind == "FSDP" and device_type != "cuda":
+        problems.append(GPU_ONLY_MESSAGE)
+    precision = launch.get("mixed_precision", "no")
+    if precision not in (None, "no"):
+        problems.append(f"mixed_precision={precision!r} but training.dtype is {training.dtype}; set mixed_precision: 'no'")
+    ds = launch.get("deepspeed_config") or {}
+    owned = {"gradient_accumulation_steps": training.grad_accum, "gradient_clipping": training.grad_clip}
+    for key, value in owned.items():
+        if ds.get(key) not in (None, "auto") and float(ds[key]) != float(value):
+            problems.append(f"deepspeed_config.{key}={ds[key]!r} but the experiment sets {value!r}")
+    return problems
+
+
+class AccelerateConfig(StrategyConfig):
+    """Hugging Face Accelerate; the distributed type comes from the accelerate launch config."""
+
+    name: Literal["accelerate"]
+    config_file: str | None = Field(
+        None, description="the accelerate launch config this experiment is meant to run under (configs/accelerate/*.yaml); "
+                          "checked against the experiment before launch")
+
+    def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
+        if self.config_file is None:
+            return
+        path = find_file(self.config_file, "strategy.config_file", "accelerate config")
+        try:
+            launch = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"strategy.config_file: {path} is not valid YAML: {err}") from None
+        problems = launch_config_conflicts(launch, training, device_type)
+        if problems:
+            raise ConfigError(f"strategy.config_file: {path}: " + "; ".join(problems))
+
+    def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
+        from accelerate import Accelerator
+        from accelerate.utils import DistributedType, InitProcessGroupKwargs
+
+        plugin = requested_plugin()
+        if plugin == "FSDP" and env.device.type != "cuda":
+            raise ConfigError(GPU_ONLY_MESSAGE)
+        if plugin == "DEEPSPEED" and env.device.type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        accelerator = Accelerator(
+            # On CPUs, cpu=True gives multi-CPU DDP, but it would also switch the DeepSpeed plugin off.
+            cpu=env.device.type == "cpu" and plugin != "DEEPSPEED",
+            gradient_accumulation_steps=training.grad_accum,
+            kwargs_handlers=[InitProcessGroupKwargs(backend="nccl" if env.device.type == "cuda" else "gloo")],
+        )
+        kind = accelerator.distributed_type
+        if env.world_size > 1 and kind == DistributedType.NO:
+            raise ConfigError(f"accelerate: {env.world_size} ranks were launched but Accelerate runs distributed type NO, "
+                              "so each rank would train alone; launch with a multi-process accelerate config")
+        if plugin is not None and kind.name != plugin:
+            raise ConfigError(f"accelerate: the launch config asked for {plugin} but Accelerate runs {kind.name}")
+        model._no_split_modules = sorted({type(b).__name__ for b in model.blocks})  # one FSDP unit per KAN layer
+        if kind == DistributedType.DEEPSPEED:
+            inner, optimizer = self._prepare_deepspeed(accelerator, model, training, env)
+        elif kind == DistributedType.FSDP:
+            wrapped = accelerator.prepare(model)  # FSDP needs the optimizer built on the sharded parameters
+            optimizer = accelerator.prepare(build_optimizer(wrapped.parameters(), training))
+            fsdp_engine = FSDP2Engine if accelerator.state.fsdp_plugin.fsdp_version == 2 else FSDP1Engine
+            inner = fsdp_engine(wrapped, optimizer, training, env.world_size)
+        else:
+            wrapped, optimizer = accelerator.prepare(model, build_optimizer(model.parameters(), training))
+            inner = (DDPEngine(wrapped, optimizer, training, env.world_size) if isinstance(wrapped, DistributedDataParallel)
+                     else Engine(wrapped, optimizer, training))
+        return AccelerateEngine(accelerator, inner, optimizer, training, env.world_size)
+
+    @staticmethod
+    def _prepare_deepspeed(accelerator: Any, model: nn.Module, training: TrainingConfig, env: DistEnv) -> tuple[Engine, Any]:
+        ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
+        conflicts = fill_training_keys(ds_config, training, env.world_size)
+        if conflicts:
+            raise ConfigError("accelerate: the DeepSpeed plugin config contradicts the experiment: " + "; ".join(conflicts))
+        ds_config.update(suite_owned_flags())
+        _, optimizer = accelerator.prepare(model, build_optimizer(model.parameters(), training))
+        return DeepSpeedEngine(accelerator.deepspeed_engine_wrapped.engine, training, env.world_size, ds_config), optimizer
+
+
+class AccelerateEngine(Engine):
+    """Steps through Accelerate (``accumulate``, ``backward``, the prepared optimizer); asks the
+    engine of the backend Accelerate chose for what that backend holds and how to gather it."""
+
+    def __init__(self, accelerator: Any, inner: Engine, optimizer: Any, training: TrainingConfig, world_size: int) -> None:
+        super().__init__(inner.model, optimizer, training)
+        self.accelerator, self.inner, self.world_size = accelerator, inner, world_size
+        if isinstance(inner, DeepSpeedEngine):
+            self._count_state_inside_deepspeed_step(inner.ds)
+
+    def _count_state_inside_deepspeed_step(self, ds_engine: Any) -> None:
+        """Under DeepSpeed, ``accelerator.backward`` itself steps at the accumulation boundary,
+        so the state is counted inside DeepSpeed's step, while the gradients still exist."""
+        deepspeed_step = ds_engine.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if ds_engine.is_gradient_accumulation_boundary():
+                self._count_state_if_armed()
+            return deepspeed_step(*args, **kwargs)
+
+        ds_engine.step = step
+
+    def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
+        # Accelerate counts micro-steps itself and syncs on every grad_accum-th; the loop runs
+        # exactly grad_accum micro-steps per step, so the two agree.
+        return self.accelerator.accumulate(self.model)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # Accelerate (or DeepSpeed under it) divides by grad_accum, and the backend averages over
+        # ranks; undo both so the gradient is that of the global-batch mean.
+        self.accelerator.backward(loss * (self.world_size * self.training.grad_accum))
+
+    def step(self) -> None:
+        if self.training.grad_clip > 0 and self.accelerator.distributed_type.name != "DEEPSPEED":
+            self.accelerator.clip_grad_norm_(self.model.parameters(), self.training.grad_clip)
+        self._count_state_if_armed()
+        self.optimizer.step()  # under DeepSpeed, accelerator.backward already stepped at the boundary
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def model_state_bytes(self) -> ModelStateBytes:
+        return self.inner.model_state_bytes()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.inner.full_state_dict()
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.inner.load_full_state_dict(state)
+
+    def distributed_type(self) -> str:
+        return self.accelerator.distributed_type.name

@@ -1,0 +1,243 @@
+"""``deepspeed``: DeepSpeed ZeRO stages 0-3, with optimizer and parameter offload to the CPU.
+
+The DeepSpeed config is assembled from three sources, in this order: a native DeepSpeed JSON
+file (``strategy.config``, optional), the strategy's own options (ZeRO stage, offload, buckets),
+and the experiment's training section (batch sizes, gradient clipping, precision). The suite's
+optimizer is passed in as an object, so DeepSpeed's own optimizer and scheduler blocks are not
+used. A value the native file sets that contradicts the experiment is refused, naming the keys:
+DeepSpeed 0.19, for one, defaults ``gradient_clipping`` to 1.0, which would silently change the
+training unless the suite sets it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from analysis.schema import ModelStateBytes
+from strategies.config import ConfigError, TrainingConfig, find_file
+from strategies.distributed import DistEnv
+from strategies.engine import Engine, StrategyConfig, optimizer_state_tensors, tensor_bytes
+from strategies.optim import build_optimizer
+
+# strategy option -> its place in DeepSpeed's config (a path of keys)
+OPTION_KEYS: dict[str, tuple[str, ...]] = {
+    "zero_stage": ("zero_optimization", "stage"),
+    "offload_optimizer": ("zero_optimization", "offload_optimizer", "device"),
+    "offload_param": ("zero_optimization", "offload_param", "device"),
+    "overlap_comm": ("zero_optimization", "overlap_comm"),
+    "contiguous_gradients": ("zero_optimization", "contiguous_gradients"),
+    "reduce_bucket_size": ("zero_optimization", "reduce_bucket_size"),
+    "allgather_bucket_size": ("zero_optimization", "allgather_bucket_size"),
+    "param_persistence_threshold": ("zero_optimization", "stage3_param_persistence_threshold"),
+}
+# blocks the suite owns because it passes its own optimizer object
+FORBIDDEN_BLOCKS = {"optimizer": "training.optimizer", "scheduler": "training (the suite uses a constant learning rate)"}
+
+
+def get_path(tree: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def suite_owned_flags() -> dict[str, Any]:
+    """Settings every suite-built DeepSpeed config carries: the suite's own (torch) optimizer is
+    allowed under ZeRO and under offload, and DeepSpeed's periodic console output is off."""
+    return dict(zero_allow_untested_optimizer=True, zero_force_ds_cpu_optimizer=False,
+                steps_per_print=2**31 - 1, wall_clock_breakdown=False)
+
+
+def fill_training_keys(ds_config: dict[str, Any], training: TrainingConfig, world_size: int) -> list[str]:
+    """Write the experiment's values into ``ds_config``; return the conflicts with values it
+    already had (``"auto"`` counts as unset, as in Accelerate's configs)."""
+    conflicts = []
+    for path, value in training_keys(training, world_size).items():
+        native = get_path(ds_config, path)
+        if native not in (None, "auto") and native != value:
+            conflicts.append(f"{'.'.join(path)}={native!r} but the experiment implies {value!r}")
+        set_path(ds_config, path, value)
+    return conflicts
+
+
+def training_keys(training: TrainingConfig, world_size: int) -> dict[tuple[str, ...], Any]:
+    """DeepSpeed keys whose values the experiment owns."""
+    micro = training.micro_batch_for(world_size)
+    return {
+        ("train_micro_batch_size_per_gpu",): micro,
+        ("gradient_accumulation_steps",): training.grad_accum,
+        ("train_batch_size",): micro * training.grad_accum * world_size,
+        ("gradient_clipping",): training.grad_clip,
+        ("fp16", "enabled"): False,
+        ("bf16", "enabled"): False,
+    }
+
+
+class DeepSpeedConfig(StrategyConfig):
+    """DeepSpeed ZeRO stage 0-3 with optional CPU offload."""
+
+    name: Literal["deepspeed"]
+    config: str | None = Field(None, description="native DeepSpeed JSON to start from, e.g. configs/deepspeed/zero2.json")
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="0 = data parallel, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters")
+    offload_optimizer: bool = Field(False, description="ZeRO-Offload: optimizer state and step on the CPU (stage 1-3)")
+    offload_param: bool = Field(False, description="ZeRO-Infinity: parameters on the CPU between uses (stage 3)")
+    overlap_comm: bool = Field(False, description="overlap gradient reduction with the backward pass")
+    contiguous_gradients: bool = Field(True, description="copy gradients into one buffer as they are produced")
+    reduce_bucket_size: int = Field(500_000_000, ge=1, description="elements reduced at a time")
+    allgather_bucket_size: int = Field(500_000_000, ge=1, description="elements gathered at a time (stage 1-2)")
+    param_persistence_threshold: int = Field(
+        0, ge=0, description="stage 3: parameters smaller than this stay whole on every rank; DeepSpeed's default, "
+                             "100000, would keep every parameter of the study's models unsharded")
+
+    def native(self) -> dict[str, Any]:
+        if self.config is None:
+            return {}
+        path = find_file(self.config, "strategy.config", "DeepSpeed config")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"strategy.config: {path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"strategy.config: {path} must hold a JSON object")
+        return data
+
+    def option_values(self) -> dict[str, Any]:
+        """The strategy options in DeepSpeed's terms."""
+        values = self.model_dump(exclude={"name", "config"})
+        for option in ("offload_optimizer", "offload_param"):
+            values[option] = "cpu" if values[option] else "none"
+        return values
+
+    def resolve(self, training: TrainingConfig, world_size: int) -> dict[str, Any]:
+        """The DeepSpeed config this run uses, or a ConfigError naming every conflict."""
+        resolved = self.native()
+        source = self.config or "the DeepSpeed config"
+        conflicts = [f"{block} (the suite passes {owner}; remove it)" for block, owner in FORBIDDEN_BLOCKS.items() if block in resolved]
+        for option, value in self.option_values().items():
+            path = OPTION_KEYS[option]
+            native = get_path(resolved, path)
+            if native is None:
+                set_path(resolved, path, value)  # the file is silent: the strategy option (or its default) decides
+            elif option in self.model_fields_set and native != value:
+                conflicts.append(f"{'.'.join(path)}={native!r} but strategy.{option}={value!r}")
+            # otherwise the file decides what the strategy section left at its default
+        conflicts += fill_training_keys(resolved, training, world_size)
+        if conflicts:
+            raise ConfigError(f"strategy.config: {source} contradicts the experiment: " + "; ".join(conflicts)
+                              + ". The experiment config is the single source of these values.")
+        resolved.update(suite_owned_flags())
+        self._check_stage(resolved)
+        return resolved
+
+    @staticmethod
+    def _check_stage(resolved: dict[str, Any]) -> None:
+        stage = get_path(resolved, ("zero_optimization", "stage")) or 0
+        if get_path(resolved, OPTION_KEYS["offload_optimizer"]) not in (None, "none") and stage < 1:
+            raise ConfigError("strategy.offload_optimizer: optimizer offload needs ZeRO stage 1, 2 or 3; "
+                              "set strategy.zero_stage to 1-3 or offload_optimizer=false")
+        if get_path(resolved, OPTION_KEYS["offload_param"]) not in (None, "none") and stage != 3:
+            raise ConfigError("strategy.offload_param: parameter offload needs ZeRO stage 3; set strategy.zero_stage=3 "
+                              "or offload_param=false")
+
+    def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ConfigError("strategy.name: deepspeed is not installed; pip install deepspeed (or pick another strategy)")
+        self.resolve(training, world_size)
+
+    def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
+        ds_config = self.resolve(training, env.world_size)
+        if env.device.type == "cpu":
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed picks its accelerator at import
+        import deepspeed
+
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        optimizer = build_optimizer(model.parameters(), training)
+        ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config, dist_init_required=False)
+        return DeepSpeedEngine(ds_engine, training, env.world_size, ds_config)
+
+
+def deepspeed_state_bytes(ds_engine: Any) -> ModelStateBytes:
+    """What a DeepSpeed engine holds on this rank. ZeRO keeps the module's working parameters
+    (stage 3: only this rank's partition, ``ds_tensor``, between uses), fp32 master partitions of
+    them, reduced gradient partitions, and the wrapped optimizer's state on the master partitions."""
+    zero = ds_engine.optimizer
+    params = list(ds_engine.module.parameters())
+    partitions = [p.ds_tensor for p in params if hasattr(p, "ds_tensor")]
+    masters = list(getattr(zero, "single_partition_of_fp32_groups", None) or getattr(zero, "fp32_partitioned_groups_flat", None) or [])
+    averaged = getattr(zero, "averaged_gradients", None) or {}
+    averaged = [g for group in (averaged.values() if isinstance(averaged, dict) else averaged) for g in (group or []) if g is not None]
+    inner = getattr(zero, "optimizer", zero)
+    return ModelStateBytes(
+        params=tensor_bytes(p.data for p in params) + tensor_bytes(partitions),
+        grads=tensor_bytes(p.grad for p in params if p.grad is not None) + tensor_bytes(averaged)
+        + tensor_bytes(m.grad for m in masters if m.grad is not None),
+        optimizer=tensor_bytes(optimizer_state_tensors(inner)),
+        master_params=tensor_bytes(masters),
+    )
+
+
+class DeepSpeedEngine(Engine):
+    def __init__(self, ds_engine: Any, training: TrainingConfig, world_size: int, ds_config: dict[str, Any]) -> None:
+        super().__init__(ds_engine, ds_engine.optimizer, training)
+        self.ds = ds_engine
+        self.world_size = world_size
+        self.ds_config = ds_config
+        self.stage = ds_engine.zero_optimization_stage()
+        self._boundary = True
+
+    def gradient_sync(self, enabled: bool):
+        self._boundary = enabled
+        return super().gradient_sync(enabled)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # DeepSpeed divides the loss by gradient_accumulation_steps and averages gradients over
+        # ranks; undo both so the gradient is that of the global-batch mean.
+        self.ds.backward(loss * (self.world_size * self.training.grad_accum))
+        if not self._boundary:
+            self.ds.step()  # DeepSpeed counts micro-steps in step(); off the boundary it only counts
+
+    def step(self) -> None:
+        self._count_state_if_armed()
+        self.ds.step()  # clipping comes from the config's gradient_clipping
+
+    def model_state_bytes(self) -> ModelStateBytes:
+        return deepspeed_state_bytes(self.ds)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        import deepspeed
+
+        module = self.ds.module
+        gather = deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None, enabled=self.stage == 3)
+        with gather:
+            return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+    @torch.no_grad()
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        import deepspeed
+        from deepspeed.utils import safe_set_full_fp32_param
+
+        module = self.ds.module
+        names = dict(module.named_parameters())
+        with deepspeed.zero.GatheredParameters(list(names.values()), modifier_rank=0, enabled=self.stage == 3):
+            module.load_state_dict(state)  # the working copy the forward pass uses
+        if self.stage > 0:  # and ZeRO's fp32 master partitions, which the next step copies back
+            for name, param in names.items():
+                safe_set_full_fp32_param(param, state[name].to(torch.float32))
+
+    def distributed_type(self) -> str:
+        return f"DEEPSPEED_ZERO{self.stage}"

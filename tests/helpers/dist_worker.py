@@ -1,0 +1,87 @@
+"""Runs a list of experiments inside one real process group (started by torchrun) and writes
+what the tests compare: per-step losses, model-state bytes, timings, the distributed type, and
+whether every rank ends with the same model.
+
+A job may ask for ``comm_delay_s``: its DDP gradient all-reduce then waits that long first (a
+DDP communication hook), a known amount of extra communication time for the measurement to find.
+
+    torchrun --standalone --nproc_per_node 2 tests/helpers/dist_worker.py JOBS.json RESULTS.json
+"""
+
+import contextlib
+import hashlib
+import json
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from strategies.ddp import DDPConfig
+from strategies.distributed import DistEnv
+from strategies.experiment import parse_experiment
+from strategies.loop import Trainer
+
+
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(state):
+        h.update(key.encode())
+        h.update(state[key].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def delayed_allreduce(delay_s: float):
+    """Make DDP's gradient all-reduce take ``delay_s`` longer, without changing its result."""
+
+    def hook(state, bucket):
+        time.sleep(delay_s)
+        tensor = bucket.buffer()
+        return dist.all_reduce(tensor.div_(dist.get_world_size()), async_op=True).get_future().then(lambda f: f.value()[0])
+
+    original = DDPConfig.apply
+
+    def apply(self, model, training, env):
+        engine = original(self, model, training, env)
+        engine.model.register_comm_hook(None, hook)
+        return engine
+
+    DDPConfig.apply = apply
+    try:
+        yield
+    finally:
+        DDPConfig.apply = original
+
+
+def main(jobs_path: str, results_path: str) -> None:
+    torch.set_num_threads(1)
+    jobs = json.loads(open(jobs_path).read())
+    env = DistEnv.from_environ("cpu")
+    env.init_process_group(timeout_s=60)
+    results = {}
+    for job in jobs:
+        cfg = parse_experiment(job["config"])
+        trainer = Trainer(cfg, env, show_progress=False)
+        delay = job.get("comm_delay_s")
+        with delayed_allreduce(delay) if delay else contextlib.nullcontext():
+            record = trainer.run()
+        digests = env.gather_strings(state_digest(trainer.engine.full_state_dict()))
+        results[job["id"]] = {
+            "losses": [s.loss for s in trainer.combined],
+            "model_state": record.memory.model_state.model_dump(),
+            "distributed_type": record.strategy.distributed_type,
+            "ranks_identical": len(set(digests)) == 1,
+            "status": record.status,
+            "comm_overhead": record.comm_overhead,
+            "timings": record.timings.model_dump(),
+        }
+        del trainer
+    if env.is_main:
+        with open(results_path, "w") as f:
+            json.dump(results, f)
+    env.shutdown()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

@@ -1,0 +1,45 @@
+"""`kanscale train` under each real launcher, two ranks on this CPU: torchrun, the deepspeed
+launcher and accelerate launch (multi-CPU DDP and the DeepSpeed plugin)."""
+
+import sys
+
+import pytest
+
+from analysis.records import read_summary
+from tests.helpers.launch import ROOT, run
+
+TRAIN = ["-m", "launchers.cli", "train", str(ROOT / "configs/experiments/quickstart.yaml"), "--no-progress",
+         "--set", "training.steps=12", "--set", "training.micro_batch=128", "--set", "measurement.baseline_steps=2"]
+
+
+def only_record(out):
+    runs = [p for p in out.iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs  # one record per run, written by rank 0
+    return read_summary(runs[0])
+
+
+def test_torchrun(tmp_path):
+    proc = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *TRAIN,
+                "--out", str(tmp_path), "--set", "strategy.name=fsdp2"])
+    record = only_record(tmp_path)
+    assert (record.status, record.topology.world_size, record.topology.launcher) == ("ok", 2, "torchrun")
+    assert (record.topology.comm_backend, record.topology.nodes) == ("gloo", 1)
+    assert proc.stdout.count("test MSE") == 1  # only rank 0 prints the summary
+
+
+def test_deepspeed_launcher(tmp_path):
+    run([sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--module", *TRAIN[1:], "--out", str(tmp_path),
+         "--set", "strategy.name=deepspeed", "--set", "strategy.zero_stage=3"], DS_ACCELERATOR="cpu")
+    record = only_record(tmp_path)
+    assert (record.status, record.topology.world_size, record.topology.launcher) == ("ok", 2, "deepspeed")
+    assert record.strategy.distributed_type == "DEEPSPEED_ZERO3"
+
+
+@pytest.mark.parametrize("config,distributed_type", [("ddp_cpu.yaml", "MULTI_CPU"), ("deepspeed_zero2.yaml", "DEEPSPEED")])
+def test_accelerate_launch(tmp_path, config, distributed_type):
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch"]
+    run([*accelerate, "--config_file", str(ROOT / "configs/accelerate" / config), *TRAIN, "--out", str(tmp_path),
+         "--set", "strategy.name=accelerate"])
+    record = only_record(tmp_path)
+    assert (record.status, record.topology.world_size, record.topology.launcher) == ("ok", 2, "accelerate")
+    assert record.strategy.distributed_type == distributed_type

@@ -1,0 +1,74 @@
+"""What each rank holds under each strategy, and whether exposed communication is measured
+right. Two real ranks on gloo."""
+
+import pytest
+
+from tests.helpers.launch import run_jobs
+
+MEMORY_STRATEGIES = {
+    "ddp": {"name": "ddp"},
+    "fsdp1": {"name": "fsdp1"},
+    "fsdp2": {"name": "fsdp2"},
+    "zero1": {"name": "deepspeed", "zero_stage": 1},
+    "zero2": {"name": "deepspeed", "zero_stage": 2},
+    "zero3": {"name": "deepspeed", "zero_stage": 3},
+}
+DELAY_S = 0.03
+
+
+def experiment(strategy: dict, widths: list[int], steps: int, out: str) -> dict:
+    return {
+        "name": "sharding", "model": {"family": "bspline", "widths": widths, "grid": 10, "grid_range": [-2.0, 2.0]},
+        "task": {"name": "quadratic", "n_train": 4096, "n_test": 128},
+        "training": {"seed": 0, "micro_batch": 64, "steps": steps, "warmup_steps": 2},
+        "strategy": strategy, "measurement": {"baseline_steps": 5}, "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": out},
+    }
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("sharding")
+    out = str(tmp / "runs")
+    jobs = [{"id": key, "config": experiment(s, [2, 64, 64, 1], 3, out)} for key, s in MEMORY_STRATEGIES.items()]
+    jobs += [{"id": "ddp_plain", "config": experiment({"name": "ddp"}, [2, 8, 1], 25, out)},
+             {"id": "ddp_delayed", "config": experiment({"name": "ddp"}, [2, 8, 1], 25, out), "comm_delay_s": DELAY_S}]
+    return run_jobs(jobs, tmp)
+
+
+def ratio(results, strategy, field):
+    return results[strategy]["model_state"][field] / results["ddp"]["model_state"][field]
+
+
+@pytest.mark.parametrize("strategy", ["fsdp1", "fsdp2", "zero3"])
+def test_full_sharding_holds_half_the_parameters(results, strategy):
+    assert ratio(results, strategy, "params") == pytest.approx(0.5, abs=0.03)
+    assert ratio(results, strategy, "grads") == pytest.approx(0.5, abs=0.03)
+    assert ratio(results, strategy, "optimizer") == pytest.approx(0.5, abs=0.03)
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_zero_1_and_2_hold_half_the_optimizer_state_but_all_parameters(results, strategy):
+    assert ratio(results, strategy, "optimizer") == pytest.approx(0.5, abs=0.03)
+    assert ratio(results, strategy, "params") == pytest.approx(1.0, abs=0.03)
+    # ZeRO keeps an fp32 master copy of its parameter partition even when training in fp32
+    assert results[strategy]["model_state"]["master_params"] / results["ddp"]["model_state"]["params"] == pytest.approx(0.5, abs=0.03)
+
+
+def test_ddp_holds_everything(results):
+    state = results["ddp"]["model_state"]
+    assert state["params"] == state["grads"] > 0 and state["optimizer"] >= 2 * state["params"]
+    assert state["master_params"] == 0
+
+
+def test_injected_communication_delay_is_measured_by_both_methods(results):
+    plain, delayed = results["ddp_plain"]["timings"], results["ddp_delayed"]["timings"]
+    added = delayed["comm_exposed_s"] - plain["comm_exposed_s"]
+    added_check = delayed["comm_exposed_check_s"] - plain["comm_exposed_check_s"]
+    print(f"injected {DELAY_S * 1e3:.1f} ms/step: measured +{added * 1e3:.1f} ms, check +{added_check * 1e3:.1f} ms")
+    assert added == pytest.approx(DELAY_S, rel=0.35)
+    assert added_check == pytest.approx(DELAY_S, rel=0.35)
+    # the compute-only baseline does not see communication
+    assert delayed["compute_s"] == pytest.approx(plain["compute_s"], rel=0.5, abs=2e-3)
+    for t in (plain, delayed):
+        assert t["comm_exposed_s"] == pytest.approx(t["step_mean_s"] - t["data_s"] - t["compute_s"], abs=1e-9)

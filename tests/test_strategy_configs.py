@@ -1,0 +1,199 @@
+"""Strategy options, native DeepSpeed files and accelerate launch configs: validated against the
+experiment before anything runs; Accelerate's plugin objects built from the shipped configs."""
+
+import json
+from pathlib import Path
+
+import pytest
+from accelerate.commands.config.config_args import load_config_from_file
+from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+from kan_models import build_model, parse_model_config
+from strategies.config import ConfigError, TrainingConfig
+from strategies.experiment import load_experiment
+from strategies.hf_accelerate import AccelerateConfig, launch_config_conflicts
+from strategies.loop import preflight
+from strategies.registry import STRATEGIES
+from strategies.zero import DeepSpeedConfig, fill_training_keys
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "configs/experiments/quickstart.yaml"
+ACCELERATE = ROOT / "configs/accelerate"
+
+
+def deepspeed(tmp_path, native: dict | None = None, **options) -> DeepSpeedConfig:
+    if native is not None:
+        path = tmp_path / "ds.json"
+        path.write_text(json.dumps(native))
+        options["config"] = str(path)
+    return DeepSpeedConfig(name="deepspeed", **options)
+
+
+# ------------------------------------------------------------------------------- DeepSpeed
+
+def test_the_experiment_fills_every_training_value_explicitly(tmp_path):
+    training = TrainingConfig(micro_batch=32, grad_accum=2, grad_clip=0.0)
+    resolved = deepspeed(tmp_path, zero_stage=3).resolve(training, world_size=2)
+    assert resolved["train_micro_batch_size_per_gpu"] == 32 and resolved["train_batch_size"] == 128
+    assert resolved["gradient_accumulation_steps"] == 2
+    assert resolved["gradient_clipping"] == 0.0  # DeepSpeed would otherwise default to 1.0
+    assert resolved["zero_optimization"]["stage"] == 3
+    assert resolved["zero_optimization"]["stage3_param_persistence_threshold"] == 0
+
+
+@pytest.mark.parametrize("native,message", [
+    ({"gradient_clipping": 1.0}, "gradient_clipping=1.0 but the experiment implies 0.0"),
+    ({"train_micro_batch_size_per_gpu": 16}, "train_micro_batch_size_per_gpu=16 but the experiment implies 512"),
+    ({"optimizer": {"type": "AdamW"}}, "optimizer (the suite passes training.optimizer; remove it)"),
+    ({"scheduler": {"type": "WarmupLR"}}, "scheduler"),
+    ({"bf16": {"enabled": True}}, "bf16.enabled=True but the experiment implies False"),
+])
+def test_a_native_file_that_contradicts_the_experiment_is_refused(tmp_path, native, message):
+    with pytest.raises(ConfigError, match="contradicts the experiment") as err:
+        deepspeed(tmp_path, native).resolve(TrainingConfig(), world_size=2)
+    assert message in str(err.value)
+
+
+def test_the_native_file_decides_what_the_strategy_leaves_at_its_default(tmp_path):
+    native = {"zero_optimization": {"stage": 2, "overlap_comm": True}}
+    assert deepspeed(tmp_path, native).resolve(TrainingConfig(), 2)["zero_optimization"]["stage"] == 2
+    with pytest.raises(ConfigError, match="zero_optimization.stage=2 but strategy.zero_stage=3"):
+        deepspeed(tmp_path, native, zero_stage=3).resolve(TrainingConfig(), 2)
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"offload_optimizer": True}, "strategy.offload_optimizer: optimizer offload needs ZeRO stage 1, 2 or 3"),
+    ({"zero_stage": 2, "offload_param": True}, "strategy.offload_param: parameter offload needs ZeRO stage 3"),
+])
+def test_offload_without_the_zero_stage_it_needs(tmp_path, options, message):
+    with pytest.raises(ConfigError, match=message):
+        deepspeed(tmp_path, **options).resolve(TrainingConfig(), 2)
+
+
+def test_shipped_deepspeed_files_resolve():
+    for path in sorted((ROOT / "configs/deepspeed").glob("*.json")):
+        stage = json.loads(path.read_text())["zero_optimization"]["stage"]
+        resolved = DeepSpeedConfig(name="deepspeed", config=str(path)).resolve(TrainingConfig(), 2)
+        assert resolved["zero_optimization"]["stage"] == stage
+
+
+def test_zero_stage_4_and_unknown_strategy_options():
+    with pytest.raises(ConfigError, match="strategy.zero_stage"):
+        load_experiment(QUICKSTART, ["strategy.name=deepspeed", "strategy.zero_stage=4"])
+    with pytest.raises(ConfigError, match="strategy.bucket_size: unknown key"):
+        load_experiment(QUICKSTART, ["strategy.name=ddp", "strategy.bucket_size=4"])
+
+
+# ------------------------------------------------------------------------ preflight, presets
+
+@pytest.mark.parametrize("overrides,world,message", [
+    (["strategy.name=fsdp2", "strategy.cpu_offload=true"], 2, "strategy.cpu_offload: CPUOffloadPolicy"),
+    (["strategy.name=fsdp1", "strategy.cpu_offload=true"], 2, "strategy.cpu_offload"),
+    (["strategy.name=fsdp1", "strategy.sharding_strategy=HYBRID_SHARD"], 2, "strategy.sharding_strategy: HYBRID_SHARD"),
+    (["strategy.name=single"], 2, "strategy.name: single trains in one process but 2 ranks"),
+    (["training.micro_batch=null", "training.global_batch=1000", "strategy.name=ddp"], 3,
+     "training.global_batch: 1000 samples cannot be split evenly over grad_accum (1) x world size (3)"),
+    (["strategy.name=deepspeed", "strategy.config=missing.json"], 2, "strategy.config: DeepSpeed config missing.json does not exist"),
+])
+def test_preflight_refuses_what_cannot_run_here(overrides, world, message):
+    cfg = load_experiment(QUICKSTART, overrides)
+    with pytest.raises(ConfigError) as err:
+        preflight(cfg, "cpu", world)
+    assert message in str(err.value)
+
+
+def test_every_strategy_preset_validates_and_passes_preflight_on_cpu():
+    presets = sorted((ROOT / "configs/strategies").glob("*.yaml"))
+    assert {p.stem for p in presets} >= {"single", "ddp", "fsdp1", "fsdp2", "zero0", "zero1", "zero2", "zero3", "zero3_offload", "accelerate"}
+    for path in presets:
+        cfg = load_experiment(QUICKSTART, strategy=path.stem)
+        assert cfg.strategy.name in STRATEGIES
+        preflight(cfg, "cpu", 1 if cfg.strategy.name == "single" else 2)
+    with pytest.raises(ConfigError, match="no preset named 'zero9'; presets: accelerate"):
+        load_experiment(QUICKSTART, strategy="zero9")
+
+
+# ------------------------------------------------------------------------------- Accelerate
+
+def accelerate_launch_env(config: Path) -> dict[str, str]:
+    """The environment `accelerate launch --config_file CONFIG` gives its processes, built by
+    Accelerate's own launch code."""
+    args = launch_command_parser().parse_args(["--config_file", str(config), "train.py"])
+    args, defaults, _ = _validate_launch_command(args)
+    if defaults.distributed_type.name == "DEEPSPEED":
+        args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+        return prepare_deepspeed_cmd_env(args)[1]
+    return prepare_multi_gpu_env(args)
+
+
+def test_shipped_accelerate_configs_load_with_accelerate():
+    kinds = {p.stem: load_config_from_file(str(p)).distributed_type.name for p in ACCELERATE.glob("*.yaml")}
+    assert kinds == {"ddp": "MULTI_GPU", "ddp_cpu": "MULTI_GPU", "fsdp1": "FSDP", "fsdp2": "FSDP",
+                     "deepspeed_zero2": "DEEPSPEED", "deepspeed_zero3": "DEEPSPEED"}
+
+
+def kan_model():
+    model = build_model(parse_model_config({"family": "bspline", "widths": [2, 8, 8, 1]}), seed=0)
+    model._no_split_modules = sorted({type(b).__name__ for b in model.blocks})  # as the accelerate strategy does
+    return model
+
+
+def test_fsdp2_plugin_wraps_one_unit_per_kan_layer(monkeypatch):
+    for key, value in accelerate_launch_env(ACCELERATE / "fsdp2.yaml").items():
+        monkeypatch.setenv(key, value)
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
+    model = kan_model()
+    policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    assert [m for m in model.modules() if policy(m)] == model.blocks
+
+
+def test_fsdp1_plugin_wraps_one_unit_per_kan_layer(monkeypatch):
+    for key, value in accelerate_launch_env(ACCELERATE / "fsdp1.yaml").items():
+        monkeypatch.setenv(key, value)
+    plugin = FullyShardedDataParallelPlugin()
+    model = kan_model()
+    plugin.set_auto_wrap_policy(model)
+    wrapped = [m for m in model.modules() if plugin.auto_wrap_policy(m, recurse=False, nonwrapped_numel=10**9)]
+    assert plugin.fsdp_version == 1 and wrapped == model.blocks
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_plugin_gets_the_experiments_values(monkeypatch, stage):
+    for key, value in accelerate_launch_env(ACCELERATE / f"deepspeed_zero{stage}.yaml").items():
+        monkeypatch.setenv(key, value)
+    plugin = DeepSpeedPlugin()
+    assert plugin.deepspeed_config["zero_optimization"]["stage"] == stage
+    training = TrainingConfig(micro_batch=64, grad_accum=2, grad_clip=0.5)
+    assert fill_training_keys(plugin.deepspeed_config, training, world_size=2) == []
+    assert plugin.deepspeed_config["gradient_clipping"] == 0.5 and plugin.deepspeed_config["train_batch_size"] == 256
+    plugin.deepspeed_config["gradient_clipping"] = 1.0
+    assert fill_training_keys(plugin.deepspeed_config, training, 2) == ["gradient_clipping=1.0 but the experiment implies 0.5"]
+
+
+def test_accelerate_fsdp_is_refused_on_cpu_before_launch():
+    cfg = load_experiment(QUICKSTART, ["strategy.name=accelerate", "strategy.config_file=configs/accelerate/fsdp2.yaml"])
+    with pytest.raises(ConfigError, match="accelerate \\+ FSDP needs CUDA devices here.*use strategy fsdp2"):
+        preflight(cfg, "cpu", 2)
+    preflight(cfg, "cuda", 2)  # the same config is fine where there are GPUs
+
+
+def test_accelerate_fsdp_is_refused_at_run_time_on_cpu(monkeypatch):
+    for key, value in accelerate_launch_env(ACCELERATE / "fsdp2.yaml").items():
+        monkeypatch.setenv(key, value)
+    from strategies.distributed import DistEnv
+
+    with pytest.raises(ConfigError, match="accelerate \\+ FSDP needs CUDA devices here"):
+        AccelerateConfig(name="accelerate").apply(kan_model(), TrainingConfig(), DistEnv(world_size=2))
+
+
+def test_accelerate_launch_config_conflicts():
+    launch = {"distributed_type": "DEEPSPEED", "mixed_precision": "bf16",
+              "deepspeed_config": {"gradient_accumulation_steps": 4, "gradient_clipping": 1.0}}
+    problems = launch_config_conflicts(launch, TrainingConfig(grad_accum=2), "cuda")
+    assert problems == ["mixed_precision='bf16' but training.dtype is float32; set mixed_precision: 'no'",
+                        "deepspeed_config.gradient_accumulation_steps=4 but the experiment sets 2",
+                        "deepspeed_config.gradient_clipping=1.0 but the experiment sets 0.0"]
