@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/kanscale train configs/experiments/quickstart.yaml --out runs/demo
+	rm -rf runs/demo
+	$(BIN)/kanscale sweep configs/studies/demo_cpu.yaml --out runs/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

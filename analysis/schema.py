@@ -26,6 +26,7 @@ class StrategyInfo(Record):
     name: str
     options: dict[str, Any] = Field(description="the strategy's resolved options")
     distributed_type: str | None = Field(None, description="what the backend reports it actually ran, e.g. Accelerate's")
+    backend_config: dict[str, Any] | None = Field(None, description="the backend's own resolved config, e.g. the DeepSpeed JSON")
 
 
 class ModelInfo(Record):

@@ -4,17 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from analysis.format import human_bytes
 from analysis.schema import RunRecord
-
-
-def human_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def format_summary(record: RunRecord, run_dir: Path) -> str:

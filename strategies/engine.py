@@ -113,6 +113,10 @@ class Engine:
         (Accelerate picks it from its launch config)."""
         return None
 
+    def backend_config(self) -> dict | None:
+        """The backend's own resolved configuration, where it has one (DeepSpeed's JSON)."""
+        return None
+
 
 class StrategyConfig(Section):
     """A strategy's options, validated from the experiment's ``strategy`` section. Each backend

@@ -176,3 +176,6 @@ class AccelerateEngine(Engine):
 
     def distributed_type(self) -> str:
         return self.accelerator.distributed_type.name
+
+    def backend_config(self) -> dict | None:
+        return self.inner.backend_config()

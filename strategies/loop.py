@@ -159,7 +159,7 @@ class Trainer:
             self.compute_s = self._measure_compute_baseline()
             self.engine: Engine = self.cfg.strategy.apply(self.model, self.cfg.training, self.env)
             self.record = self.record.model_copy(update={"strategy": self.record.strategy.model_copy(
-                update={"distributed_type": self.engine.distributed_type()})})
+                update={"distributed_type": self.engine.distributed_type(), "backend_config": self.engine.backend_config()})})
             self._train()
             test_mse = self._evaluate()
             self.record = self.record.model_copy(update=self._results(test_mse))

@@ -241,3 +241,6 @@ class DeepSpeedEngine(Engine):
 
     def distributed_type(self) -> str:
         return f"DEEPSPEED_ZERO{self.stage}"
+
+    def backend_config(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self.ds_config, default=str))  # plain JSON, for the record

@@ -1,0 +1,48 @@
+"""Load every run record under a directory into one pandas table, one row per run.
+
+Records that cannot be read are reported, not raised: one corrupt file must not hide the rest.
+Failed and incomplete runs are rows too, with their status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.labels import strategy_label, topology_label
+from analysis.records import SUMMARY_FILE, RecordError, read_summary
+from analysis.schema import RunRecord
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: Path
+    message: str
+
+
+def record_row(record: RunRecord, run_dir: Path) -> dict:
+    """A flat row: nested fields joined with dots (``timings.step_mean_s``), plus the labels and
+    model-state total the tables group and sort by."""
+    row = pd.json_normalize(record.model_dump(mode="json"), sep=".").iloc[0].to_dict()
+    state = record.memory.model_state if record.memory else None
+    row.update({
+        "run_dir": str(run_dir),
+        "strategy_label": strategy_label(record),
+        "topology_label": topology_label(record),
+        "model_label": f"{record.model.family} {record.model.widths}",
+        "model_state_bytes": (state.params + state.grads + state.optimizer + state.master_params) if state else None,
+    })
+    return row
+
+
+def load_runs(directory: str | Path) -> tuple[pd.DataFrame, list[Problem]]:
+    directory = Path(directory)
+    rows, problems = [], []
+    for summary in sorted(directory.rglob(SUMMARY_FILE)):
+        try:
+            rows.append(record_row(read_summary(summary), summary.parent))
+        except RecordError as err:
+            problems.append(Problem(summary, str(err)))
+    return pd.DataFrame(rows), problems

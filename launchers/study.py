@@ -1,0 +1,147 @@
+"""Studies: a base experiment plus a matrix of axes, expanded into the points of a sweep.
+
+    study: strong                 # what the analysis groups by
+    preset: cpu
+    experiment: configs/experiments/paper_kan64.yaml
+    launcher: torchrun            # accelerate presets are always started by accelerate launch
+    set: {training.epochs: 1}     # overrides for every point
+    per_rank: {task.n_train: 4096}  # multiplied by the point's world size (weak scaling)
+    matrix:
+      strategy: [ddp, fsdp2, zero3]   # presets from configs/strategies/
+      topology: [1x1, 1x2]            # nodes x ranks per node
+      model.widths: [[2, 32, 1], [2, 64, 1]]   # any other key is a config path
+      size:                           # a value may be a bundle of overrides (and a label)
+        - {label: small, model.widths: [2, 64, 1]}
+        - {label: wide, model.widths: [256, 1024, 1], task.name: high_dim, task.dim: 256}
+    include:                          # extra points, outside the product
+      - {strategy: single, topology: 1x1}
+
+The points are the matrix's cartesian product, then ``include``; ``single`` pairs only with one
+rank (other pairings are listed as not run).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from strategies.config import ConfigError
+from strategies.experiment import describe_error, read_yaml, strategy_preset_path
+
+TOPOLOGY = re.compile(r"^(\d+)x(\d+)$")
+
+
+class SlurmSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    inner: Literal["torchrun", "deepspeed", "accelerate"] = "torchrun"
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+
+
+class StudyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    study: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    preset: str = Field("custom", description="paper | cpu | ...")
+    description: str = ""
+    experiment: str = Field(description="the base experiment YAML")
+    launcher: Literal["torchrun", "deepspeed", "slurm"] = "torchrun"
+    set: dict[str, Any] = Field(default_factory=dict)
+    per_rank: dict[str, int] = Field(default_factory=dict)
+    matrix: dict[str, list[Any]]
+    include: list[dict[str, Any]] = Field(default_factory=list)
+    slurm: SlurmSettings = SlurmSettings()
+
+    @field_validator("matrix")
+    @classmethod
+    def _axes(cls, matrix: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        if not matrix or any(not values for values in matrix.values()):
+            raise ValueError("needs at least one axis, each with at least one value")
+        check_axis_values(matrix)
+        return matrix
+
+    @field_validator("include")
+    @classmethod
+    def _included(cls, include: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        for point in include:
+            check_axis_values({k: [v] for k, v in point.items()})
+        return include
+
+
+def check_axis_values(axes: dict[str, list[Any]]) -> None:
+    for value in axes.get("topology", []):
+        if not TOPOLOGY.match(str(value)):
+            raise ValueError(f"topology {value!r} is not NODESxRANKS, e.g. 1x2")
+    for preset in axes.get("strategy", []):
+        strategy_preset_path(str(preset))  # a ConfigError (a ValueError) naming the presets
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of a sweep."""
+
+    axes: dict[str, Any]
+    strategy: str | None
+    nodes: int
+    procs_per_node: int
+    overrides: list[str]
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def key(self) -> str:
+        """A readable, file-name-safe identifier of the point."""
+        parts = [f"{k.split('.')[-1]}={axis_label(v)}" for k, v in self.axes.items()]
+        return re.sub(r"[^A-Za-z0-9_.=,+-]", "", "_".join(parts))
+
+
+def axis_label(value: Any) -> str:
+    if isinstance(value, dict):
+        return str(value.get("label") or json.dumps({k: v for k, v in value.items() if k != "label"}))
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def axis_overrides(axis: str, value: Any) -> list[str]:
+    """``--set`` overrides for one axis value; a mapping value is a bundle of them."""
+    if axis in ("strategy", "topology"):
+        return []
+    if isinstance(value, dict):
+        return [f"{k}={json.dumps(v)}" for k, v in value.items() if k != "label"]
+    return [f"{axis}={json.dumps(value)}"]
+
+
+def load_study(path: str | Path) -> StudyConfig:
+    data = read_yaml(path)
+    try:
+        return StudyConfig.model_validate(data)
+    except ValidationError as err:
+        lines = [describe_error(e, data) for e in err.errors()]
+        raise ConfigError(f"{path} is not a valid study:\n" + "\n".join(f"  - {line}" for line in lines)) from None
+
+
+def expand(study: StudyConfig) -> tuple[list[Point], list[str]]:
+    """The study's points, and a note for each combination that cannot run."""
+    axes = list(study.matrix)
+    combinations = [dict(zip(axes, values)) for values in itertools.product(*study.matrix.values())]
+    points, skipped = [], []
+    for chosen in combinations + list(study.include):
+        nodes, procs = (int(n) for n in TOPOLOGY.match(str(chosen.get("topology", "1x1"))).groups())
+        strategy = chosen.get("strategy")
+        if strategy == "single" and nodes * procs > 1:
+            skipped.append(f"strategy=single with topology {chosen['topology']}: single runs one process")
+            continue
+        overrides = [f"study={study.study}"]
+        overrides += [f"{k}={json.dumps(v)}" for k, v in study.set.items()]
+        overrides += [o for k, v in chosen.items() for o in axis_overrides(k, v)]
+        overrides += [f"{k}={v * nodes * procs}" for k, v in study.per_rank.items()]
+        points.append(Point(axes=chosen, strategy=strategy, nodes=nodes, procs_per_node=procs, overrides=overrides))
+    return points, skipped

@@ -1,0 +1,164 @@
+"""``kanscale sweep``: run every point of a study, one launch each, and keep going past failures.
+
+Each point's output goes to ``OUT/logs/<point>.log``; what became of each point is appended to
+``OUT/sweep.jsonl``. With ``--resume`` a point whose run record in OUT is complete (status ok)
+for the same resolved config is skipped. Points whose world spans several nodes are started on
+this machine as that many nodes (127.0.0.1), unless the study's launcher is SLURM, which writes
+one sbatch script per point instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tqdm import tqdm
+
+from analysis.records import RecordError, read_summary
+from analysis.schema import RunRecord
+from launchers.commands import LaunchSpec
+from launchers.run import RunRequest, execute, plan
+from launchers.slurm import SlurmOptions, submit
+from launchers.study import Point, StudyConfig, expand, load_study
+from strategies.config import ConfigError
+from strategies.experiment import read_yaml, strategy_preset_path
+
+# Two names for this machine: the deepspeed launcher needs one distinct host name per node.
+LOCAL_HOSTS = ["localhost", "127.0.0.1"]
+
+
+@dataclass
+class PointResult:
+    point: str
+    status: str  # ok | failed | skipped | written | submitted | planned
+    seconds: float = 0.0
+    run_id: str | None = None
+    detail: str = ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def completed_runs(out: Path) -> dict[str, RunRecord]:
+    """Complete (status ok) run records under OUT, by config digest."""
+    done = {}
+    for summary in out.glob("*/summary.json"):
+        try:
+            record = read_summary(summary)
+        except RecordError:
+            continue
+        if record.status == "ok":
+            done[record.config_digest] = record
+    return done
+
+
+def launcher_for(study: StudyConfig, point: Point) -> str:
+    preset = read_yaml(strategy_preset_path(point.strategy))["name"] if point.strategy else None
+    if study.launcher == "slurm":
+        return "slurm"
+    if preset == "single":
+        return "none"
+    return "accelerate" if preset == "accelerate" else study.launcher
+
+
+def point_request(study: StudyConfig, point: Point, out: Path) -> RunRequest:
+    launcher = launcher_for(study, point)
+    local_multinode = point.nodes > 1 and launcher != "slurm"
+    if local_multinode and launcher == "deepspeed" and point.nodes > len(LOCAL_HOSTS):
+        raise ConfigError(f"topology {point.nodes}x{point.procs_per_node}: the deepspeed launcher can start at most "
+                          f"{len(LOCAL_HOSTS)} nodes on one machine")
+    spec = LaunchSpec(launcher=launcher, nproc_per_node=point.procs_per_node, nnodes=point.nodes,
+                      master_port=free_port(), rdzv_id=f"kanscale-{point.key}", no_ssh=True)
+    slurm = SlurmOptions(job_name=f"kanscale-{study.study}-{point.key}"[:64], **study.slurm.model_dump())
+    return RunRequest(config=study.experiment, out=str(out), spec=spec, overrides=point.overrides, strategy=point.strategy,
+                      slurm=slurm if launcher == "slurm" else None, all_nodes_here=local_multinode,
+                      hosts=LOCAL_HOSTS[: point.nodes] if local_multinode and launcher == "deepspeed" else [],
+                      progress=False)
+
+
+def matches(point: Point, only: list[str]) -> bool:
+    """``--only strategy=zero3 --only topology=1x2 --only widths=[2,64,1]``: every filter holds."""
+    for condition in only:
+        key, _, value = condition.partition("=")
+        axis = next((a for a in point.axes if a == key or a.split(".")[-1] == key), None)
+        if axis is None:
+            raise ConfigError(f"--only {condition}: no axis {key!r}; axes: {', '.join(point.axes)}")
+        if str(point.axes[axis]).replace(" ", "") != value.replace(" ", ""):
+            return False
+    return True
+
+
+def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = False, only: list[str] = (),
+              submit_jobs: bool = False, progress: bool | None = None) -> list[PointResult]:
+    study = load_study(study_path)
+    out_dir = Path(out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out: {out_dir} is a file; give a directory for the sweep's runs")
+    points, notes = expand(study)
+    points = [p for p in points if matches(p, list(only))]
+    if not points:
+        raise ConfigError(f"--only {' '.join(only)}: no point of {study_path} matches")
+    for note in notes:
+        print(f"[sweep] not run: {note}", file=sys.stderr)
+    done = completed_runs(out_dir) if resume else {}
+    results: list[PointResult] = []
+    interactive = sys.stderr.isatty() if progress is None else progress
+    bar = tqdm(points, unit="point", disable=dry_run or not interactive, file=sys.stderr, dynamic_ncols=True)
+    start = time.monotonic()
+    for n, point in enumerate(bar, start=1):
+        bar.set_description(point.key[:60])
+        result = run_point(study, point, out_dir, done, dry_run, submit_jobs)
+        results.append(result)
+        if dry_run:
+            continue
+        log_result(out_dir, study, result)
+        eta = (time.monotonic() - start) / n * (len(points) - n)
+        bar.write(f"[sweep] {n}/{len(points)} {result.status:9s} {point.key} ({result.seconds:.1f} s"
+                  + ("" if interactive else f", eta {eta:.0f} s") + ")" + (f" {result.detail}" if result.detail else ""),
+                  file=sys.stderr)
+    return results
+
+
+def run_point(study: StudyConfig, point: Point, out: Path, done: dict[str, RunRecord], dry_run: bool,
+              submit_jobs: bool) -> PointResult:
+    start = time.monotonic()
+    try:
+        cfg, request, launch = plan(point_request(study, point, out))
+    except ConfigError as err:
+        return PointResult(point.key, "failed", detail=str(err).splitlines()[0])
+    if cfg.digest() in done:
+        return PointResult(point.key, "skipped", run_id=done[cfg.digest()].run_id, detail="complete record exists")
+    if dry_run:
+        print(f"# {point.key}\n{launch.render()}\n")
+        return PointResult(point.key, "planned")
+    if request.spec.launcher == "slurm":
+        (script,) = launch.files
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(launch.files[script])
+        message = submit(script) if submit_jobs else f"sbatch {script}"
+        return PointResult(point.key, "submitted" if submit_jobs else "written", detail=message)
+    log = out / "logs" / f"{point.key}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    code = execute(launch, log=log)
+    record = completed_runs(out).get(cfg.digest())
+    seconds = time.monotonic() - start
+    if code == 0 and record is not None:
+        done[cfg.digest()] = record
+        return PointResult(point.key, "ok", seconds, record.run_id)
+    return PointResult(point.key, "failed", seconds, detail=f"exit code {code}; see {log}")
+
+
+def log_result(out: Path, study: StudyConfig, result: PointResult) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    entry = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "study": study.study, **dataclasses.asdict(result)}
+    with open(out / "sweep.jsonl", "a") as f:
+        f.write(json.dumps(entry) + "\n")

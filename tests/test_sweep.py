@@ -1,0 +1,120 @@
+"""Studies expand into the right points; sweeps run them for real, go on past failures, resume."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from analysis.records import read_summary
+from launchers.cli import main
+from launchers.study import expand, load_study
+from launchers.sweep import matches
+from strategies.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDIES = sorted((ROOT / "configs/studies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
+def test_shipped_studies_load_and_expand(path):
+    study = load_study(path)
+    points, _ = expand(study)
+    assert points and study.preset in ("cpu", "paper")
+    if study.preset == "cpu":
+        assert max(p.world_size for p in points) <= 2 and study.launcher != "slurm"
+    else:
+        assert study.launcher == "slurm" and max(p.world_size for p in points) >= 4
+
+
+def test_the_five_studies_have_both_presets():
+    names = {p.stem for p in STUDIES}
+    for study in ("strong", "weak", "comm", "model_size", "memory"):
+        assert {f"{study}_cpu", f"{study}_paper"} <= names
+
+
+def test_paper_presets_are_the_published_setup():
+    strong = load_study(ROOT / "configs/studies/strong_paper.yaml")
+    points, _ = expand(strong)
+    assert {(p.nodes, p.procs_per_node) for p in points} == {(1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2)}
+    assert "task.n_train=100000" in points[0].overrides and "training.epochs=40" in points[0].overrides
+    weak, _ = expand(load_study(ROOT / "configs/studies/weak_paper.yaml"))
+    eight = next(p for p in weak if p.world_size == 8)
+    assert "task.n_train=200000" in eight.overrides  # 25,000 per GPU
+
+
+def test_memory_study_reaches_tens_of_millions_of_parameters():
+    from kan_models import count_parameters, build_model, parse_model_config
+
+    study = load_study(ROOT / "configs/studies/memory_cpu.yaml")
+    widths = [size["model.widths"] for size in study.matrix["size"]]
+    largest = count_parameters(build_model(parse_model_config({"family": "bspline", "widths": widths[-1], "grid": 10}), 0))
+    assert largest.trainable > 10_000_000
+
+
+def write_study(tmp_path, **changes) -> Path:
+    study = {"study": "tiny", "preset": "cpu", "experiment": str(ROOT / "configs/experiments/quickstart.yaml"),
+             "launcher": "torchrun",
+             "set": {"training.steps": 8, "training.micro_batch": 64, "measurement.baseline_steps": 2},
+             "matrix": {"strategy": ["ddp", "zero2"], "topology": ["1x2"]},
+             "include": [{"strategy": "single", "topology": "1x1"}], **changes}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path
+
+
+def test_expansion_per_rank_bundles_and_skips(tmp_path):
+    study = load_study(write_study(tmp_path, per_rank={"task.n_train": 100},
+                                   matrix={"strategy": ["single", "ddp"], "topology": ["1x1", "1x2"],
+                                           "size": [{"label": "big", "model.widths": [2, 32, 1], "model.grid": 7}]}))
+    points, skipped = expand(study)
+    assert [p.key for p in points] == ["strategy=single_topology=1x1_size=big", "strategy=ddp_topology=1x1_size=big",
+                                       "strategy=ddp_topology=1x2_size=big", "strategy=single_topology=1x1"]
+    assert skipped == ["strategy=single with topology 1x2: single runs one process"]
+    two = points[2]
+    assert "task.n_train=200" in two.overrides and "model.grid=7" in two.overrides and "model.widths=[2, 32, 1]" in two.overrides
+    assert matches(two, ["strategy=ddp", "topology=1x2"]) and not matches(two, ["strategy=zero2"])
+    with pytest.raises(ConfigError, match="no axis 'nodes'"):
+        matches(two, ["nodes=2"])
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"matrix": {"strategy": ["zero9"]}}, "no preset named 'zero9'"),
+    ({"matrix": {"topology": ["2by2"]}}, "topology '2by2' is not NODESxRANKS"),
+    ({"launcher": "mpirun"}, "launcher"),
+    ({"matrixx": {}}, "matrixx: unknown key"),
+])
+def test_bad_studies_are_refused(tmp_path, capsys, change, message):
+    path = write_study(tmp_path, **change)
+    assert main(["sweep", str(path), "--out", str(tmp_path / "runs")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_sweep_runs_every_point_goes_on_past_a_failure_and_resumes(tmp_path, capsys):
+    # fsdp1 HYBRID_SHARD is refused on CPUs: that point fails, the others still run.
+    hybrid = tmp_path / "hybrid.yaml"
+    hybrid.write_text("name: fsdp1\nsharding_strategy: HYBRID_SHARD\n")
+    path = write_study(tmp_path, matrix={"strategy": ["ddp", str(hybrid), "zero2"], "topology": ["1x2"]})
+    out = tmp_path / "runs"
+    assert main(["sweep", str(path), "--out", str(out)]) == 1  # a failed point makes the exit code non-zero
+    text = capsys.readouterr().out
+    assert "sweep: 3 ok, 1 failed" in text
+    assert "HYBRID_SHARD" in text and "next: kanscale analyze" in text and "| zero2" in text
+    records = [read_summary(p) for p in out.glob("*/summary.json")]
+    assert sorted(r.strategy.name for r in records) == ["ddp", "deepspeed", "single"]
+    assert {r.study for r in records} == {"tiny"} and all(r.status == "ok" for r in records)
+    log = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
+    assert [entry["status"] for entry in log].count("failed") == 1
+
+    assert main(["sweep", str(path), "--out", str(out), "--resume", "--only", "strategy=zero2"]) == 0
+    assert "1 skipped" in capsys.readouterr().out
+    assert len(list(out.glob("*/summary.json"))) == 3  # nothing ran again
+
+
+def test_slurm_presets_write_one_script_per_point(tmp_path, capsys):
+    out = tmp_path / "runs"
+    assert main(["sweep", str(ROOT / "configs/studies/model_size_paper.yaml"), "--out", str(out), "--only", "strategy=ddp"]) == 0
+    scripts = sorted((out / "slurm").glob("*.sbatch"))
+    assert len(scripts) == 4  # one per model width
+    assert "4 sbatch script(s)" in capsys.readouterr().out
+    assert all("#SBATCH --nodes=2" in s.read_text() and "#SBATCH --gpus-per-node=2" in s.read_text() for s in scripts)
