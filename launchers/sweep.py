@@ -48,8 +48,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def completed_runs(out: Path) -> dict[str, RunRecord]:
-    """Complete (status ok) run records under OUT, by config digest."""
+RunKey = tuple[str, int, int]
+
+
+def run_key(digest: str, nodes: int, procs_per_node: int) -> RunKey:
+    """What makes two runs the same point: the resolved experiment and where its ranks ran."""
+    return digest, nodes, procs_per_node
+
+
+def completed_runs(out: Path) -> dict[RunKey, RunRecord]:
+    """Complete (status ok) run records under OUT, by point."""
     done = {}
     for summary in out.glob("*/summary.json"):
         try:
@@ -57,7 +65,8 @@ def completed_runs(out: Path) -> dict[str, RunRecord]:
         except RecordError:
             continue
         if record.status == "ok":
-            done[record.config_digest] = record
+            t = record.topology
+            done[run_key(record.config_digest, t.nodes, t.procs_per_node)] = record
     return done
 
 
@@ -128,15 +137,17 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
     return results
 
 
-def run_point(study: StudyConfig, point: Point, out: Path, done: dict[str, RunRecord], dry_run: bool,
+def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, RunRecord], dry_run: bool,
               submit_jobs: bool) -> PointResult:
+    """Run one point; ``done`` holds the complete runs to skip (empty unless resuming)."""
     start = time.monotonic()
     try:
         cfg, request, launch = plan(point_request(study, point, out))
     except ConfigError as err:
         return PointResult(point.key, "failed", detail=str(err).splitlines()[0])
-    if cfg.digest() in done:
-        return PointResult(point.key, "skipped", run_id=done[cfg.digest()].run_id, detail="complete record exists")
+    key = run_key(cfg.digest(), point.nodes, point.procs_per_node)
+    if key in done:
+        return PointResult(point.key, "skipped", run_id=done[key].run_id, detail="complete record exists")
     if dry_run:
         print(f"# {point.key}\n{launch.render()}\n")
         return PointResult(point.key, "planned")
@@ -148,13 +159,16 @@ def run_point(study: StudyConfig, point: Point, out: Path, done: dict[str, RunRe
         return PointResult(point.key, "submitted" if submit_jobs else "written", detail=message)
     log = out / "logs" / f"{point.key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    before = set(out.glob("*/summary.json"))
     code = execute(launch, log=log)
-    record = completed_runs(out).get(cfg.digest())
     seconds = time.monotonic() - start
-    if code == 0 and record is not None:
-        done[cfg.digest()] = record
+    new = [read_summary(p) for p in set(out.glob("*/summary.json")) - before]
+    record = new[0] if new else None
+    if code == 0 and record is not None and record.status == "ok":
         return PointResult(point.key, "ok", seconds, record.run_id)
-    return PointResult(point.key, "failed", seconds, detail=f"exit code {code}; see {log}")
+    reason = f"{record.error.type}: {record.error.message}" if record and record.error else f"exit code {code}"
+    return PointResult(point.key, "failed", seconds, run_id=record.run_id if record else None,
+                       detail=f"{reason.splitlines()[0]}; see {log}")
 
 
 def log_result(out: Path, study: StudyConfig, result: PointResult) -> None:

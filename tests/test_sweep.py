@@ -94,21 +94,23 @@ def test_a_sweep_runs_every_point_goes_on_past_a_failure_and_resumes(tmp_path, c
     # fsdp1 HYBRID_SHARD is refused on CPUs: that point fails, the others still run.
     hybrid = tmp_path / "hybrid.yaml"
     hybrid.write_text("name: fsdp1\nsharding_strategy: HYBRID_SHARD\n")
-    path = write_study(tmp_path, matrix={"strategy": ["ddp", str(hybrid), "zero2"], "topology": ["1x2"]})
+    path = write_study(tmp_path, matrix={"strategy": ["ddp", str(hybrid), "zero2"], "topology": ["1x2"]},
+                       include=[{"strategy": "single", "topology": "1x1"}, {"strategy": "ddp", "topology": "1x1"}])
     out = tmp_path / "runs"
     assert main(["sweep", str(path), "--out", str(out)]) == 1  # a failed point makes the exit code non-zero
     text = capsys.readouterr().out
-    assert "sweep: 3 ok, 1 failed" in text
+    assert "sweep: 4 ok, 1 failed" in text
     assert "HYBRID_SHARD" in text and "next: kanscale analyze" in text and "| zero2" in text
     records = [read_summary(p) for p in out.glob("*/summary.json")]
-    assert sorted(r.strategy.name for r in records) == ["ddp", "deepspeed", "single"]
+    # the same experiment on 1 and on 2 ranks is two points, both run
+    assert sorted((r.strategy.name, r.topology.world_size) for r in records) == [("ddp", 1), ("ddp", 2), ("deepspeed", 2), ("single", 1)]
     assert {r.study for r in records} == {"tiny"} and all(r.status == "ok" for r in records)
     log = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
     assert [entry["status"] for entry in log].count("failed") == 1
 
     assert main(["sweep", str(path), "--out", str(out), "--resume", "--only", "strategy=zero2"]) == 0
     assert "1 skipped" in capsys.readouterr().out
-    assert len(list(out.glob("*/summary.json"))) == 3  # nothing ran again
+    assert len(list(out.glob("*/summary.json"))) == 4  # nothing ran again
 
 
 def test_slurm_presets_write_one_script_per_point(tmp_path, capsys):
