@@ -1,5 +1,6 @@
 # Two commands set everything up on a fresh machine:
-#   make demo   create .venv, install, train the quickstart on this machine's CPU, print the summary
+#   make demo   create .venv, install, train the quickstart under every CPU strategy, print the
+#               comparison and write the HTML report
 #   make test   create .venv, install, run the test suite
 #
 # TORCH_SPEC picks the torch build. The default is the CPU wheel that lies on this project's
@@ -24,6 +25,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	rm -rf runs/demo
 	$(BIN)/kanscale sweep configs/studies/demo_cpu.yaml --out runs/demo
+	$(BIN)/kanscale analyze runs/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

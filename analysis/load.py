@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.labels import strategy_label, topology_label
-from analysis.records import SUMMARY_FILE, RecordError, read_summary
+from analysis.records import CONFIG_FILE, STEPS_FILE, SUMMARY_FILE, RecordError, read_summary
 from analysis.schema import RunRecord
 
 
@@ -38,11 +38,19 @@ def record_row(record: RunRecord, run_dir: Path) -> dict:
 
 
 def load_runs(directory: str | Path) -> tuple[pd.DataFrame, list[Problem]]:
+    """Every run under ``directory``: one row per readable record, one problem per run directory
+    that has no readable record (corrupt JSON, an unknown schema version, a missing summary)."""
     directory = Path(directory)
+    if not directory.is_dir():
+        raise RecordError(f"{directory}: not a directory of runs")
     rows, problems = [], []
     for summary in sorted(directory.rglob(SUMMARY_FILE)):
         try:
             rows.append(record_row(read_summary(summary), summary.parent))
         except RecordError as err:
             problems.append(Problem(summary, str(err)))
+    for leftover in sorted({p.parent for name in (STEPS_FILE, CONFIG_FILE) for p in directory.rglob(name)}):
+        if not (leftover / SUMMARY_FILE).exists():
+            problems.append(Problem(leftover, f"{leftover}: has {STEPS_FILE} or {CONFIG_FILE} but no {SUMMARY_FILE}; "
+                                              "the run left no record to analyse"))
     return pd.DataFrame(rows), problems

@@ -1,10 +1,153 @@
-"""Tables that compare strategies, built from the run table of :func:`analysis.load.load_runs`."""
+"""Tables that compare strategies, built from the run table of :func:`analysis.load.load_runs`.
+
+Every table exists twice: numbers (CSV, for further work) and formatted text (Markdown/HTML).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import pandas as pd
 
+from analysis.derive import summarize, with_spread
 from analysis.format import human_bytes
+
+Formatter = Callable[[float], str]
+
+
+def count(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+def fixed(digits: int) -> Formatter:
+    return lambda v: f"{v:.{digits}f}"
+
+
+def percent(v: float) -> str:
+    return f"{100 * v:.1f}%"
+
+
+def general(v: float) -> str:
+    return f"{v:.4g}"
+
+
+@dataclass(frozen=True)
+class Column:
+    metric: str  # a column of the derived run table
+    header: str
+    fmt: Formatter
+
+
+SAMPLES = Column("samples_per_s", "samples/s", count)
+PER_RANK = Column("samples_per_s_per_rank", "samples/s per rank", count)
+SPEEDUP = Column("speedup", "speedup", fixed(2))
+EFFICIENCY = Column("efficiency", "efficiency", percent)
+RETENTION = Column("retention", "per-rank retention", percent)
+COMM = Column("comm_overhead", "comm overhead", percent)
+STEP_MS = Column("step_ms", "step ms", fixed(2))
+COMPUTE_MS = Column("compute_ms", "compute ms", fixed(2))
+COMM_MS = Column("comm_ms", "exposed comm ms", fixed(2))
+CHECK_MS = Column("comm_check_ms", "blocked ms (check)", fixed(2))
+PEAK = Column("peak_memory_bytes", "peak memory / rank", human_bytes)
+STATE = Column("model_state_bytes", "model state / rank", human_bytes)
+STATE_PARAMS = Column("memory.model_state.params", "params bytes", human_bytes)
+STATE_GRADS = Column("memory.model_state.grads", "grads bytes", human_bytes)
+STATE_OPT = Column("memory.model_state.optimizer", "optimizer bytes", human_bytes)
+STATE_MASTER = Column("memory.model_state.master_params", "fp32 master bytes", human_bytes)
+PER_BYTE = Column("params_per_byte", "params / byte of peak", lambda v: f"{v:.3g}")
+LOSS = Column("final_loss", "final loss", general)
+
+# Which columns each study's table shows; any other study gets DEFAULT.
+STUDY_COLUMNS: dict[str, list[Column]] = {
+    "strong": [SAMPLES, SPEEDUP, EFFICIENCY, COMM, PEAK, LOSS],
+    "weak": [SAMPLES, PER_RANK, RETENTION, COMM, LOSS],
+    "comm": [STEP_MS, COMPUTE_MS, COMM_MS, CHECK_MS, COMM, SAMPLES],
+    "model_size": [SAMPLES, COMM, PEAK, STATE, LOSS],
+    "memory": [PEAK, STATE, STATE_PARAMS, STATE_GRADS, STATE_OPT, STATE_MASTER, PER_BYTE],
+}
+DEFAULT = [SAMPLES, SPEEDUP, EFFICIENCY, COMM, PEAK, STATE, LOSS]
+ROW_KEYS = ["strategy_label", "model.params_trainable", "topology_label", "topology.world_size"]
+ROW_HEADERS = {"strategy_label": "strategy", "model.params_trainable": "params", "topology_label": "nodes x ranks"}
+
+
+@dataclass
+class Table:
+    """A table as numbers (``data``) and as text (``text``), with a caption."""
+
+    name: str
+    caption: str
+    data: pd.DataFrame
+    text: pd.DataFrame
+
+    def markdown(self) -> str:
+        return f"{self.caption}\n\n{self.text.to_markdown(index=False)}\n"
+
+
+def study_table(derived: pd.DataFrame, study: str) -> Table:
+    columns = STUDY_COLUMNS.get(study, DEFAULT)
+    runs = derived[derived["study"] == study]
+    summary = summarize(runs, ROW_KEYS, [c.metric for c in columns]).sort_values(
+        ["model.params_trainable", "strategy_label", "topology.world_size", "topology_label"])
+    text = summary[ROW_KEYS[:3]].rename(columns=ROW_HEADERS)
+    text["params"] = text["params"].map(count)
+    for column in columns:
+        text[column.header] = with_spread(summary, column.metric, column.fmt).values
+    if (summary["repeats"] > 1).any():
+        text["runs"] = summary["repeats"].values
+    caption = (f"Study `{study}`: {len(runs)} run(s) on {hardware(runs)}. Speedup and efficiency are against the "
+               "1-rank run of the same strategy and experiment; medians, with [min-max] where a point was repeated.")
+    return Table(study, caption, summary.reset_index(drop=True), text.reset_index(drop=True))
+
+
+def reference_experiment(derived: pd.DataFrame) -> tuple[str, str]:
+    """The (study, model) pair the most strategies ran (the smallest model among ties): what the
+    cross-strategy comparison compares on."""
+    counts = derived.groupby(["study", "model_label"]).agg(
+        strategies=("strategy_label", "nunique"), params=("model.params_trainable", "first"))
+    return counts.sort_values(["strategies", "params"], ascending=[False, True]).index[0]
+
+
+def strategy_comparison(derived: pd.DataFrame) -> Table:
+    """One row per strategy, at its largest world size on the reference experiment."""
+    study, model = reference_experiment(derived)
+    rows = []
+    for strategy, runs in derived.groupby("strategy_label"):
+        on_model = runs[(runs["model_label"] == model) & (runs["study"] == study)]
+        if on_model.empty:
+            continue
+        largest = on_model["world_size"].max()
+        at = on_model[on_model["world_size"] == largest]
+        rows.append({
+            "strategy": strategy, "world_size": largest,
+            "samples_per_s": at["samples_per_s"].median(), "efficiency": at["efficiency"].median(),
+            "comm_overhead": at["comm_overhead"].median(), "peak_memory_bytes": at["peak_memory_bytes"].median(),
+            "model_state_bytes": at["model_state_bytes"].median(), "final_loss": at["final_loss"].median(),
+            "largest_model_params": runs["model.params_trainable"].max(),
+        })
+    data = pd.DataFrame(rows).sort_values("samples_per_s", ascending=False).reset_index(drop=True)
+    formats = {"world_size": count, "samples_per_s": count, "efficiency": percent, "comm_overhead": percent,
+               "peak_memory_bytes": human_bytes, "model_state_bytes": human_bytes, "final_loss": general,
+               "largest_model_params": count}
+    headers = {"world_size": "ranks", "samples_per_s": "samples/s", "efficiency": "efficiency (vs 1 rank)",
+               "comm_overhead": "comm overhead", "peak_memory_bytes": "peak memory / rank",
+               "model_state_bytes": "model state / rank", "final_loss": "final loss",
+               "largest_model_params": "largest model trained (params)"}
+    text = data[["strategy"]].copy()
+    for key, fmt in formats.items():
+        text[headers[key]] = data[key].map(lambda v, fmt=fmt: "" if pd.isna(v) else fmt(v))
+    sizes = ", ".join(str(w) for w in sorted(derived["world_size"].unique()))
+    caption = (f"Cross-strategy comparison on {model} (study `{study}`), each strategy at the largest world size it ran "
+               f"there (world sizes in these runs: {sizes}); hardware: {hardware(derived)}. Efficiency is blank where no "
+               "1-rank run of the strategy exists; the largest model trained is over all runs.")
+    return Table("comparison", caption, data, text)
+
+
+def hardware(runs: pd.DataFrame) -> str:
+    devices = sorted({f"{row['topology.device_name']} ({row['topology.device_type']})" for _, row in runs.iterrows()})
+    backends = sorted({str(b) for b in runs["topology.comm_backend"].dropna().unique()})
+    return "; ".join(devices) + (f", {'/'.join(backends)} collectives" if backends else "")
+
 
 QUICK_COLUMNS = {
     "strategy_label": "strategy",
@@ -22,11 +165,11 @@ def quick_comparison(runs: pd.DataFrame) -> pd.DataFrame:
     rank and final loss; smallest model first, then fastest first."""
     ok = runs[runs["status"] == "ok"].sort_values(["model.params_trainable", "throughput.samples_per_s"], ascending=[True, False])
     table = ok[list(QUICK_COLUMNS)].rename(columns=QUICK_COLUMNS)
-    table["params"] = table["params"].map(lambda v: f"{v:,}")
-    table["samples/s"] = table["samples/s"].map(lambda v: f"{v:,.0f}")
-    table["comm overhead"] = table["comm overhead"].map(lambda v: f"{100 * v:.1f}%")
+    table["params"] = table["params"].map(count)
+    table["samples/s"] = table["samples/s"].map(count)
+    table["comm overhead"] = table["comm overhead"].map(percent)
     table["model state / rank"] = table["model state / rank"].map(human_bytes)
-    table["final loss"] = table["final loss"].map(lambda v: f"{v:.4g}")
+    table["final loss"] = table["final loss"].map(general)
     return table.reset_index(drop=True)
 
 

@@ -4,7 +4,8 @@
 
 where B_j are the G + k B-spline bases of order k on a grid of G intervals over ``grid_range``,
 extended by k knots on either side. This module is the straightforward Cox-de Boor
-implementation most KAN libraries use.
+implementation most KAN libraries use, kept as the reference (``impl: reference``); the default
+``impl: fast`` layer in ``bspline_fast.py`` computes the same function in closed form.
 
 Outside the extended knot span every basis is zero, so the spline term vanishes and only the
 SiLU base path remains; on the k extension intervals at either end the bases no longer sum to 1.
@@ -23,11 +24,16 @@ from torch import nn
 from kan_models.base import LayerStack, ModelConfig
 
 
-def uniform_knots(grid: int, k: int, low: float, high: float, in_features: int) -> torch.Tensor:
+def uniform_knots(grid: int, k: int, low: float | torch.Tensor, high: float | torch.Tensor,
+                  in_features: int) -> torch.Tensor:
     """Knots t_0 .. t_{G+2k} of a uniform grid over [low, high] extended by k knots per side,
-    one row per input feature: shape (in_features, G + 2k + 1)."""
+    one row per input feature: shape (in_features, G + 2k + 1). ``low`` and ``high`` are numbers
+    (one grid for all features) or tensors of shape (in_features,) (one grid per feature); the
+    knots are computed in float64 so every dtype gets them rounded once."""
+    low = torch.as_tensor(low, dtype=torch.float64).reshape(-1, 1)
+    high = torch.as_tensor(high, dtype=torch.float64).reshape(-1, 1)
     h = (high - low) / grid
-    knots = low + h * torch.arange(-k, grid + k + 1, dtype=torch.float64)
+    knots = low + h * torch.arange(-k, grid + k + 1, dtype=torch.float64, device=low.device)
     return knots.expand(in_features, -1).contiguous()
 
 
@@ -46,6 +52,13 @@ def bspline_basis(x: torch.Tensor, knots: torch.Tensor, k: int) -> torch.Tensor:
     return bases
 
 
+def observed_span(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-feature lowest value and span (high - low) of x (batch, in); a feature with (almost)
+    no spread gets a small positive span, since the knots built on it must strictly increase."""
+    low, high = torch.aminmax(x, dim=0)
+    return low, torch.clamp(high - low, min=1e-4 * torch.clamp(high.abs(), min=1.0))
+
+
 def adaptive_knots(x: torch.Tensor, grid: int, k: int, grid_eps: float) -> torch.Tensor:
     """Knots refitted to the data in x (batch, in): ``grid_eps`` mixes a uniform grid over each
     feature's observed range (1.0) with one placed at the data's quantiles (0.0), as in pykan.
@@ -54,9 +67,7 @@ def adaptive_knots(x: torch.Tensor, grid: int, k: int, grid_eps: float) -> torch
     n = x_sorted.shape[0]
     quantile_idx = torch.linspace(0, n - 1, grid + 1, device=x.device).round().long()
     quantile_grid = x_sorted[quantile_idx]  # (G + 1, in)
-    low, high = x_sorted[0], x_sorted[-1]
-    # A feature with (almost) no spread still needs strictly increasing knots.
-    span = torch.clamp(high - low, min=1e-4 * torch.clamp(high.abs(), min=1.0))
+    low, span = observed_span(x)
     step = span / grid
     uniform_grid = low + step * torch.arange(grid + 1, device=x.device, dtype=x.dtype).unsqueeze(1)
     inner = grid_eps * uniform_grid + (1.0 - grid_eps) * quantile_grid
@@ -105,9 +116,13 @@ class BSplineKANLayer(nn.Module):
         """Move the knots to the distribution of x (batch, in) and refit ``coef`` by least
         squares so each edge's spline changes as little as possible on x."""
         old_curves = torch.einsum("bij,oij->ibo", self.basis(x), self.coef)  # (in, batch, out)
-        self.knots.copy_(adaptive_knots(x, self.grid, self.k, self.grid_eps))
+        self.knots.copy_(self.refit_knots(x))
         new_basis = self.basis(x).permute(1, 0, 2)  # (in, batch, G + k)
         self.coef.copy_(least_squares(new_basis, old_curves).permute(2, 0, 1))
+
+    def refit_knots(self, x: torch.Tensor) -> torch.Tensor:
+        """The knots a grid update moves to: pykan's ``grid_eps`` mix of uniform and quantiles."""
+        return adaptive_knots(x, self.grid, self.k, self.grid_eps)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, grid={self.grid}, k={self.k}"
@@ -130,6 +145,9 @@ class BSplineConfig(ModelConfig):
     grid_range: tuple[float, float] = Field((-1.0, 1.0), description="initial grid [low, high]")
     grid_eps: float = Field(0.02, ge=0.0, le=1.0, description="grid update: 1 = uniform, 0 = quantiles")
     noise_scale: float = Field(0.1, ge=0.0, description="std of the initial spline coefficients, times 1/sqrt(G)")
+    impl: Literal["fast", "reference"] = Field(
+        "fast", description="fast: closed-form bases on the uniform grid, lean backward (grid update stays "
+        "uniform, grid_eps unused); reference: Cox-de Boor over all bases, grid_eps grid updates")
 
     @model_validator(mode="after")
     def _range_increasing(self) -> "BSplineConfig":
@@ -138,7 +156,10 @@ class BSplineConfig(ModelConfig):
         return self
 
     def build(self) -> LayerStack:
+        from kan_models.bspline_fast import FastBSplineKANLayer  # it builds on this module
+
+        layer = FastBSplineKANLayer if self.impl == "fast" else BSplineKANLayer
         return LayerStack([
-            BSplineKANLayer(i, o, self.grid, self.k, self.grid_range, self.grid_eps, self.noise_scale)
+            layer(i, o, self.grid, self.k, self.grid_range, self.grid_eps, self.noise_scale)
             for i, o in zip(self.widths[:-1], self.widths[1:])
         ])

@@ -11,6 +11,10 @@ EPILOG = """examples:
   kanscale train configs/experiments/quickstart.yaml
   kanscale train configs/experiments/paper_kan64.yaml --set training.epochs=1 --out runs/paper
   torchrun --standalone --nproc_per_node 2 -m launchers.cli train configs/experiments/quickstart.yaml --strategy fsdp2
+  kanscale run configs/experiments/quickstart.yaml --strategy zero3 --nproc-per-node 2
+  kanscale run configs/experiments/paper_kan64.yaml --launcher slurm --nnodes 4 --nproc-per-node 2 --dry-run
+  kanscale sweep configs/studies/strong_cpu.yaml --out runs/strong
+  kanscale analyze runs/strong
   kanscale models --widths 2,64,1
   kanscale schema > run_record.schema.json
 """
@@ -35,15 +39,66 @@ def build_parser() -> argparse.ArgumentParser:
                                        "torchrun / accelerate launch / deepspeed for several ranks: every rank "
                                        "runs this same command and rank 0 writes the run record.")
     train.add_argument("config", help="experiment YAML, e.g. configs/experiments/quickstart.yaml")
-    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config field, e.g. --set training.lr=0.01 --set model.widths=[2,32,1] (repeatable)")
-    train.add_argument("--strategy", metavar="PRESET", help="replace the experiment's strategy section with a preset from "
-                       "configs/strategies/ (single, ddp, fsdp1, fsdp2, zero0-3, zero3_offload, accelerate, ...) or a YAML file")
-    train.add_argument("--out", help="results directory (overrides output.dir)")
+    add_experiment_options(train)
     bar = train.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
     bar.add_argument("--no-progress", dest="progress", action="store_false", help="log lines instead of a progress bar")
     train.set_defaults(func=cmd_train)
+
+    run = sub.add_parser("run", parents=[common], help="check an experiment, then start its ranks with a launcher",
+                         description="Check the experiment against the launch (world size, batch split, this machine's "
+                                     "devices, the launcher, hostfiles), then start every rank with the chosen launcher; "
+                                     "--dry-run prints the exact commands and files instead.")
+    run.add_argument("config", help="experiment YAML")
+    add_experiment_options(run)
+    launch = run.add_argument_group("launch")
+    launch.add_argument("--launcher", choices=["torchrun", "accelerate", "deepspeed", "slurm", "none"], default="torchrun")
+    launch.add_argument("--nproc-per-node", type=int, default=1, metavar="G", help="ranks per node (GPUs per node)")
+    launch.add_argument("--nnodes", type=int, default=1, metavar="N", help="number of nodes")
+    launch.add_argument("--node-rank", type=int, default=0, metavar="R", help="this node's rank (start one run per node)")
+    launch.add_argument("--master-addr", default="127.0.0.1", metavar="A", help="address of node 0 (rendezvous host)")
+    launch.add_argument("--master-port", type=int, default=29500, metavar="P")
+    launch.add_argument("--rdzv-id", default="kanscale", help="torchrun rendezvous (job) id, the same on every node")
+    launch.add_argument("--hostfile", metavar="F", help="deepspeed: 'host slots=N' per node")
+    launch.add_argument("--hosts", help="deepspeed: comma-separated hosts; writes OUT/hostfile with --nproc-per-node slots each")
+    launch.add_argument("--no-ssh", action="store_true", help="deepspeed: start this node only (--node-rank), no ssh to the others")
+    launch.add_argument("--accelerate-config", metavar="F", help="accelerate launch config (default: the strategy's, else "
+                                                                "configs/accelerate/ddp_cpu.yaml or ddp.yaml)")
+    launch.add_argument("--oversubscribe", action="store_true", help="allow more ranks than CPU cores on this machine")
+    slurm = run.add_argument_group("slurm")
+    slurm.add_argument("--inner-launcher", choices=["torchrun", "deepspeed", "accelerate"], default="torchrun",
+                       help="what srun starts on each node")
+    slurm.add_argument("--time", help="sbatch --time, e.g. 01:00:00")
+    slurm.add_argument("--partition", help="sbatch --partition")
+    slurm.add_argument("--account", help="sbatch --account")
+    slurm.add_argument("--submit", action="store_true", help="submit the script with sbatch (where sbatch exists)")
+    run.add_argument("--dry-run", action="store_true", help="print the commands and files, run nothing")
+    run.set_defaults(func=cmd_run)
+
+    sweep = sub.add_parser("sweep", parents=[common], help="run every point of a study (configs/studies/*.yaml)",
+                           description="Run every point of a study, one launch each, with a progress bar; a failed point "
+                                       "is recorded and the sweep goes on. Studies whose launcher is slurm write one "
+                                       "sbatch script per point instead.")
+    sweep.add_argument("study", help="study YAML, e.g. configs/studies/strong_cpu.yaml")
+    sweep.add_argument("--out", required=True, help="directory for the runs (and logs/, sweep.jsonl)")
+    sweep.add_argument("--resume", action="store_true", help="skip points whose run record in OUT is complete for the same config")
+    sweep.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
+                       help="run only matching points, e.g. --only strategy=zero3 --only topology=1x2 (repeatable)")
+    sweep.add_argument("--dry-run", action="store_true", help="print every point's commands, run nothing")
+    sweep.add_argument("--submit", action="store_true", help="slurm studies: submit each script with sbatch")
+    sweep.set_defaults(func=cmd_sweep)
+
+    analyze = sub.add_parser("analyze", parents=[common], help="turn a directory of runs into tables, plots and an HTML report",
+                             description="Load every run record under DIR, derive speedup, efficiency, retention, "
+                                         "communication overhead and memory per rank, and write CSV and Markdown tables per "
+                                         "study, a cross-strategy comparison, PNG plots and one self-contained HTML report.")
+    analyze.add_argument("runs", metavar="DIR", help="directory holding run records (searched recursively)")
+    analyze.add_argument("--out", metavar="REPORT_DIR", help="where to write the report (default: DIR/report)")
+    analyze.set_defaults(func=cmd_analyze)
+
+    paper = sub.add_parser("compare-paper", parents=[common], help="the published study's numbers beside your runs of its setup")
+    paper.add_argument("runs", metavar="DIR", help="directory holding run records")
+    paper.set_defaults(func=cmd_compare_paper)
 
     models = sub.add_parser("models", parents=[common], help="list the model zoo's families and their parameter counts")
     models.add_argument("--widths", help="comma-separated widths, e.g. 2,64,1: also count each family's parameters")
@@ -52,7 +107,30 @@ def build_parser() -> argparse.ArgumentParser:
     schema = sub.add_parser("schema", parents=[common], help="print the metrics schema (JSON Schema of run and step records)")
     schema.add_argument("--out", help="write to this file instead of stdout")
     schema.set_defaults(func=cmd_schema)
+
+    bench = sub.add_parser("bench", parents=[common], help="time and memory of the zoo's implementations on standard workloads",
+                           description="Measure forward, backward and train-step time, samples/s and memory of each "
+                                       "implementation in one run on this machine; writes JSON and a Markdown table "
+                                       "(see docs/performance.md).")
+    bench.add_argument("--models", help="comma-separated workloads: study, wide, tiny (default: study,wide)")
+    bench.add_argument("--impl", help="comma-separated implementations: pykan, pykan-lean, reference, fast, rbf, "
+                                      "chebyshev, mlp, each optionally with +compile (default: pykan, pykan+compile, "
+                                      "reference, reference+compile, fast, fast+compile, rbf, chebyshev, mlp)")
+    bench.add_argument("--threads", type=int, default=1, help="intra-op CPU threads (default 1, as in the study)")
+    bench.add_argument("--repeats", type=int, help="timed train steps per measurement (default: study 50, wide 5)")
+    bench.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    bench.add_argument("--out", default="runs/bench.json", help="JSON results; the Markdown table goes next to it "
+                                                               "with .md (default runs/bench.json)")
+    bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def add_experiment_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field, e.g. --set training.lr=0.01 --set model.widths=[2,32,1] (repeatable)")
+    parser.add_argument("--strategy", metavar="PRESET", help="replace the experiment's strategy section with a preset from "
+                        "configs/strategies/ (single, ddp, fsdp1, fsdp2, zero0-3, zero3_offload, accelerate, ...) or a YAML file")
+    parser.add_argument("--out", help="results directory (overrides output.dir)")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -65,6 +143,90 @@ def cmd_train(args: argparse.Namespace) -> int:
     result = train(cfg, show_progress=args.progress)
     if result.is_main:
         print(format_summary(result.record, result.run_dir))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from launchers.commands import LaunchSpec
+    from launchers.run import RunRequest, execute, plan
+    from launchers.slurm import SlurmOptions, submit
+    from strategies.experiment import load_experiment
+
+    out = args.out or load_experiment(args.config, args.overrides, strategy=args.strategy).output.dir
+    spec = LaunchSpec(launcher=args.launcher, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+                      node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
+                      rdzv_id=args.rdzv_id, hostfile=args.hostfile, no_ssh=args.no_ssh,
+                      accelerate_config=args.accelerate_config)
+    request = RunRequest(config=args.config, out=out, spec=spec, overrides=args.overrides, strategy=args.strategy,
+                         hosts=[h for h in (args.hosts or "").split(",") if h], oversubscribe=args.oversubscribe,
+                         slurm=SlurmOptions(job_name=f"kanscale-{Path(args.config).stem}", inner=args.inner_launcher,
+                                            time=args.time, partition=args.partition, account=args.account))
+    cfg, request, launch = plan(request)
+    if args.dry_run:
+        print(launch.render())
+        return 0
+    if args.launcher == "slurm":
+        (script,) = launch.files
+        script.parent.mkdir(parents=True, exist_ok=True)
+        script.write_text(launch.files[script])
+        print(f"wrote {script}", file=sys.stderr)
+        print(submit(script) if args.submit else f"submit it with: sbatch {script} (or rerun with --submit)", file=sys.stderr)
+        return 0
+    return execute(launch)
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from analysis.load import load_runs
+    from analysis.tables import markdown, quick_comparison
+    from launchers.sweep import run_sweep
+
+    results = run_sweep(args.study, args.out, resume=args.resume, dry_run=args.dry_run, only=args.only,
+                        submit_jobs=args.submit)
+    if args.dry_run:
+        return 0
+    counts = {status: sum(r.status == status for r in results) for status in dict.fromkeys(r.status for r in results)}
+    print("\nsweep: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
+    for r in results:
+        if r.status == "failed":
+            print(f"  failed: {r.point}: {r.detail}")
+    run_ids = {r.run_id for r in results if r.run_id}
+    runs, _ = load_runs(args.out)
+    if run_ids and not runs.empty:
+        print("\n" + markdown(quick_comparison(runs[runs["run_id"].isin(run_ids)])))
+    written = [r for r in results if r.status in ("written", "submitted")]
+    if written:
+        print(f"\n{len(written)} sbatch script(s) under {Path(args.out) / 'slurm'}" + ("" if args.submit else "; submit each with sbatch, or rerun with --submit"))
+    print(f"\nnext: kanscale analyze {args.out}")
+    return 1 if counts.get("failed") else 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from analysis.report import analyze
+
+    report = analyze(args.runs, args.out)
+    by_name = {t.name: t for t in report.tables}
+    if "comparison" in by_name:
+        print(by_name["comparison"].markdown())
+    for problem in report.problems:
+        print(f"not analysed: {problem.message}", file=sys.stderr)
+    for _, row in report.unfinished.iterrows():
+        print(f"not analysed: {row['run_id']} has status {row['status']}", file=sys.stderr)
+    if not by_name:
+        print(f"no finished runs under {args.runs}", file=sys.stderr)
+    print(f"report: {report.html}")
+    return 0
+
+
+def cmd_compare_paper(args: argparse.Namespace) -> int:
+    from analysis.derive import derive
+    from analysis.load import load_runs
+    from analysis.paper import paper_comparison
+
+    runs, problems = load_runs(args.runs)
+    for problem in problems:
+        print(f"not analysed: {problem.message}", file=sys.stderr)
+    derived = derive(runs) if not runs.empty else runs
+    print(paper_comparison(derived).markdown() if not derived.empty else "no finished runs to compare")
     return 0
 
 
@@ -109,6 +271,27 @@ def cmd_schema(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from kan_models import benchmark
+    from strategies.config import ConfigError
+
+    try:
+        plan = benchmark.make_plan(args.models, args.impl, args.threads, args.repeats, args.device)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if Path(args.out).suffix == ".md":
+        raise ConfigError(f"--out: {args.out} would be overwritten by the Markdown table; give a .json file")
+    doc = benchmark.run(plan, progress=lambda line: print(f"[bench] {line}", file=sys.stderr, flush=True))
+    table = benchmark.markdown(doc)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    out.with_suffix(".md").write_text(table)
+    print(table)
+    print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
     return 0
 
 

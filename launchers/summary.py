@@ -24,7 +24,8 @@ def format_summary(record: RunRecord, run_dir: Path) -> str:
     if r.throughput and r.timings:
         lines.append(f"speed      {r.throughput.samples_per_s:,.0f} samples/s ({r.throughput.samples_per_s_per_rank:,.0f} per rank); "
                      f"step p50 {r.timings.step_p50_s * 1e3:.2f} ms, p95 {r.timings.step_p95_s * 1e3:.2f} ms; "
-                     f"comm overhead {100 * (r.comm_overhead or 0):.1f}%")
+                     f"comm overhead {100 * (r.comm_overhead or 0):.1f}%"
+                     + (f"; torch.compile {r.timings.compile_s:.1f} s (not in step times)" if r.timings.compile_s else ""))
     if r.memory:
         ms = r.memory.model_state
         lines.append(f"memory     peak RSS {human_bytes(r.memory.peak_rss_bytes)}"

@@ -31,6 +31,7 @@ from analysis.schema import (
     TaskInfo, Throughput, Timings, Topology,
 )
 from kan_models import build_model, count_parameters
+from kan_models.compile import compile_model
 from strategies.config import ConfigError
 from strategies.data import BatchPlan, rank_micro_batches
 from strategies.distributed import DistEnv, device_name
@@ -156,6 +157,7 @@ class Trainer:
         self.progress = Progress(self.plan.total_steps, enabled=self.env.is_main, interactive=self.show_progress,
                                  log_every=self.cfg.training.log_every)
         try:
+            self.compile_s = self._compile(self.model) if self.cfg.model.compile else None
             self.compute_s = self._measure_compute_baseline()
             self.engine: Engine = self.cfg.strategy.apply(self.model, self.cfg.training, self.env)
             self.record = self.record.model_copy(update={"strategy": self.record.strategy.model_copy(
@@ -177,11 +179,22 @@ class Trainer:
         return [(self.data.x_train[i], self.data.y_train[i])
                 for i in rank_micro_batches(indices, t.grad_accum, env.world_size, env.rank)]
 
+    def _compile(self, model: torch.nn.Module) -> float:
+        """Compile the (unwrapped) model in place on a batch of the training shape; returns the
+        compile time. Backends that replace parameters (FSDP, ZeRO-3) may recompile during the
+        first steps, which the warm-up steps absorb."""
+        sample = self._local_batches(self.plan.global_indices(0))[0][0]
+        return compile_model(model, sample)[1]
+
     def _measure_compute_baseline(self) -> float:
-        """Mean time of this rank's per-step work on an unwrapped replica, no communication.
-        All ranks run it at the same time, so they contend for shared hardware as in training."""
+        """Mean time of this rank's per-step work on an unwrapped replica (compiled when the
+        model is), no communication. All ranks run it at the same time, so they contend for
+        shared hardware as in training."""
         t = self.cfg.training
-        replica = copy.deepcopy(self.model)
+        replica = build_model(self.cfg.model, t.seed).to(device=self.env.device, dtype=self.dtype)
+        replica.load_state_dict(self.model.state_dict())
+        if self.cfg.model.compile:
+            self._compile(replica)  # the model's compiled code is cached by now
         optimizer = build_optimizer(replica.parameters(), t)
         warmup, timed = min(t.warmup_steps, 3), self.cfg.measurement.baseline_steps
         times = []
@@ -328,7 +341,7 @@ class Trainer:
             status="ok", finished_at=now_iso(), batch=self._batch_info(),
             timings=Timings(total_s=self.loop_s, step_mean_s=step_mean, step_p50_s=percentile(times, 50),
                             step_p95_s=percentile(times, 95), data_s=data_s, compute_s=compute, comm_exposed_s=comm,
-                            comm_exposed_check_s=check_s if check_valid else None),
+                            comm_exposed_check_s=check_s if check_valid else None, compile_s=self.compile_s),
             throughput=Throughput(samples_per_s=samples_per_s, samples_per_s_per_rank=samples_per_s / env.world_size),
             comm_overhead=min(1.0, comm / step_mean) if step_mean > 0 else 0.0,
             measurement=MeasurementInfo(comm_method="step time - data - compute-only replica",

@@ -1,0 +1,74 @@
+"""Derived metrics. Computed here from the stored measurements, never stored as truth.
+
+- speedup S(P) = throughput(P) / throughput(1): with a fixed amount of work, T(1) / T(P);
+- parallel efficiency E(P) = S(P) / P;
+- weak-scaling retention = per-rank throughput(P) / per-rank throughput(1);
+- communication overhead in percent of the step;
+- peak memory per rank (device memory on GPUs, resident memory on CPUs) and parameters per byte
+  of it.
+
+The 1-rank baseline of a run is the 1-rank run of the same strategy on the same experiment: the
+same study, strategy, model, task and per-rank batch. Repeated runs of one point are summarised
+by their median, with the minimum and maximum beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+# What makes runs comparable across world sizes.
+GROUP = ["study", "strategy_label", "model_label", "task.name", "batch.micro_batch", "batch.grad_accum"]
+# What makes runs repeats of one point.
+POINT = GROUP + ["topology.world_size", "topology.nodes"]
+
+
+def derive(runs: pd.DataFrame) -> pd.DataFrame:
+    """Finished runs with the derived columns added."""
+    ok = runs[runs["status"] == "ok"].copy()
+    if ok.empty:
+        return ok
+    ok["study"] = ok["study"].fillna("(none)")
+    ok["world_size"] = ok["topology.world_size"]
+    ok["samples_per_s"] = ok["throughput.samples_per_s"]
+    ok["samples_per_s_per_rank"] = ok["throughput.samples_per_s_per_rank"]
+    one_rank = ok[ok["world_size"] == 1].groupby(GROUP, dropna=False)["samples_per_s"].median().rename("baseline_samples_per_s")
+    ok = ok.join(one_rank, on=GROUP)
+    ok["speedup"] = ok["samples_per_s"] / ok["baseline_samples_per_s"]
+    ok["efficiency"] = ok["speedup"] / ok["world_size"]
+    ok["retention"] = ok["samples_per_s_per_rank"] / ok["baseline_samples_per_s"]
+    ok["comm_overhead_pct"] = 100 * ok["comm_overhead"]
+    for column, source in (("step_ms", "timings.step_mean_s"), ("compute_ms", "timings.compute_s"),
+                           ("comm_ms", "timings.comm_exposed_s"), ("comm_check_ms", "timings.comm_exposed_check_s")):
+        ok[column] = 1e3 * ok[source].astype(float)
+    device_peak = ok["memory.peak_device_bytes"] if "memory.peak_device_bytes" in ok else pd.Series(np.nan, index=ok.index)
+    ok["peak_memory_bytes"] = device_peak.fillna(ok["memory.peak_rss_bytes"])
+    ok["peak_memory_kind"] = np.where(device_peak.notna(), "device", "RSS")
+    ok["params_per_byte"] = ok["model.params_total"] / ok["peak_memory_bytes"]
+    return ok
+
+
+def summarize(derived: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
+    """One row per distinct ``keys``: each metric's median, min and max, and the repeat count."""
+    grouped = derived.groupby(keys, dropna=False)[metrics]
+    table = pd.concat([grouped.median().add_suffix("_median"), grouped.min().add_suffix("_min"),
+                       grouped.max().add_suffix("_max")], axis=1)
+    table["repeats"] = derived.groupby(keys, dropna=False).size()
+    return table.reset_index()
+
+
+def with_spread(summary: pd.DataFrame, metric: str, fmt: Callable[[float], str]) -> pd.Series:
+    """``median`` alone for one run, ``median [min-max]`` for repeats; blank where undefined."""
+
+    def cell(row: pd.Series) -> str:
+        median = row[f"{metric}_median"]
+        if pd.isna(median):
+            return ""
+        text = fmt(median)
+        if row["repeats"] > 1:
+            text += f" [{fmt(row[f'{metric}_min'])}-{fmt(row[f'{metric}_max'])}]"
+        return text
+
+    return summary.apply(cell, axis=1) if not summary.empty else pd.Series(dtype=str)

@@ -1,0 +1,295 @@
+"""``kanscale bench``: forward, backward and train-step time, throughput and memory of the zoo's
+implementations on standard workloads, all measured in one run on one machine.
+
+Every implementation trains the same batch (inputs uniform on [-1, 1], target sum x_i^2) with
+MSE and Adam (torch's fused kernel, lr 1e-3). Per measurement: ``warmup`` train steps, then
+``repeats`` timed train steps, each split into forward (model and loss), backward, and optimizer
+step, reported as median and min-max. Bytes saved for backward are counted once, outside the
+timings, with saved-tensor hooks: the storage of every tensor autograd packs, each storage once,
+not counting parameters and buffers (they live anyway). On CUDA every phase is bracketed by
+``torch.cuda.synchronize`` and the peak of ``torch.cuda.max_memory_allocated`` over one train step
+is reported too.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kan_models.compile import compile_model
+from kan_models.registry import build_model, parse_model_config
+
+PYKAN_TOO_BIG = ("pykan keeps (batch, out, in) activations per layer (4 GiB each here) and its symbolic "
+                 "branch loops over every edge in Python: minutes per step")
+
+
+@dataclass(frozen=True)
+class Workload:
+    widths: list[int]
+    grid: int
+    k: int
+    batch: int
+    warmup: int
+    repeats: int
+    about: str
+    skip: dict[str, str] = field(default_factory=dict)  # implementation family -> why
+
+
+WORKLOADS: dict[str, Workload] = {
+    "study": Workload([2, 64, 1], 10, 3, 512, warmup=10, repeats=50, about="the published study's pykan model"),
+    "wide": Workload([256, 1024, 1024, 1], 10, 3, 1024, warmup=1, repeats=5, about="a wide model",
+                     skip={"pykan": PYKAN_TOO_BIG}),
+    "tiny": Workload([2, 8, 1], 3, 3, 64, warmup=1, repeats=3, about="a smoke test"),
+}
+
+
+def implementation_config(name: str, w: Workload) -> dict[str, Any]:
+    """The model config of an implementation (without ``+compile``) at a workload's size. rbf
+    and chebyshev get as many basis functions per edge as the B-spline's G + k, the MLP as many
+    trainable parameters as the B-spline KAN."""
+    spline = {"grid": w.grid, "k": w.k}
+    configs = {
+        "pykan": {"family": "pykan", **spline},
+        "pykan-lean": {"family": "pykan", **spline, "symbolic_enabled": False, "save_act": False},
+        "reference": {"family": "bspline", **spline, "impl": "reference"},
+        "fast": {"family": "bspline", **spline, "impl": "fast"},
+        "rbf": {"family": "rbf", "grid": w.grid + w.k},
+        "chebyshev": {"family": "chebyshev", "degree": w.grid + w.k - 1},
+        "mlp": {"family": "mlp", "match": {"family": "bspline", **spline}},
+    }
+    return {**configs[name], "widths": w.widths}
+
+
+IMPLEMENTATIONS = ["pykan", "pykan-lean", "reference", "fast", "rbf", "chebyshev", "mlp"]
+DEFAULT_IMPLS = ["pykan", "pykan+compile", "reference", "reference+compile", "fast", "fast+compile",
+                 "rbf", "chebyshev", "mlp"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    workloads: list[str]
+    impls: list[str]
+    threads: int
+    repeats: int | None
+    device: torch.device
+
+
+def make_plan(models: str | None, impls: str | None, threads: int, repeats: int | None, device: str) -> Plan:
+    """Validate the ``kanscale bench`` flags; ValueError names the flag and the fix."""
+    def names(text: str | None, known: list[str], default: list[str], flag: str, suffix: str = "") -> list[str]:
+        chosen = [n.strip() for n in text.split(",") if n.strip()] if text else default
+        for n in chosen:
+            if n.removesuffix(suffix) not in known:
+                raise ValueError(f"{flag}: unknown name {n!r}; choose from {', '.join(known)}"
+                                 + (f" (append {suffix} to compile)" if suffix else ""))
+        if not chosen:
+            raise ValueError(f"{flag}: give at least one name, e.g. {known[0]}")
+        return chosen
+
+    workloads = names(models, list(WORKLOADS), ["study", "wide"], "--models")
+    chosen = names(impls, IMPLEMENTATIONS, DEFAULT_IMPLS, "--impl", "+compile")
+    if threads < 1:
+        raise ValueError(f"--threads: must be at least 1, got {threads}")
+    if repeats is not None and repeats < 1:
+        raise ValueError(f"--repeats: must be at least 1, got {repeats}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"--device: choose auto, cpu or cuda, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device: cuda requested but torch sees no CUDA device; use --device cpu")
+    return Plan(workloads, chosen, threads, repeats, torch.device(device))
+
+
+def saved_bytes(model: nn.Module, step_loss: Callable[[], torch.Tensor]) -> int:
+    """Bytes of the storages autograd keeps for backward in one forward, each storage once,
+    parameters and buffers excluded."""
+    live_state = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    packed: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in live_state:
+            packed[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = step_loss()
+    del loss  # frees the graph without running backward
+    return sum(packed.values())
+
+
+def _spread(seconds: list[float]) -> dict[str, float]:
+    ms = [s * 1e3 for s in seconds]
+    return {"median": statistics.median(ms), "min": min(ms), "max": max(ms)}
+
+
+def measure(workload: str, impl: str, plan: Plan) -> dict[str, Any]:
+    """One row of the benchmark: an implementation on a workload."""
+    w = WORKLOADS[workload]
+    base = impl.removesuffix("+compile")
+    row: dict[str, Any] = {"workload": workload, "impl": impl, "batch": w.batch}
+    reason = w.skip.get(base.split("-")[0])
+    if reason:
+        return {**row, "status": "skipped", "note": reason}
+    cfg = parse_model_config(implementation_config(base, w))
+    model = build_model(cfg, seed=0).to(plan.device)
+    row.update(model=cfg.describe(), params=sum(p.numel() for p in model.parameters() if p.requires_grad))
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.rand(w.batch, w.widths[0], generator=gen) * 2 - 1).to(plan.device)
+    y = x.square().sum(1, keepdim=True)
+    sync = (lambda: torch.cuda.synchronize(plan.device)) if plan.device.type == "cuda" else (lambda: None)
+    try:
+        row["compile_s"] = compile_model(model, x)[1] if impl.endswith("+compile") else None
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+        phases: dict[str, list[float]] = {"forward_ms": [], "backward_ms": [], "step_ms": []}
+        for i in range(w.warmup + (plan.repeats or w.repeats)):
+            opt.zero_grad(set_to_none=True)
+            sync()
+            t0 = time.perf_counter()
+            loss = F.mse_loss(model(x), y)
+            sync()
+            t1 = time.perf_counter()
+            loss.backward()
+            sync()
+            t2 = time.perf_counter()
+            opt.step()
+            sync()
+            t3 = time.perf_counter()
+            if i >= w.warmup:
+                for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t0)):
+                    phases[name].append(seconds)
+        row.update({name: _spread(seconds) for name, seconds in phases.items()})
+        row["samples_per_s"] = w.batch / (row["step_ms"]["median"] / 1e3)
+        row["saved_bytes"] = saved_bytes(model, lambda: F.mse_loss(model(x), y))
+        row["peak_device_bytes"] = _peak_device_bytes(model, opt, x, y) if plan.device.type == "cuda" else None
+    except Exception as err:  # one failing implementation (e.g. a compile error) must not end the run
+        return {**row, "status": "failed", "note": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+    return {**row, "status": "ok"}
+
+
+def _peak_device_bytes(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> int:
+    torch.cuda.synchronize(x.device)
+    torch.cuda.reset_peak_memory_stats(x.device)
+    opt.zero_grad(set_to_none=True)
+    F.mse_loss(model(x), y).backward()
+    opt.step()
+    torch.cuda.synchronize(x.device)
+    return torch.cuda.max_memory_allocated(x.device)
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Throughput relative to eager pykan and to the eager reference B-spline of the same
+    workload, and bytes saved for backward relative to the reference's."""
+    ok = {(r["workload"], r["impl"]): r for r in rows if r["status"] == "ok"}
+    for r in rows:
+        pykan, ref = ok.get((r["workload"], "pykan")), ok.get((r["workload"], "reference"))
+        ours = r["status"] == "ok"
+        r["vs_pykan"] = r["samples_per_s"] / pykan["samples_per_s"] if ours and pykan else None
+        r["vs_reference"] = r["samples_per_s"] / ref["samples_per_s"] if ours and ref else None
+        r["saved_vs_reference"] = r["saved_bytes"] / ref["saved_bytes"] if ours and ref and ref["saved_bytes"] else None
+
+
+def environment(plan: Plan) -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pykan = version("pykan")
+    except PackageNotFoundError:
+        pykan = None
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpu": _cpu_model(), "gpu": torch.cuda.get_device_name(plan.device) if plan.device.type == "cuda" else None,
+        "device": plan.device.type, "threads": plan.threads, "torch": torch.__version__, "pykan": pykan,
+        "python": platform.python_version(),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run(plan: Plan, progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Measure every (workload, implementation) pair of the plan; returns the JSON document."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(plan.threads)
+    try:
+        rows = []
+        for workload in plan.workloads:
+            for impl in plan.impls:
+                progress(f"{workload} {impl} ...")
+                start = time.perf_counter()
+                rows.append(measure(workload, impl, plan))
+                progress(f"{workload} {impl}: {_progress_line(rows[-1])} ({time.perf_counter() - start:.0f} s)")
+        add_ratios(rows)
+        return {"environment": environment(plan),
+                "workloads": {n: {"widths": WORKLOADS[n].widths, "grid": WORKLOADS[n].grid, "k": WORKLOADS[n].k,
+                                  "batch": WORKLOADS[n].batch, "about": WORKLOADS[n].about} for n in plan.workloads},
+                "results": rows}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _progress_line(row: dict[str, Any]) -> str:
+    if row["status"] != "ok":
+        return f"{row['status']}: {row['note']}"
+    return f"step {row['step_ms']['median']:.3f} ms, {row['samples_per_s']:,.0f} samples/s"
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """One table per workload, with the machine named above them."""
+    env = doc["environment"]
+    hardware = env["gpu"] or env["cpu"]
+    lines = [f"Measured {env['date']} on {hardware} ({env['device']}, {env['threads']} thread(s)), "
+             f"torch {env['torch']}, pykan {env['pykan']}. Times in ms: median (min-max); "
+             "ratios: samples/s over eager pykan's and the eager reference B-spline's, "
+             "saved bytes over the reference's."]
+    for name, w in doc["workloads"].items():
+        lines += ["", f"**{name}**: {w['about']}, widths {w['widths']}, grid {w['grid']}, k {w['k']}, batch {w['batch']}", "",
+                  "| impl | compile s | forward | backward | train step | samples/s | x pykan | x reference "
+                  "| saved for backward | x reference | peak device |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in (r for r in doc["results"] if r["workload"] == name):
+            if r["status"] != "ok":
+                lines.append(f"| {r['impl']} | {r['status']}: {r['note']} |" + " |" * 9)
+                continue
+            cells = [r["impl"], _num(r["compile_s"], ".1f"), _ms(r["forward_ms"]), _ms(r["backward_ms"]),
+                     _ms(r["step_ms"]), f"{r['samples_per_s']:,.0f}", _num(r["vs_pykan"], ".1f", "x"),
+                     _num(r["vs_reference"], ".2f", "x"), _bytes(r["saved_bytes"]),
+                     _num(r["saved_vs_reference"], ".3f"), _bytes(r["peak_device_bytes"])]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _ms(spread: dict[str, float]) -> str:
+    digits = 3 if spread["median"] < 10 else 1
+    return f"{spread['median']:.{digits}f} ({spread['min']:.{digits}f}-{spread['max']:.{digits}f})"
+
+
+def _num(value: float | None, fmt: str, unit: str = "") -> str:
+    return "-" if value is None else f"{value:{fmt}}{unit}"
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"

@@ -1,0 +1,32 @@
+"""Opt-in torch.compile for every zoo model (``model.compile: true``), its compile time measured
+apart from the step times."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def compile_model(model: nn.Module, sample: torch.Tensor, **options: Any) -> tuple[nn.Module, float]:
+    """Compile ``model`` in place and return it with the compile time in seconds.
+
+    ``nn.Module.compile`` keeps the same module object, parameters and state-dict keys (no
+    ``_orig_mod.`` prefix), so optimizers, checkpoints and sharding wrappers see the model as
+    before. torch.compile compiles lazily, at the first call; this helper makes that call now:
+    one forward and backward on ``sample``, a batch of the shape, dtype and device training will
+    use (another shape later compiles again). The backward goes through ``torch.autograd.grad``,
+    so no parameter's ``.grad`` is touched. ``options`` go to torch.compile (e.g. ``mode``)."""
+    model.compile(**options)
+    if sample.device.type == "cuda":
+        torch.cuda.synchronize(sample.device)
+    start = time.perf_counter()
+    out = model(sample)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if params and out.requires_grad:
+        torch.autograd.grad(out.sum(), params, allow_unused=True)
+    if sample.device.type == "cuda":
+        torch.cuda.synchronize(sample.device)
+    return model, time.perf_counter() - start

@@ -1,0 +1,44 @@
+"""Hand-made run records with known numbers, for testing the analysis."""
+
+from pathlib import Path
+
+from analysis.records import RunWriter
+from analysis.schema import (
+    BatchInfo, Environment, MeasurementInfo, Memory, ModelInfo, ModelStateBytes, RunRecord, StrategyInfo, TaskInfo,
+    Throughput, Timings, Topology,
+)
+
+
+def make_record(run_id: str, *, study: str = "strong", strategy: str = "ddp", world: int = 1, nodes: int = 1,
+                samples_per_s: float = 1000.0, comm: float = 0.1, family: str = "bspline", widths=(2, 8, 1),
+                params: int = 100, peak_rss: int = 10_000, state=(400, 400, 800, 0), final_loss: float = 0.5,
+                micro_batch: int = 64, grid: int = 5, order: int = 3, options: dict | None = None,
+                backend_config: dict | None = None) -> RunRecord:
+    step = 0.01
+    return RunRecord(
+        run_id=run_id, name="hand", status="ok", study=study, config_digest="d" * 16, started_at="2026-11-30T00:00:00+00:00",
+        finished_at="2026-11-30T00:01:00+00:00", seed=0,
+        strategy=StrategyInfo(name=strategy, options=options or {}, backend_config=backend_config),
+        model=ModelInfo(family=family, widths=list(widths), grid=grid, order=order, options={}, params_trainable=params,
+                        params_total=params),
+        task=TaskInfo(name="quadratic", input_dim=2, n_train=1000, n_test=100),
+        topology=Topology(world_size=world, nodes=nodes, procs_per_node=world // nodes, launcher="torchrun",
+                          comm_backend="gloo" if world > 1 else None, device_type="cpu", device_name="test CPU"),
+        batch=BatchInfo(micro_batch=micro_batch, grad_accum=1, global_batch=micro_batch * world, steps=10, epochs=1.0,
+                        warmup_steps=2, timed_steps=8),
+        timings=Timings(total_s=1.0, step_mean_s=step, step_p50_s=step, step_p95_s=step, data_s=0.0,
+                        compute_s=step * (1 - comm), comm_exposed_s=step * comm),
+        throughput=Throughput(samples_per_s=samples_per_s, samples_per_s_per_rank=samples_per_s / world),
+        comm_overhead=comm,
+        measurement=MeasurementInfo(comm_method="test", baseline_steps=1),
+        memory=Memory(peak_rss_bytes=peak_rss, model_state=ModelStateBytes(params=state[0], grads=state[1],
+                                                                            optimizer=state[2], master_params=state[3])),
+        final_loss=final_loss, test_mse=final_loss,
+        environment=Environment(python="3", torch="2", platform="test", hosts=["h"]),
+    )
+
+
+def write_record(directory: Path, record: RunRecord) -> Path:
+    writer = RunWriter(directory / record.run_id)
+    writer.write_summary(record)
+    return writer.run_dir

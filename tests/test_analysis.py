@@ -1,0 +1,154 @@
+"""Derived metrics with known answers, the report from a real sweep, and runs that cannot be read."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis.derive import derive, summarize, with_spread
+from analysis.load import load_runs
+from analysis.report import analyze
+from analysis.schema import RunError
+from analysis.tables import strategy_comparison, study_table
+from launchers.cli import main
+from tests.helpers.records import make_record, write_record
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def derived_from(tmp_path, records):
+    for record in records:
+        write_record(tmp_path, record)
+    runs, problems = load_runs(tmp_path)
+    assert problems == []
+    return derive(runs).set_index("run_id")
+
+
+def test_speedup_efficiency_and_retention_against_the_same_strategys_one_rank_run(tmp_path):
+    d = derived_from(tmp_path, [
+        make_record("ddp1", world=1, samples_per_s=1000), make_record("ddp2", world=2, samples_per_s=1800),
+        make_record("ddp4", world=4, nodes=2, samples_per_s=3000),
+        make_record("z1", strategy="deepspeed", world=1, samples_per_s=500,
+                    backend_config={"zero_optimization": {"stage": 3}}),
+        make_record("z2", strategy="deepspeed", world=2, samples_per_s=900, backend_config={"zero_optimization": {"stage": 3}}),
+        make_record("fsdp2", strategy="fsdp2", world=2, samples_per_s=700),  # no 1-rank run
+    ])
+    assert d.loc["ddp2", "speedup"] == pytest.approx(1.8) and d.loc["ddp2", "efficiency"] == pytest.approx(0.9)
+    assert d.loc["ddp4", "speedup"] == pytest.approx(3.0) and d.loc["ddp4", "efficiency"] == pytest.approx(0.75)
+    assert d.loc["ddp4", "retention"] == pytest.approx(0.75)  # per-rank 750 / 1000
+    assert d.loc["z2", "strategy_label"] == "zero3" and d.loc["z2", "speedup"] == pytest.approx(1.8)
+    assert d.loc["fsdp2", "speedup"] != d.loc["fsdp2", "speedup"]  # NaN: no baseline of its own
+
+
+def test_comm_overhead_and_memory_per_byte(tmp_path):
+    d = derived_from(tmp_path, [make_record("a", comm=0.25, params=5000, peak_rss=20_000, state=(10, 20, 30, 40))])
+    assert d.loc["a", "comm_overhead_pct"] == pytest.approx(25.0)
+    assert d.loc["a", "params_per_byte"] == pytest.approx(0.25)
+    assert d.loc["a", "model_state_bytes"] == 100 and d.loc["a", "peak_memory_kind"] == "RSS"
+
+
+def test_repeats_show_median_and_spread(tmp_path):
+    d = derived_from(tmp_path, [make_record(f"r{i}", world=2, samples_per_s=v) for i, v in enumerate([900, 1000, 1300])])
+    summary = summarize(d.reset_index(), ["strategy_label"], ["samples_per_s"])
+    assert list(with_spread(summary, "samples_per_s", lambda v: f"{v:.0f}")) == ["1000 [900-1300]"]
+    table = study_table(d.reset_index(), "strong")
+    assert table.text.loc[0, "samples/s"] == "1,000 [900-1,300]" and table.text.loc[0, "runs"] == 3
+
+
+def test_cross_strategy_comparison_states_hardware_and_world_sizes(tmp_path):
+    d = derived_from(tmp_path, [
+        make_record("d1", world=1, samples_per_s=1000), make_record("d2", world=2, samples_per_s=1600),
+        make_record("f1", strategy="fsdp2", world=1, samples_per_s=800), make_record("f2", strategy="fsdp2", world=2,
+                                                                                   samples_per_s=1500, state=(200, 200, 400, 0)),
+        make_record("big", strategy="fsdp2", world=2, widths=(2, 512, 1), params=10**6),
+    ]).reset_index()
+    table = strategy_comparison(d)
+    rows = table.data.set_index("strategy")
+    assert rows.loc["ddp", "efficiency"] == pytest.approx(0.8) and rows.loc["fsdp2", "efficiency"] == pytest.approx(0.9375)
+    assert rows.loc["fsdp2", "model_state_bytes"] == 800 and rows.loc["fsdp2", "largest_model_params"] == 10**6
+    assert "test CPU (cpu)" in table.caption and "world sizes in these runs: 1, 2" in table.caption
+
+
+def test_unreadable_runs_are_listed_and_the_rest_analysed(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    write_record(runs, make_record("good", world=1))
+    write_record(runs, make_record("good2", world=2, samples_per_s=1500))
+    (runs / "corrupt").mkdir()
+    (runs / "corrupt" / "summary.json").write_text('{"schema_version": 1, "run_id": ')
+    future = json.loads((runs / "good" / "summary.json").read_text())
+    (runs / "future").mkdir()
+    (runs / "future" / "summary.json").write_text(json.dumps({**future, "schema_version": 7}))
+    (runs / "no_summary").mkdir()
+    (runs / "no_summary" / "steps.jsonl").write_text("")
+    failed = make_record("failed", world=2).model_copy(update={
+        "status": "failed", "error": RunError(type="RuntimeError", message="rank 1 died", rank=1, step=3)})
+    write_record(runs, failed)
+    assert main(["analyze", str(runs), "--out", str(tmp_path / "report")]) == 0
+    captured = capsys.readouterr()
+    assert "corrupt/summary.json: not valid JSON" in captured.err
+    assert "schema_version 7 is not one this kanscale reads" in captured.err
+    assert "no_summary: has steps.jsonl or config.yaml but no summary.json" in captured.err
+    assert "failed has status failed" in captured.err
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert "rank 1 died" in page and "Strategies compared" in page
+
+
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory):
+    """A real small strong-scaling sweep: two strategies at 1 and 2 ranks."""
+    tmp = tmp_path_factory.mktemp("analysis")
+    study = tmp / "strong.yaml"
+    study.write_text(f"""
+study: strong
+preset: cpu
+experiment: {ROOT / 'configs/experiments/quickstart.yaml'}
+set: {{training.steps: 10, training.micro_batch: 64, measurement.baseline_steps: 2}}
+matrix: {{strategy: [ddp, zero3], topology: [1x1, 1x2]}}
+""")
+    assert main(["sweep", str(study), "--out", str(tmp / "runs")]) == 0
+    return tmp / "runs", analyze(tmp / "runs", tmp / "report")
+
+
+def test_report_from_a_real_sweep_has_every_table_and_plot(real_sweep):
+    runs_dir, report = real_sweep
+    names = {t.name for t in report.tables}
+    assert names == {"comparison", "strong", "paper"}
+    for name in names:
+        assert (report.out / f"{name}.csv").stat().st_size > 0 and (report.out / f"{name}.md").read_text().count("|") > 10
+    plots = report.plots["strong"]
+    assert [p.stem for p in plots] == ["strong_speedup", "strong_efficiency", "strong_comm_overhead"]
+    for plot in plots:
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+    page = report.html.read_text()
+    assert page.count("data:image/png;base64,") == len(plots)
+    assert "http://" not in page and "https://" not in page and "<script" not in page  # opens from disk, offline
+    strong = next(t for t in report.tables if t.name == "strong").data
+    one_rank = strong[strong["topology.world_size"] == 1]
+    assert list(one_rank["speedup_median"]) == [1.0, 1.0]
+
+
+def test_memory_plots_from_records(tmp_path):
+    d = derived_from(tmp_path / "runs", [
+        make_record(f"{s}-{p}", study="memory", strategy=s, world=2, params=p, widths=(2, p // 10, 1),
+                    state=(p, p, 2 * p, 0) if s == "ddp" else (p // 2, p // 2, p, 0))
+        for s in ("ddp", "fsdp2") for p in (1000, 100000)])
+    from analysis.plots import study_plots
+
+    plots = study_plots(d.reset_index(), "memory", tmp_path / "plots")
+    assert [p.stem for p in plots] == ["memory_memory_vs_size", "memory_model_state"]
+    assert all(p.stat().st_size > 10_000 for p in plots)
+
+
+def test_the_published_study_beside_runs_of_its_configuration(tmp_path, capsys):
+    paper_model = dict(family="pykan", widths=(2, 64, 1), grid=10, order=3, micro_batch=512)
+    write_record(tmp_path, make_record("p1", world=1, samples_per_s=8000, **paper_model))
+    write_record(tmp_path, make_record("p2", world=2, samples_per_s=12000, **paper_model))
+    write_record(tmp_path, make_record("other", world=2, samples_per_s=99999))  # not the study's model
+    assert main(["compare-paper", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in out.splitlines() if line.startswith("| strong")]
+    assert ["strong", "4x2", "64", "published (DDP)"] == rows[-1][:4] and rows[-1][7] == "5.97"  # 8 GPUs, 4 nodes
+    ours = [line for line in out.splitlines() if "kanscale ddp" in line]
+    assert len(ours) == 2 and "12,000" in ours[1] and "1.5" in ours[1] and "75.0%" in ours[1]
+    assert "99,999" not in out
+    assert "the study's probe timed an extra all-reduce" in out

@@ -1,0 +1,60 @@
+"""``kanscale bench``: a quick run end to end, its memory counting, and its flag errors."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from kan_models.benchmark import make_plan, measure, saved_bytes
+from launchers.cli import main
+
+
+def test_quick_bench_writes_json_and_a_markdown_table_with_ratios(tmp_path, capsys):
+    out = tmp_path / "bench" / "tiny.json"
+    code = main(["bench", "--models", "tiny", "--impl", "pykan,reference,fast,mlp", "--repeats", "2", "--out", str(out)])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    rows = {r["impl"]: r for r in doc["results"]}
+    assert list(rows) == ["pykan", "reference", "fast", "mlp"]
+    assert all(r["status"] == "ok" and r["samples_per_s"] > 0 for r in rows.values())
+    assert rows["pykan"]["vs_pykan"] == 1.0 and rows["reference"]["vs_reference"] == 1.0
+    assert rows["fast"]["vs_pykan"] == pytest.approx(rows["fast"]["samples_per_s"] / rows["pykan"]["samples_per_s"])
+    for r in rows.values():
+        assert r["step_ms"]["min"] <= r["step_ms"]["median"] <= r["step_ms"]["max"]
+    # the fast layer keeps only its inputs for backward; the reference keeps the recursion's tensors
+    assert rows["fast"]["saved_bytes"] < rows["reference"]["saved_bytes"] / 4
+    assert doc["environment"]["threads"] == 1 and doc["environment"]["torch"] == torch.__version__
+    table = out.with_suffix(".md").read_text()
+    assert "| impl |" in table and "x pykan" in table and "x reference" in table
+    assert "| fast |" in table and "widths [2, 8, 1]" in table
+    captured = capsys.readouterr()
+    assert table.strip() in captured.out
+    assert "[bench] tiny fast: step" in captured.err  # progress, one line per measurement
+
+
+def test_saved_bytes_counts_each_saved_storage_once_without_parameters():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    x = torch.rand(16, 4)
+    # Linear saves its input x (16*4 floats); Tanh saves its output (16*8), which the second
+    # Linear saves again as its input (same storage); weights are parameters.
+    assert saved_bytes(model, lambda: model(x).sum()) == (16 * 4 + 16 * 8) * 4
+
+
+def test_pykan_is_skipped_on_the_wide_workload_with_the_reason():
+    row = measure("wide", "pykan", make_plan("wide", "pykan", 1, None, "cpu"))
+    assert row["status"] == "skipped" and "Python" in row["note"]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--impl", "fastest"], "--impl: unknown name 'fastest'"),
+    (["--models", "huge"], "--models: unknown name 'huge'; choose from study, wide, tiny"),
+    (["--threads", "0"], "--threads: must be at least 1"),
+    (["--repeats", "0"], "--repeats: must be at least 1"),
+    (["--out", "table.md"], "--out: table.md would be overwritten"),
+])
+def test_bad_flags_exit_2_with_one_clean_message(capsys, flags, message):
+    assert main(["bench", "--models", "tiny", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

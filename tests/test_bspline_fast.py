@@ -1,0 +1,208 @@
+"""The fast B-spline layer against the Cox-de Boor reference: values, every gradient, grid update,
+state dicts, and the torch.compile path."""
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from kan_models import build_model, parse_model_config
+from kan_models.bspline import BSplineKANLayer, uniform_knots
+from kan_models.bspline_fast import (FastBSplineFunction, FastBSplineKANLayer, basis_matrix, blocks, is_uniform,
+                                     pointwise_forward)
+from kan_models.compile import compile_model
+
+LOW, HIGH = -1.0, 2.0
+
+
+def reference_layer(grid: int, k: int, dtype: torch.dtype) -> BSplineKANLayer:
+    torch.manual_seed(grid * 10 + k)
+    layer = BSplineKANLayer(3, 4, grid, k, (LOW, HIGH)).to(dtype)
+    with torch.no_grad():  # random parameters of order 1 on every path, and knots exact in dtype
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p))
+        layer.knots.copy_(uniform_knots(grid, k, LOW, HIGH, 3))
+    return layer
+
+
+def probe_points(layer: BSplineKANLayer, dtype: torch.dtype) -> torch.Tensor:
+    """Inside the grid, on every knot (both ends of the extended span included), just beside
+    the span's ends, and far outside; one column per input feature."""
+    knots = layer.knots[0]
+    tiny = 1e-3 * float(knots[1] - knots[0])
+    inside = torch.linspace(LOW, HIGH, 41, dtype=dtype)[1:-1] + 0.0123
+    edges = torch.tensor([knots[0] - tiny, knots[-1] - tiny, knots[-1] + tiny, -100.0, 100.0], dtype=dtype)
+    points = torch.cat([inside, knots.to(dtype), edges])
+    return torch.stack([points, points.flip(0), points.roll(7)], dim=1)
+
+
+def outputs_and_grads(forward, layer: BSplineKANLayer, x: torch.Tensor) -> list[torch.Tensor]:
+    x = x.clone().requires_grad_()
+    y = forward(x)
+    cotangent = torch.cos(torch.arange(y.numel(), dtype=y.dtype)).view_as(y)
+    return [y, *torch.autograd.grad(y, [x, layer.coef, layer.scale_base, layer.scale_spline], cotangent)]
+
+
+def assert_agree(got: list[torch.Tensor], want: list[torch.Tensor], dtype: torch.dtype) -> None:
+    """float64: 1e-10 absolute; float32: 1e-5 relative to the largest reference value."""
+    for name, g, w in zip(["output", "d/dx", "d/dcoef", "d/dscale_base", "d/dscale_spline"], got, want):
+        tol = 1e-10 if dtype == torch.float64 else 1e-5 * float(w.abs().max())
+        err = float((g - w).abs().max().detach())
+        assert err <= tol, f"{name}: max error {err:.2e} > {tol:.2e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("grid", [1, 5, 10])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_fast_layer_matches_reference_inside_on_knots_and_outside(dtype, grid, k):
+    ref = reference_layer(grid, k, dtype)
+    fast = FastBSplineKANLayer(3, 4, grid, k, (LOW, HIGH)).to(dtype)
+    fast.load_state_dict(ref.state_dict())
+    x = probe_points(ref, dtype)
+    assert_agree(outputs_and_grads(fast, fast, x), outputs_and_grads(ref, ref, x), dtype)
+
+
+def test_blocked_computation_matches_reference_across_blocks():
+    # Big enough for two blocks of input features and two of batch rows (see blocks()).
+    n_in, n_out, grid, k, batch = 160, 1024, 10, 3, 1100
+    col_blocks = blocks(batch, n_in, n_out, grid + k)
+    assert len(col_blocks) > 1 and len(col_blocks[0][1]) > 1
+    torch.manual_seed(0)
+    ref = BSplineKANLayer(n_in, n_out, grid, k, (LOW, HIGH)).double()
+    with torch.no_grad():
+        ref.knots.copy_(uniform_knots(grid, k, LOW, HIGH, n_in))
+    fast = FastBSplineKANLayer(n_in, n_out, grid, k, (LOW, HIGH)).double()
+    fast.load_state_dict(ref.state_dict())
+    x = torch.rand(batch, n_in, dtype=torch.float64) * 4 - 1.5
+    assert_agree(outputs_and_grads(fast, fast, x), outputs_and_grads(ref, ref, x), torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("grid,k", [(1, 1), (5, 2), (10, 3), (4, 5)])
+def test_compiled_form_matches_reference(dtype, grid, k):
+    # The form torch.compile runs, evaluated eagerly. For k = 1 the slope jumps at knots and
+    # this form rounds an input on a knot into either cell, so x-gradients are compared off knots.
+    ref = reference_layer(grid, k, dtype)
+    x = probe_points(ref, dtype)
+    if k == 1:
+        x = x[~torch.isin(x[:, 0], ref.knots[0]) & ~torch.isin(x[:, 1], ref.knots[0]) & ~torch.isin(x[:, 2], ref.knots[0])]
+    compiled_form = lambda x: pointwise_forward(x, ref.knots, ref.coef, ref.scale_base, ref.scale_spline, k)  # noqa: E731
+    assert_agree(outputs_and_grads(compiled_form, ref, x), outputs_and_grads(ref, ref, x), dtype)
+
+
+def test_basis_is_zero_outside_partial_on_the_extension_and_one_inside():
+    layer = FastBSplineKANLayer(1, 1, grid=4, k=3, grid_range=(-1.0, 1.0)).double()
+    inside = torch.linspace(-1.0, 1.0, 101, dtype=torch.float64).unsqueeze(1)
+    torch.testing.assert_close(layer.basis(inside).sum(-1), torch.ones(101, 1, dtype=torch.float64), atol=1e-14, rtol=0)
+    assert layer.basis(torch.tensor([[-3.0], [2.5], [1e30], [-1e30]], dtype=torch.float64)).abs().max() == 0
+    partial = layer.basis(torch.tensor([[-1.2], [1.3]], dtype=torch.float64)).sum(-1)
+    assert torch.all((partial > 0) & (partial < 1))
+
+
+def test_cubic_basis_matrix_is_the_textbook_one():
+    value, slope = basis_matrix(3)
+    # rows: powers of r; columns: B_{c-3} .. B_c = (1-r)^3/6, (3r^3-6r^2+4)/6, (-3r^3+3r^2+3r+1)/6, r^3/6
+    want = [[1 / 6, 4 / 6, 1 / 6, 0], [-3 / 6, 0, 3 / 6, 0], [3 / 6, -6 / 6, 3 / 6, 0], [-1 / 6, 3 / 6, -3 / 6, 1 / 6]]
+    as64 = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
+    torch.testing.assert_close(as64(value), as64(want), atol=1e-15, rtol=0)
+    torch.testing.assert_close(as64(slope), as64([[(a + 1) * c for c in want[a + 1]] for a in range(3)]), atol=1e-15, rtol=0)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_gradcheck_and_gradgradcheck_float64(k):
+    torch.manual_seed(k)
+    knots = uniform_knots(4, k, -1.0, 1.0, 3)
+    # off the knots (finite differences straddling a k = 1 kink would disagree), some outside
+    x = (torch.rand(6, 3, dtype=torch.float64) * 3.6 - 1.8).requires_grad_()
+    params = [torch.randn(2, 3, 4 + k, dtype=torch.float64, requires_grad=True),
+              torch.randn(2, 3, dtype=torch.float64, requires_grad=True),
+              torch.randn(2, 3, dtype=torch.float64, requires_grad=True)]
+
+    def f(x, coef, scale_base, scale_spline):
+        return FastBSplineFunction.apply(x, knots, coef, scale_base, scale_spline, k)
+
+    assert torch.autograd.gradcheck(f, (x, *params))
+    assert torch.autograd.gradgradcheck(f, (x, *params))
+
+
+def test_grid_update_refits_to_a_uniform_grid_and_keeps_outputs():
+    torch.manual_seed(0)
+    layer = FastBSplineKANLayer(3, 4, grid=8, k=3, grid_range=(-1.0, 1.0)).double()
+    with torch.no_grad():  # a trained-looking, smooth spline
+        layer.coef.copy_(torch.sin(torch.linspace(0, 3, 11, dtype=torch.float64)).expand(4, 3, 11) * torch.rand(4, 3, 1))
+    x = (torch.randn(2000, 3, dtype=torch.float64) * 0.4).clamp(-0.95, 0.95)
+    before = layer(x)
+    layer.update_grid(x)
+    after = layer(x)
+    assert is_uniform(layer.knots)
+    torch.testing.assert_close(layer.knots[:, 3], x.min(0).values)  # the grid now spans the data
+    torch.testing.assert_close(layer.knots[:, -4], x.max(0).values)
+    rel = (after - before).norm() / before.norm()
+    assert rel < 1e-2, f"outputs moved by {rel:.2e} relative"
+
+
+def test_grid_update_follows_data_outside_the_initial_range():
+    torch.manual_seed(1)
+    layer = FastBSplineKANLayer(2, 1, grid=5, k=3, grid_range=(-1.0, 1.0))
+    x = torch.rand(500, 2) * 6 - 3
+    layer.update_grid(x)
+    inner = layer.knots[:, 3:-3]
+    assert torch.all(inner[:, 0] <= -2.9) and torch.all(inner[:, -1] >= 2.9)
+    assert is_uniform(layer.knots)
+
+
+def study(impl: str) -> dict:
+    return {"family": "bspline", "widths": [2, 6, 1], "grid": 5, "k": 3, "impl": impl}
+
+
+def test_impl_option_selects_the_layer_and_fast_is_the_default():
+    default = parse_model_config({"family": "bspline", "widths": [2, 1]})
+    assert default.impl == "fast"
+    assert all(type(b) is FastBSplineKANLayer for b in build_model(default, 0).blocks)
+    assert all(type(b) is BSplineKANLayer for b in build_model(parse_model_config(study("reference")), 0).blocks)
+    with pytest.raises(ValidationError, match="impl"):
+        parse_model_config(study("cuda"))
+
+
+@pytest.mark.parametrize("source,target", [("reference", "fast"), ("fast", "reference")])
+def test_state_dicts_load_across_implementations(source, target):
+    src = build_model(parse_model_config(study(source)), seed=3)
+    dst = build_model(parse_model_config(study(target)), seed=4)
+    assert {n: t.shape for n, t in src.state_dict().items()} == {n: t.shape for n, t in dst.state_dict().items()}
+    dst.load_state_dict(src.state_dict())
+    x = torch.rand(64, 2) * 2.4 - 1.2
+    for model in (src, dst):
+        model.zero_grad()
+        model(x).square().sum().backward()
+    torch.testing.assert_close(dst(x), src(x), rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(src.named_parameters(), dst.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_fast_layer_refuses_non_uniform_knots():
+    ref = build_model(parse_model_config(study("reference")), seed=0)
+    ref.update_grid(torch.randn(256, 2) ** 3)  # grid_eps 0.02: mostly quantile knots
+    with pytest.raises(RuntimeError, match="not uniform.*impl=reference"):
+        build_model(parse_model_config(study("fast")), seed=0).load_state_dict(ref.state_dict())
+
+
+def test_every_family_has_the_compile_option():
+    from kan_models import FAMILIES
+
+    for family in FAMILIES:
+        assert parse_model_config({"family": family, "widths": [2, 1]}).compile is False
+        assert parse_model_config({"family": family, "widths": [2, 1], "compile": True}).compile is True
+
+
+def test_compile_model_compiles_in_place_times_it_and_matches_eager():
+    cfg = parse_model_config({"family": "bspline", "widths": [2, 4, 1], "grid": 3, "k": 3})
+    eager, model = build_model(cfg, seed=0), build_model(cfg, seed=0)
+    x = torch.rand(32, 2) * 2.4 - 1.2
+    compiled, seconds = compile_model(model, x)
+    assert compiled is model and seconds > 0
+    assert all(p.grad is None for p in model.parameters())  # compiling left .grad alone
+    assert list(model.state_dict()) == list(eager.state_dict())  # no _orig_mod. prefix
+    torch.testing.assert_close(model(x), eager(x), rtol=1e-5, atol=1e-6)
+    for m in (model, eager):
+        m(x).square().sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
