@@ -60,6 +60,11 @@ class RunWriter:
         checked = RunRecord.model_validate(record.model_dump())
         atomic_write_text(self.summary_path, checked.model_dump_json(indent=2) + "\n")
 
+    def rewrite_steps(self, steps: list[StepRecord]) -> None:
+        """Replace steps.jsonl (atomically) with ``steps``: a resumed run drops the steps after
+        the checkpoint it resumes from, which it trains again."""
+        atomic_write_text(self.run_dir / STEPS_FILE, "".join(s.model_dump_json() + "\n" for s in steps))
+
     def append_steps(self, steps: list[StepRecord]) -> None:
         lines = "".join(StepRecord.model_validate(s.model_dump()).model_dump_json() + "\n" for s in steps)
         with open(self.run_dir / STEPS_FILE, "a") as f:

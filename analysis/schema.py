@@ -67,7 +67,7 @@ class BatchInfo(Record):
 
 
 class Timings(Record):
-    total_s: float = Field(ge=0.0, description="wall time of the training loop, warm-up included")
+    total_s: float = Field(ge=0.0, description="sum of all step times, warm-up included (progress reports and checkpoints not)")
     step_mean_s: float = Field(ge=0.0)
     step_p50_s: float = Field(ge=0.0)
     step_p95_s: float = Field(ge=0.0)
@@ -131,6 +131,7 @@ class RunRecord(Record):
     config_digest: str = Field(description="hash of the resolved config; equal digests mean equal experiments")
     started_at: str
     finished_at: str | None = None
+    resumed_at_steps: list[int] = Field(default_factory=list, description="steps from whose checkpoints the run was resumed")
     seed: int
     strategy: StrategyInfo
     model: ModelInfo

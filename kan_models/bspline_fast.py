@@ -104,6 +104,10 @@ def local_bases(x: torch.Tensor, knots: torch.Tensor, k: int, derivative: bool =
     n_cells = knots.shape[1] - 1  # G + 2k
     n_bases = n_cells - k
     u, inv_h = grid_coordinate(x, knots)
+    # Far outside the grid every basis is zero; pinning u just outside keeps the cell numbers
+    # representable (u = 1e30 or inf would overflow the integer index) and sends NaN there too.
+    # The output still turns non-finite through the SiLU path, so a diverged run is detected.
+    u = torch.nan_to_num(u.clamp(-k - 1.0, n_cells + 1.0), nan=-k - 1.0)
     cell = torch.floor(u)
     if k == 1:  # see the module docstring: take the stored knots' [t_c, t_c+1) at a knot
         at = cell.clamp(0, n_cells - 1).long()

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from strategies.config import ConfigError
+
 EPILOG = """examples:
   kanscale train configs/experiments/quickstart.yaml
   kanscale train configs/experiments/paper_kan64.yaml --set training.epochs=1 --out runs/paper
@@ -40,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "runs this same command and rank 0 writes the run record.")
     train.add_argument("config", help="experiment YAML, e.g. configs/experiments/quickstart.yaml")
     add_experiment_options(train)
+    train.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
+                       help="continue an unfinished run from its latest complete checkpoint (training.checkpoint_every): "
+                            "the given run directory, or the newest resumable run of this experiment in output.dir")
     bar = train.add_mutually_exclusive_group()
     bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
     bar.add_argument("--no-progress", dest="progress", action="store_false", help="log lines instead of a progress bar")
@@ -100,6 +105,15 @@ def build_parser() -> argparse.ArgumentParser:
     paper.add_argument("runs", metavar="DIR", help="directory holding run records")
     paper.set_defaults(func=cmd_compare_paper)
 
+    export = sub.add_parser("export", parents=[common], help="consolidate a checkpoint into one plain state dict",
+                            description="Merge any strategy's checkpoint (torch, DCP shards, DeepSpeed ZeRO partitions) "
+                                        "into one plain state dict plus the model config; start a run from it under any "
+                                        "strategy with --set training.init_from=FILE.")
+    export.add_argument("checkpoint", help="a checkpoint directory (RUN_DIR/checkpoints/step-NNNNNN) or a run directory "
+                                           "(its latest complete checkpoint)")
+    export.add_argument("--out", required=True, help="file to write, e.g. model.pt")
+    export.set_defaults(func=cmd_export)
+
     models = sub.add_parser("models", parents=[common], help="list the model zoo's families and their parameter counts")
     models.add_argument("--widths", help="comma-separated widths, e.g. 2,64,1: also count each family's parameters")
     models.set_defaults(func=cmd_models)
@@ -140,7 +154,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     overrides = list(args.overrides) + ([f"output.dir={args.out}"] if args.out else [])
     cfg = load_experiment(args.config, overrides, strategy=args.strategy)
-    result = train(cfg, show_progress=args.progress)
+    result = train(cfg, show_progress=args.progress, resume=args.resume if args.resume is True else
+                   (Path(args.resume) if args.resume else False))
     if result.is_main:
         print(format_summary(result.record, result.run_dir))
     return 0
@@ -230,6 +245,19 @@ def cmd_compare_paper(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from strategies.export import export
+
+    try:
+        out, checkpoint = export(args.checkpoint, args.out)
+    except FileNotFoundError as err:
+        raise ConfigError(f"export: {err}") from None
+    print(f"wrote {out}: {checkpoint.meta['strategy']} checkpoint ({checkpoint.meta['format']}, "
+          f"{checkpoint.meta['world_size']} ranks) of run {checkpoint.meta['run_id']} at step {checkpoint.step}")
+    print(f"start a run from it under any strategy: kanscale train CONFIG --set training.init_from={out}")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from kan_models import FAMILIES, build_model, count_parameters, parse_model_config
 
@@ -251,8 +279,6 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def parse_widths(text: str) -> list[int]:
-    from strategies.config import ConfigError
-
     try:
         widths = [int(w) for w in text.replace("[", "").replace("]", "").split(",") if w.strip()]
     except ValueError:
@@ -276,7 +302,6 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from kan_models import benchmark
-    from strategies.config import ConfigError
 
     try:
         plan = benchmark.make_plan(args.models, args.impl, args.threads, args.repeats, args.device)
@@ -298,7 +323,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from analysis.records import RecordError
-    from strategies.config import ConfigError
+    from strategies.failures import Terminated
 
     try:
         return args.func(args)
@@ -310,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kanscale: interrupted", file=sys.stderr)
         return 130
+    except (Exception, Terminated) as err:  # a run that failed: its record says why; the traceback is for --debug
+        if args.debug:
+            raise
+        print(f"kanscale: {args.command} failed: {type(err).__name__}: {err} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

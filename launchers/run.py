@@ -45,12 +45,14 @@ class RunRequest:
     oversubscribe: bool = False
     all_nodes_here: bool = False  # start every node on this machine (multi-node without a cluster)
     progress: bool = True
+    resume: str | None = None  # a run directory to continue from its latest checkpoint
 
     def train_args(self) -> list[str]:
         """What every rank's ``kanscale train`` gets: the same config, preset and overrides."""
         args = [self.config] + (["--strategy", self.strategy] if self.strategy else [])
         for override in self.overrides:
             args += ["--set", override]
+        args += ["--resume", self.resume] if self.resume else []
         return args + ["--out", self.out] + ([] if self.progress else ["--no-progress"])
 
     def load(self) -> ExperimentConfig:

@@ -26,6 +26,7 @@ from launchers.commands import LaunchSpec
 from launchers.run import RunRequest, execute, plan
 from launchers.slurm import SlurmOptions, submit
 from launchers.study import Point, StudyConfig, expand, load_study
+from strategies.checkpoint import latest_checkpoint
 from strategies.config import ConfigError
 from strategies.experiment import read_yaml, strategy_preset_path
 
@@ -56,18 +57,19 @@ def run_key(digest: str, nodes: int, procs_per_node: int) -> RunKey:
     return digest, nodes, procs_per_node
 
 
-def completed_runs(out: Path) -> dict[RunKey, RunRecord]:
-    """Complete (status ok) run records under OUT, by point."""
-    done = {}
+def runs_by_point(out: Path, finished: bool) -> dict[RunKey, RunRecord]:
+    """Run records under OUT by point: the complete ones (``finished``), or the unfinished ones
+    that have a checkpoint to resume from."""
+    found = {}
     for summary in out.glob("*/summary.json"):
         try:
             record = read_summary(summary)
         except RecordError:
             continue
-        if record.status == "ok":
+        if (record.status == "ok") == finished and (finished or latest_checkpoint(summary.parent) is not None):
             t = record.topology
-            done[run_key(record.config_digest, t.nodes, t.procs_per_node)] = record
-    return done
+            found[run_key(record.config_digest, t.nodes, t.procs_per_node)] = record
+    return found
 
 
 def launcher_for(study: StudyConfig, point: Point) -> str:
@@ -118,14 +120,15 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
         raise ConfigError(f"--only {' '.join(only)}: no point of {study_path} matches")
     for note in notes:
         print(f"[sweep] not run: {note}", file=sys.stderr)
-    done = completed_runs(out_dir) if resume else {}
+    done = runs_by_point(out_dir, finished=True) if resume else {}
+    resumable = runs_by_point(out_dir, finished=False) if resume else {}
     results: list[PointResult] = []
     interactive = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(points, unit="point", disable=dry_run or not interactive, file=sys.stderr, dynamic_ncols=True)
     start = time.monotonic()
     for n, point in enumerate(bar, start=1):
         bar.set_description(point.key[:60])
-        result = run_point(study, point, out_dir, done, dry_run, submit_jobs)
+        result = run_point(study, point, out_dir, done, resumable, dry_run, submit_jobs)
         results.append(result)
         if dry_run:
             continue
@@ -137,15 +140,20 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
     return results
 
 
-def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, RunRecord], dry_run: bool,
-              submit_jobs: bool) -> PointResult:
-    """Run one point; ``done`` holds the complete runs to skip (empty unless resuming)."""
+def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, RunRecord],
+              resumable: dict[RunKey, RunRecord], dry_run: bool, submit_jobs: bool) -> PointResult:
+    """Run one point. When resuming, ``done`` holds the complete runs to skip and ``resumable``
+    the unfinished ones to continue from their checkpoints (both are empty otherwise)."""
     start = time.monotonic()
     try:
-        cfg, request, launch = plan(point_request(study, point, out))
+        request = point_request(study, point, out)
+        cfg, request, launch = plan(request)
+        key = run_key(cfg.digest(), point.nodes, point.procs_per_node)
+        if key in resumable and key not in done:
+            request.resume = str(out / resumable[key].run_id)
+            cfg, request, launch = plan(request)
     except ConfigError as err:
         return PointResult(point.key, "failed", detail=str(err).splitlines()[0])
-    key = run_key(cfg.digest(), point.nodes, point.procs_per_node)
     if key in done:
         return PointResult(point.key, "skipped", run_id=done[key].run_id, detail="complete record exists")
     if dry_run:
@@ -163,7 +171,7 @@ def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, Ru
     code = execute(launch, log=log)
     seconds = time.monotonic() - start
     new = [read_summary(p) for p in set(out.glob("*/summary.json")) - before]
-    record = new[0] if new else None
+    record = new[0] if new else (read_summary(Path(request.resume)) if request.resume else None)
     if code == 0 and record is not None and record.status == "ok":
         return PointResult(point.key, "ok", seconds, record.run_id)
     reason = f"{record.error.type}: {record.error.message}" if record and record.error else f"exit code {code}"

@@ -49,7 +49,10 @@ class TrainingConfig(Section):
     dtype: Literal["float32", "float64"] = "float32"
     grid_update_every: int = Field(0, ge=0, description="refit spline grids every N steps; 0 = never")
     grid_update_until: int | None = Field(None, ge=1, description="last step at which grids are refitted")
-    log_every: int = Field(0, ge=0, description="steps between log lines when not on a terminal; 0 = about 10 lines")
+    log_every: int = Field(0, ge=0, description="steps between progress reports; 0 = about 20 per run")
+    checkpoint_every: int = Field(0, ge=0, description="write a checkpoint every N steps; 0 = never")
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept per run (older ones are deleted)")
+    init_from: str | None = Field(None, description="start from the weights of a model exported by kanscale export")
 
     @model_validator(mode="after")
     def _valid_combination(self) -> "TrainingConfig":
@@ -84,6 +87,15 @@ class RuntimeConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads per rank; default: torch's")
     timeout_s: float = Field(120.0, gt=0.0, description="collective timeout: a rank waiting longer on the others fails")
+
+
+class FaultConfig(Section):
+    """Fault injection, for testing how failures are handled: at the start of ``step`` the chosen
+    rank(s) raise an exception, exit at once (no cleanup, like a crash), or hang."""
+
+    rank: int | Literal["all"] = Field(description="the rank that fails, or all")
+    step: int = Field(ge=1, description="the step (1-based) at whose start it fails")
+    kind: Literal["exception", "exit", "hang"] = "exception"
 
 
 class OutputConfig(Section):

@@ -13,23 +13,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from strategies.config import TrainingConfig
 from strategies.distributed import DistEnv
-from strategies.engine import Engine, StrategyConfig
+from strategies.engine import AveragingEngine, Engine, StrategyConfig
 from strategies.optim import build_optimizer
 
 
-class DDPEngine(Engine):
-    def __init__(self, model: DistributedDataParallel, optimizer: torch.optim.Optimizer, training: TrainingConfig,
-                 world_size: int) -> None:
-        super().__init__(model, optimizer, training)
-        self.world_size = world_size
-
+class DDPEngine(AveragingEngine):
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext() if enabled else self.model.no_sync()
-
-    def backward(self, loss: torch.Tensor) -> None:
-        # DDP averages gradients over ranks; scaling the rank's share by the world size makes the
-        # result the gradient of the global mean.
-        (loss * self.world_size).backward()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.module.state_dict().items()}

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -46,9 +48,16 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.
         yield from (v for v in state.values() if isinstance(v, torch.Tensor))
 
 
+def is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
 class Engine:
     """Model + optimizer under one strategy. Subclasses override what their backend does
     differently; the defaults are plain single-process PyTorch."""
+
+    # How :meth:`save` writes (see strategies/checkpoint.py and `kanscale export`).
+    checkpoint_format = "torch"
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig) -> None:
         self.model = model
@@ -108,6 +117,17 @@ class Engine:
         re-sharding where the engine shards. Every rank calls this with the same state."""
         self.model.load_state_dict(state)
 
+    def save(self, directory: Path) -> None:
+        """Write the model and optimizer state into ``directory`` (every rank calls this). The
+        default: rank 0 writes one ``torch.save`` file; every rank holds the same state."""
+        if is_rank0():
+            torch.save({"model": self.full_state_dict(), "optimizer": self.optimizer.state_dict()}, directory / "state.pt")
+
+    def load(self, directory: Path) -> None:
+        state = torch.load(directory / "state.pt", map_location=next(self.model.parameters()).device)
+        self.load_full_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
     def distributed_type(self) -> str | None:
         """What the backend says it is running, where that can differ from what was asked
         (Accelerate picks it from its launch config)."""
@@ -116,6 +136,18 @@ class Engine:
     def backend_config(self) -> dict | None:
         """The backend's own resolved configuration, where it has one (DeepSpeed's JSON)."""
         return None
+
+
+class AveragingEngine(Engine):
+    """An engine whose backend averages gradients over ranks (DDP, FSDP): the rank's share of
+    the loss is scaled by the world size, so the average is the gradient of the global mean."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig, world_size: int) -> None:
+        super().__init__(model, optimizer, training)
+        self.world_size = world_size
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss * self.world_size).backward()
 
 
 class StrategyConfig(Section):

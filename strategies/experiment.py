@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from kan_models import AnyModelConfig, AnyTaskConfig
 from strategies.config import (
-    REPO_ROOT, ConfigError, MeasurementConfig, OutputConfig, RuntimeConfig, Section, TrainingConfig, find_file,
+    REPO_ROOT, ConfigError, FaultConfig, MeasurementConfig, OutputConfig, RuntimeConfig, Section, TrainingConfig,
+    find_file,
 )
 from strategies.registry import AnyStrategyConfig
 
@@ -33,6 +34,7 @@ class ExperimentConfig(Section):
     measurement: MeasurementConfig = MeasurementConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     output: OutputConfig = OutputConfig()
+    fault: FaultConfig | None = Field(None, description="fault injection, for testing failure handling")
 
     @model_validator(mode="after")
     def _model_fits_task(self) -> "ExperimentConfig":
@@ -49,8 +51,10 @@ class ExperimentConfig(Section):
         return self.model_dump(mode="json")
 
     def digest(self) -> str:
-        """Hash of the resolved config; equal digests mean equal experiments."""
-        canonical = json.dumps(self.resolved(), sort_keys=True)
+        """Hash of the resolved config; equal digests mean equal experiments. Fault injection
+        is a test instrument, not part of the experiment, so a run that failed on purpose can
+        be resumed without it."""
+        canonical = json.dumps({k: v for k, v in self.resolved().items() if k != "fault"}, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

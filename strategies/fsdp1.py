@@ -14,21 +14,14 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from strategies.config import ConfigError, TrainingConfig
 from strategies.distributed import DistEnv
-from strategies.engine import Engine, StrategyConfig, frozen_parameters
+from strategies.dcp import ShardedCheckpoints
+from strategies.engine import AveragingEngine, Engine, StrategyConfig, frozen_parameters
 from strategies.optim import build_optimizer
 
 
-class FSDP1Engine(Engine):
-    def __init__(self, model: FSDP, optimizer: torch.optim.Optimizer, training: TrainingConfig, world_size: int) -> None:
-        super().__init__(model, optimizer, training)
-        self.world_size = world_size
-
+class FSDP1Engine(ShardedCheckpoints, AveragingEngine):
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext() if enabled else self.model.no_sync()
-
-    def backward(self, loss: torch.Tensor) -> None:
-        # FSDP averages the reduce-scattered gradients over ranks, as DDP does.
-        (loss * self.world_size).backward()
 
     def clip_grad_norm(self, max_norm: float) -> None:
         self.model.clip_grad_norm_(max_norm)  # the norm over all ranks' shards

@@ -16,7 +16,8 @@ from torch.distributed.tensor import DTensor, Shard
 
 from strategies.config import ConfigError, TrainingConfig
 from strategies.distributed import DistEnv
-from strategies.engine import Engine, StrategyConfig, frozen_parameters
+from strategies.dcp import ShardedCheckpoints
+from strategies.engine import AveragingEngine, Engine, StrategyConfig, frozen_parameters
 from strategies.optim import build_optimizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -28,19 +29,11 @@ def shard_largest_dim(param: nn.Parameter) -> Shard:
     return Shard(max(range(param.dim()), key=lambda d: param.shape[d])) if param.dim() else Shard(0)
 
 
-class FSDP2Engine(Engine):
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig, world_size: int) -> None:
-        super().__init__(model, optimizer, training)
-        self.world_size = world_size
-
+class FSDP2Engine(ShardedCheckpoints, AveragingEngine):
     @contextlib.contextmanager
     def gradient_sync(self, enabled: bool):
         self.model.set_requires_gradient_sync(enabled)
         yield
-
-    def backward(self, loss: torch.Tensor) -> None:
-        # fully_shard averages the reduce-scattered gradients over ranks.
-        (loss * self.world_size).backward()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -164,6 +165,16 @@ class AccelerateEngine(Engine):
         self._count_state_if_armed()
         self.optimizer.step()  # under DeepSpeed, accelerator.backward already stepped at the boundary
         self.optimizer.zero_grad(set_to_none=True)
+
+    @property
+    def checkpoint_format(self) -> str:
+        return self.inner.checkpoint_format  # the backend Accelerate chose writes its own format
+
+    def save(self, directory: Path) -> None:
+        self.inner.save(directory)
+
+    def load(self, directory: Path) -> None:
+        self.inner.load(directory)
 
     def model_state_bytes(self) -> ModelStateBytes:
         return self.inner.model_state_bytes()

@@ -1,8 +1,8 @@
 """The strategy-agnostic training loop: data, model and engine in; a run record out.
 
-Every rank runs this same code. Only rank 0 writes files; every rank takes part in the few
-collectives that turn per-rank measurements into the run's numbers, and those happen outside
-the timed windows.
+Every rank runs this same code. Only rank 0 writes the record while things go well; every rank
+takes part in the few collectives that turn per-rank measurements into the run's numbers, and
+those happen outside the timed windows.
 
 Exposed communication is measured the same way for every strategy, without touching the
 training: before training, each rank times its own per-step work (forward, backward and
@@ -17,57 +17,38 @@ from __future__ import annotations
 
 import copy
 import math
-import secrets
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
-from analysis.records import RunWriter
-from analysis.schema import (
-    BatchInfo, MeasurementInfo, Memory, ModelInfo, ModelStateBytes, RunError, RunRecord, StepRecord, StrategyInfo,
-    TaskInfo, Throughput, Timings, Topology,
-)
+from analysis.records import RunWriter, read_steps, read_summary
+from analysis.schema import RunRecord, StepRecord
 from kan_models import build_model, count_parameters
 from kan_models.compile import compile_model
+from strategies.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from strategies.config import ConfigError
 from strategies.data import BatchPlan, rank_micro_batches
-from strategies.distributed import DistEnv, device_name
+from strategies.distributed import DistEnv
 from strategies.engine import Engine
-from strategies.environment import environment_info
 from strategies.experiment import ExperimentConfig, dump_yaml
-from strategies.measure import peak_rss_bytes, percentile, reset_peak_rss
+from strategies.failures import (
+    FailureReport, check_finite, inject_fault, raise_on_sigterm, read_reports, root_cause, write_report,
+)
+from strategies.measure import reset_peak_rss
 from strategies.optim import build_optimizer
 from strategies.progress import Progress
+from strategies.recording import (
+    StepSample, batch_info, combine_steps, initial_record, new_run_id, now_iso, results,
+)
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-@dataclass
-class StepSample:
-    """One rank's measurements of one step, before they are combined across ranks."""
-
-    loss_share: float
-    time_s: float
-    data_s: float
-    cpu_s: float
-    samples: int
-
-
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def new_run_id(cfg: ExperimentConfig, world_size: int) -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return f"{cfg.name}-{cfg.strategy.name}-p{world_size}-{stamp}-{secrets.token_hex(2)}"
-
-
 def preflight(cfg: ExperimentConfig, device_type: str, world_size: int) -> BatchPlan:
     """Every problem that can be found before a process starts: the strategy's own checks, the
-    batch split at this world size, the step count, the output directory."""
+    batch split at this world size, the step count, the output directory, files it needs."""
     if device_type == "cuda" and not torch.cuda.is_available() and cfg.runtime.device == "cuda":
         raise ConfigError("runtime.device: cuda was asked for but this machine has no CUDA device; set runtime.device=cpu or auto")
     cfg.strategy.preflight(cfg.training, device_type, world_size)
@@ -77,16 +58,44 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int) -> Batch
         raise ConfigError(
             f"training.warmup_steps: {t.warmup_steps} warm-up steps leave none of the {plan.total_steps} steps to time; "
             "lower warmup_steps or train longer (training.epochs / training.steps)")
+    if t.init_from is not None and not Path(t.init_from).is_file():
+        raise ConfigError(f"training.init_from: {t.init_from} does not exist; give a file written by kanscale export")
     out = Path(cfg.output.dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output.dir: {out} is a file; give a directory for the run records")
     return plan
 
 
+def load_exported(path: str, cfg: ExperimentConfig) -> dict[str, torch.Tensor]:
+    """The weights of a ``kanscale export`` file, after checking they are for this model."""
+    exported = torch.load(path, map_location="cpu", weights_only=False)
+    theirs, ours = exported["model"], cfg.model.model_dump(mode="json")
+    differ = [k for k in ("family", "widths", "grid", "k", "degree") if theirs.get(k) != ours.get(k)]
+    if differ:
+        raise ConfigError(f"training.init_from: {path} holds a {theirs['family']} {theirs['widths']} model, which differs "
+                          f"from this experiment's in {', '.join(differ)}; use an export of the same model")
+    return exported["model_state"]
+
+
+def find_resumable(cfg: ExperimentConfig, world_size: int) -> Path:
+    """The newest unfinished run of this experiment in output.dir that has a complete checkpoint."""
+    candidates = []
+    for summary in Path(cfg.output.dir).glob("*/summary.json"):
+        record = read_summary(summary)
+        if (record.config_digest == cfg.digest() and record.topology.world_size == world_size and record.status != "ok"
+                and latest_checkpoint(summary.parent) is not None):
+            candidates.append((record.started_at, summary.parent))
+    if not candidates:
+        raise ConfigError(f"--resume: no unfinished run of this experiment with a checkpoint under {cfg.output.dir} "
+                          f"(at world size {world_size}); give the run directory, or set training.checkpoint_every")
+    return max(candidates)[1]
+
+
 class Trainer:
     """Runs one experiment on this rank and writes its record (rank 0)."""
 
-    def __init__(self, cfg: ExperimentConfig, env: DistEnv, show_progress: bool | None = None) -> None:
+    def __init__(self, cfg: ExperimentConfig, env: DistEnv, show_progress: bool | None = None,
+                 resume: Path | None = None) -> None:
         self.cfg, self.env = cfg, env
         t = cfg.training
         if cfg.runtime.threads:
@@ -95,51 +104,46 @@ class Trainer:
         self.micro_batch = t.micro_batch_for(env.world_size)
         self.dtype = getattr(torch, t.dtype)
         self.data = cfg.task.generate(t.seed).to(env.device, self.dtype)
-        self.model = build_model(cfg.model, t.seed).to(device=env.device, dtype=self.dtype)
+        self.model = build_model(cfg.model, t.seed)
+        if t.init_from:
+            self.model.load_state_dict(load_exported(t.init_from, cfg))
+        self.model.to(device=env.device, dtype=self.dtype)
         # Every rank starts from rank 0's weights: some initialisations (pykan's least-squares
         # fit) are not bitwise reproducible, and not every backend broadcasts them itself.
         env.broadcast_tensors(list(self.model.state_dict().values()))
         self.params = count_parameters(self.model)
         # A plain copy for refitting grids: the engine's model may be sharded or wrapped.
         self.grid_template = copy.deepcopy(self.model) if t.grid_update_every else None
-        self.run_id = env.broadcast_string(new_run_id(cfg, env.world_size))
-        self.run_dir = Path(cfg.output.dir) / self.run_id
         self.show_progress = show_progress
-        self.steps_done = 0
-        self.samples: list[StepSample] = []
-        self.combined: list[StepRecord] = []
+        self.samples: list[StepSample] = []  # this process's steps
+        self.combined: list[StepRecord] = []  # the run's steps, from before a resume too
         self.compute_s = 0.0
-        self.record = self._initial_record()
+        self.checkpoint: Checkpoint | None = None
+        if resume is None:
+            self.run_dir = Path(cfg.output.dir) / env.broadcast_string(new_run_id(cfg, env.world_size))
+            self.record = initial_record(cfg, env, self.run_dir.name, self.params, self._batch_info(0))
+        else:
+            self._prepare_resume(Path(env.broadcast_string(str(resume))))
+        self.start_step = len(self.combined)
+        self.steps_done = self.start_step
         self.writer: RunWriter | None = None
 
-    # ----------------------------------------------------------------------------- records
+    def _prepare_resume(self, run_dir: Path) -> None:
+        previous = read_summary(run_dir)
+        if previous.config_digest != self.cfg.digest() or previous.topology.world_size != self.env.world_size:
+            raise ConfigError(f"--resume: {run_dir} is a different experiment or world size ({previous.topology.world_size} "
+                              "ranks); resume with the config and launch it was started with")
+        self.checkpoint = latest_checkpoint(run_dir)
+        if self.checkpoint is None:
+            raise ConfigError(f"--resume: {run_dir} has no complete checkpoint to resume from")
+        self.run_dir = run_dir
+        self.combined = read_steps(run_dir)[: self.checkpoint.step]
+        fresh = initial_record(self.cfg, self.env, run_dir.name, self.params, self._batch_info(self.checkpoint.step))
+        self.record = fresh.model_copy(update={"started_at": previous.started_at,
+                                               "resumed_at_steps": [*previous.resumed_at_steps, self.checkpoint.step]})
 
-    def _initial_record(self) -> RunRecord:
-        cfg, env, t = self.cfg, self.env, self.cfg.training
-        model_options = cfg.model.model_dump(mode="json", exclude={"family", "widths"})
-        return RunRecord(
-            run_id=self.run_id, name=cfg.name, status="incomplete", study=cfg.study,
-            config_digest=cfg.digest(), started_at=now_iso(), seed=t.seed,
-            strategy=StrategyInfo(name=cfg.strategy.name, options=cfg.strategy.model_dump(mode="json", exclude={"name"})),
-            model=ModelInfo(
-                family=cfg.model.family, widths=cfg.model.widths,
-                grid=model_options.get("grid"), order=model_options.get("k", model_options.get("degree")),
-                options=model_options, params_trainable=self.params.trainable, params_total=self.params.total),
-            task=TaskInfo(name=cfg.task.name, input_dim=cfg.task.input_dim, n_train=cfg.task.n_train, n_test=cfg.task.n_test),
-            topology=Topology(
-                world_size=env.world_size, nodes=env.nodes, procs_per_node=env.local_world_size,
-                launcher=env.launcher, comm_backend=env.comm_backend,
-                device_type=env.device.type, device_name=device_name(env.device)),
-            batch=self._batch_info(),
-            environment=environment_info(env),
-        )
-
-    def _batch_info(self) -> BatchInfo:
-        t = self.cfg.training
-        return BatchInfo(
-            micro_batch=self.micro_batch, grad_accum=t.grad_accum, global_batch=self.plan.global_batch,
-            steps=self.steps_done, epochs=round(self.plan.epochs_done(self.steps_done), 6),
-            warmup_steps=t.warmup_steps, timed_steps=max(0, self.steps_done - t.warmup_steps))
+    def _batch_info(self, steps_done: int):
+        return batch_info(self.cfg, self.plan, self.micro_batch, steps_done)
 
     def _write(self) -> None:
         if self.writer is not None:
@@ -153,18 +157,27 @@ class Trainer:
         if self.env.is_main:
             self.writer = RunWriter(self.run_dir)
             self.writer.write_config(dump_yaml(self.cfg.resolved()))
+            if self.checkpoint is not None:
+                self.writer.rewrite_steps(self.combined)
         self._write()
         self.progress = Progress(self.plan.total_steps, enabled=self.env.is_main, interactive=self.show_progress,
-                                 log_every=self.cfg.training.log_every)
+                                 log_every=self.cfg.training.log_every, start=self.start_step)
         try:
             self.compile_s = self._compile(self.model) if self.cfg.model.compile else None
             self.compute_s = self._measure_compute_baseline()
             self.engine: Engine = self.cfg.strategy.apply(self.model, self.cfg.training, self.env)
             self.record = self.record.model_copy(update={"strategy": self.record.strategy.model_copy(
                 update={"distributed_type": self.engine.distributed_type(), "backend_config": self.engine.backend_config()})})
+            if self.checkpoint is not None:
+                load_checkpoint(self.engine, self.env, self.checkpoint)
             self._train()
             test_mse = self._evaluate()
-            self.record = self.record.model_copy(update=self._results(test_mse))
+            state = self.engine.counted_state or self.engine.model_state_bytes()
+            own = [s for n, s in enumerate(self.samples, start=self.start_step) if n >= self.cfg.training.warmup_steps]
+            measured = results(self.env, self.combined, own, self.compute_s, state, self.cfg.measurement.baseline_steps)
+            measured["timings"] = measured["timings"].model_copy(update={"compile_s": self.compile_s})
+            self.record = self.record.model_copy(update={**measured, "test_mse": test_mse,
+                                                         "batch": self._batch_info(self.steps_done)})
         except BaseException as exc:
             self._fail(exc)
             raise
@@ -195,15 +208,16 @@ class Trainer:
         replica.load_state_dict(self.model.state_dict())
         if self.cfg.model.compile:
             self._compile(replica)  # the model's compiled code is cached by now
-        optimizer = build_optimizer(replica.parameters(), t)
+        # The same optimizer doing the same arithmetic, with a learning rate of 0: the replica's
+        # weights stay put, so its timing cannot be spoilt by a learning rate that diverges.
+        optimizer = build_optimizer(replica.parameters(), t.model_copy(update={"lr": 0.0}))
         warmup, timed = min(t.warmup_steps, 3), self.cfg.measurement.baseline_steps
         times = []
         self.env.synchronize()
         for i in range(warmup + timed):
             indices = self.plan.global_indices(i % self.plan.total_steps)
-            batches = self._local_batches(indices)
             start = time.perf_counter()
-            for x, y in batches:
+            for x, y in self._local_batches(indices):
                 ((replica(x) - y).pow(2).sum() / len(indices)).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -213,18 +227,21 @@ class Trainer:
         return sum(times[warmup:]) / timed
 
     def _train(self) -> None:
-        env = self.env
+        env, t = self.env, self.cfg.training
         reset_peak_rss()
         if env.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(env.device)
-        loop_start = time.perf_counter()
-        for step in range(self.plan.total_steps):
+        for step in range(self.start_step, self.plan.total_steps):
             self.samples.append(self._timed_step(step))
             self.steps_done = step + 1
-            if self.progress.due(self.steps_done):
+            checkpoint_due = t.checkpoint_every and self.steps_done % t.checkpoint_every == 0
+            if self.progress.due(self.steps_done) or checkpoint_due:
                 self._flush_steps()
+            if checkpoint_due:
+                save_checkpoint(self.engine, env, self.run_dir, self.steps_done,
+                                {"run_id": self.run_dir.name, "config": self.cfg.resolved(), "strategy": self.cfg.strategy.name},
+                                keep=t.keep_checkpoints)
         self._flush_steps()
-        self.loop_s = time.perf_counter() - loop_start
 
     def _grid_update_due(self, step: int) -> bool:
         t = self.cfg.training
@@ -233,6 +250,7 @@ class Trainer:
 
     def _timed_step(self, step: int) -> StepSample:
         env, engine = self.env, self.engine
+        inject_fault(self.cfg.fault, env.rank, step + 1)
         env.synchronize()
         start, cpu_start = time.perf_counter(), time.thread_time()
         indices = self.plan.global_indices(step)
@@ -242,6 +260,7 @@ class Trainer:
             self._update_grid(indices)
         engine.count_state_next_step = step == self.plan.total_steps - 1
         loss_share = self._forward_backward(batches, n_global=len(indices))
+        check_finite(loss_share, step + 1)
         engine.step()
         env.synchronize()
         elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu_start
@@ -277,21 +296,10 @@ class Trainer:
     def _flush_steps(self) -> None:
         """Combine the pending per-rank step samples across ranks and append them to steps.jsonl."""
         first = len(self.combined)
-        pending = self.samples[first:]
+        pending = self.samples[first - self.start_step:]
         if not pending:
             return
-        comm = [max(0.0, s.time_s - s.data_s - self.compute_s) for s in pending]
-        local = torch.tensor([[s.loss_share, s.time_s, c, s.samples] for s, c in zip(pending, comm)], dtype=torch.float64)
-        peaks = torch.tensor([[s.time_s, c] for s, c in zip(pending, comm)], dtype=torch.float64)
-        summed = self.env.all_reduce(local.to(self.env.device), "sum").cpu()
-        maxed = self.env.all_reduce(peaks.to(self.env.device), "max").cpu()
-        world, warmup = self.env.world_size, self.cfg.training.warmup_steps
-        records = [
-            StepRecord(step=first + n + 1, loss=float(s[0]), time_s_max=float(m[0]), time_s_mean=float(s[1]) / world,
-                       comm_s_max=float(m[1]), comm_s_mean=float(s[2]) / world, samples=int(s[3]),
-                       timed=first + n >= warmup)
-            for n, (s, m) in enumerate(zip(summed.tolist(), maxed.tolist()))
-        ]
+        records = combine_steps(self.env, first, pending, self.compute_s, self.cfg.training.warmup_steps)
         self.combined.extend(records)
         if self.writer is not None:
             self.writer.append_steps(records)
@@ -314,51 +322,17 @@ class Trainer:
         model.train()
         return float(env.all_reduce(sse, "sum")) / n_test
 
-    # ------------------------------------------------------------------------------- results
-
-    def _results(self, test_mse: float) -> dict:
-        env = self.env
-        timed = [(r, s) for r, s in zip(self.combined, self.samples) if r.timed]
-        times = [r.time_s_max for r, _ in timed]
-        step_mean = sum(times) / len(times)
-        # Per-rank means, averaged over ranks.
-        local = torch.tensor([
-            sum(s.data_s for _, s in timed) / len(timed),
-            self.compute_s,
-            sum(max(0.0, s.time_s - s.cpu_s) for _, s in timed) / len(timed),
-        ], dtype=torch.float64)
-        data_s, compute_s, check_s = (env.all_reduce(local.to(env.device), "sum").cpu() / env.world_size).tolist()
-        state = self.engine.counted_state or self.engine.model_state_bytes()
-        peaks = torch.tensor([float(peak_rss_bytes()),
-                              float(torch.cuda.max_memory_allocated(env.device)) if env.device.type == "cuda" else 0.0,
-                              state.params, state.grads, state.optimizer, state.master_params], dtype=torch.float64)
-        peak_rss, peak_device, *state_max = (int(v) for v in env.all_reduce(peaks.to(env.device), "max").cpu().tolist())
-        compute = min(compute_s, max(0.0, step_mean - data_s))
-        comm = max(0.0, step_mean - data_s - compute)
-        check_valid = env.device.type == "cpu" and torch.get_num_threads() == 1
-        samples_per_s = sum(r.samples for r, _ in timed) / sum(times)
-        return dict(
-            status="ok", finished_at=now_iso(), batch=self._batch_info(),
-            timings=Timings(total_s=self.loop_s, step_mean_s=step_mean, step_p50_s=percentile(times, 50),
-                            step_p95_s=percentile(times, 95), data_s=data_s, compute_s=compute, comm_exposed_s=comm,
-                            comm_exposed_check_s=check_s if check_valid else None, compile_s=self.compile_s),
-            throughput=Throughput(samples_per_s=samples_per_s, samples_per_s_per_rank=samples_per_s / env.world_size),
-            comm_overhead=min(1.0, comm / step_mean) if step_mean > 0 else 0.0,
-            measurement=MeasurementInfo(comm_method="step time - data - compute-only replica",
-                                        baseline_steps=self.cfg.measurement.baseline_steps,
-                                        check_method="step time - main thread CPU time" if check_valid else None),
-            memory=Memory(peak_device_bytes=peak_device if env.device.type == "cuda" else None, peak_rss_bytes=peak_rss,
-                          model_state=ModelStateBytes(**dict(zip(("params", "grads", "optimizer", "master_params"), state_max)))),
-            final_loss=self.combined[-1].loss, test_mse=test_mse,
-        )
-
     def _fail(self, exc: BaseException) -> None:
-        error = RunError(type=type(exc).__name__, message=str(exc) or type(exc).__name__,
-                         rank=self.env.rank, step=self.steps_done)
+        """Report this rank's failure and rewrite the record from every rank's reports so far
+        (any rank may be the last one able to). Ctrl-C leaves the run ``incomplete``."""
+        report = FailureReport(rank=self.env.rank, step=self.steps_done, type=type(exc).__name__,
+                               message=str(exc) or type(exc).__name__, time=time.time())
+        write_report(self.run_dir, report)
+        error = root_cause(read_reports(self.run_dir), self.env.world_size)
         status = "incomplete" if isinstance(exc, KeyboardInterrupt) else "failed"
-        self.record = self.record.model_copy(update=dict(
-            status=status, error=error, finished_at=now_iso(), batch=self._batch_info()))
-        self._write()
+        self.record = self.record.model_copy(update=dict(status=status, error=error, finished_at=now_iso(),
+                                                         batch=self._batch_info(error.step or 0)))
+        (self.writer or RunWriter(self.run_dir)).write_summary(self.record)
 
 
 @dataclass(frozen=True)
@@ -368,13 +342,18 @@ class RunResult:
     is_main: bool  # rank 0, the rank that wrote the record
 
 
-def train(cfg: ExperimentConfig, env: DistEnv | None = None, show_progress: bool | None = None) -> RunResult:
+def train(cfg: ExperimentConfig, env: DistEnv | None = None, show_progress: bool | None = None,
+          resume: Path | bool = False) -> RunResult:
     """Train one experiment on this rank, joining the launch's process group where the strategy
-    needs one."""
+    needs one. ``resume``: a run directory to continue, or True for the newest resumable run of
+    this experiment."""
     env = env or DistEnv.from_environ(cfg.runtime.device)
+    raise_on_sigterm()
     if cfg.strategy.needs_process_group or env.world_size > 1:
         env.init_process_group(cfg.runtime.timeout_s)
-    trainer = Trainer(cfg, env, show_progress)
+    if resume is True:
+        resume = find_resumable(cfg, env.world_size)
+    trainer = Trainer(cfg, env, show_progress, resume=resume or None)
     result = RunResult(trainer.run(), trainer.run_dir, env.is_main)
     env.shutdown()
     return result

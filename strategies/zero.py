@@ -15,6 +15,7 @@ import importlib.util
 import json
 import logging
 import os
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -192,6 +193,9 @@ def deepspeed_state_bytes(ds_engine: Any) -> ModelStateBytes:
 
 
 class DeepSpeedEngine(Engine):
+    checkpoint_format = "deepspeed"
+    TAG = "state"
+
     def __init__(self, ds_engine: Any, training: TrainingConfig, world_size: int, ds_config: dict[str, Any]) -> None:
         super().__init__(ds_engine, ds_engine.optimizer, training)
         self.ds = ds_engine
@@ -217,6 +221,12 @@ class DeepSpeedEngine(Engine):
 
     def model_state_bytes(self) -> ModelStateBytes:
         return deepspeed_state_bytes(self.ds)
+
+    def save(self, directory: Path) -> None:
+        self.ds.save_checkpoint(str(directory), tag=self.TAG, save_latest=False)
+
+    def load(self, directory: Path) -> None:
+        self.ds.load_checkpoint(str(directory), tag=self.TAG, load_optimizer_states=True, load_lr_scheduler_states=False)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         import deepspeed

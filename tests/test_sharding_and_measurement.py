@@ -68,7 +68,7 @@ def test_injected_communication_delay_is_measured_by_both_methods(results):
     print(f"injected {DELAY_S * 1e3:.1f} ms/step: measured +{added * 1e3:.1f} ms, check +{added_check * 1e3:.1f} ms")
     assert added == pytest.approx(DELAY_S, rel=0.35)
     assert added_check == pytest.approx(DELAY_S, rel=0.35)
-    # the compute-only baseline does not see communication
-    assert delayed["compute_s"] == pytest.approx(plain["compute_s"], rel=0.5, abs=2e-3)
+    # the compute-only baseline does not see the communication delay
+    assert delayed["compute_s"] < DELAY_S / 3
     for t in (plain, delayed):
         assert t["comm_exposed_s"] == pytest.approx(t["step_mean_s"] - t["data_s"] - t["compute_s"], abs=1e-9)

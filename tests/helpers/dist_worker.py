@@ -4,6 +4,9 @@ whether every rank ends with the same model.
 
 A job may ask for ``comm_delay_s``: its DDP gradient all-reduce then waits that long first (a
 DDP communication hook), a known amount of extra communication time for the measurement to find.
+A job with ``"resume": true`` continues the newest unfinished run of its experiment; a job whose
+run raises (fault injection on every rank) is recorded with its error and the worker goes on;
+a job ``{"id": ..., "export": RUN_DIR_OF_JOB, "to": FILE}`` exports that job's checkpoint.
 
     torchrun --standalone --nproc_per_node 2 tests/helpers/dist_worker.py JOBS.json RESULTS.json
 """
@@ -20,7 +23,8 @@ import torch.distributed as dist
 from strategies.ddp import DDPConfig
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
-from strategies.loop import Trainer
+from strategies.export import export
+from strategies.loop import Trainer, find_resumable
 
 
 def state_digest(state: dict[str, torch.Tensor]) -> str:
@@ -60,12 +64,24 @@ def main(jobs_path: str, results_path: str) -> None:
     env = DistEnv.from_environ("cpu")
     env.init_process_group(timeout_s=60)
     results = {}
+    run_dirs = {}
     for job in jobs:
+        if "export" in job:
+            if env.is_main:
+                export(run_dirs[job["export"]], job["to"])
+            env.barrier()
+            continue
         cfg = parse_experiment(job["config"])
-        trainer = Trainer(cfg, env, show_progress=False)
+        resume = find_resumable(cfg, env.world_size) if job.get("resume") else None
+        trainer = Trainer(cfg, env, show_progress=False, resume=resume)
+        run_dirs[job["id"]] = trainer.run_dir
         delay = job.get("comm_delay_s")
-        with delayed_allreduce(delay) if delay else contextlib.nullcontext():
-            record = trainer.run()
+        try:
+            with delayed_allreduce(delay) if delay else contextlib.nullcontext():
+                record = trainer.run()
+        except RuntimeError as err:
+            results[job["id"]] = {"status": "raised", "error": str(err), "losses": [s.loss for s in trainer.combined]}
+            continue
         digests = env.gather_strings(state_digest(trainer.engine.full_state_dict()))
         results[job["id"]] = {
             "losses": [s.loss for s in trainer.combined],
@@ -75,6 +91,8 @@ def main(jobs_path: str, results_path: str) -> None:
             "status": record.status,
             "comm_overhead": record.comm_overhead,
             "timings": record.timings.model_dump(),
+            "resumed_at_steps": record.resumed_at_steps,
+            "run_dir": str(trainer.run_dir),
         }
         del trainer
     if env.is_main:
