@@ -8,7 +8,12 @@ from analysis.schema import RunRecord
 def strategy_label(record: RunRecord) -> str:
     """``ddp``, ``fsdp1``, ``fsdp1-shard_grad_op``, ``fsdp2``, ``fsdp2-keep``, ``zero0``..``zero3``,
     ``zero3-offload``, ``accelerate-multi_cpu``: the strategy plus the options that change what
-    it is."""
+    it is; ``+paper-probe`` when the published study's probe ran alongside."""
+    probe = record.measurement is not None and record.measurement.comm_probe == "paper"
+    return backend_label(record) + ("+paper-probe" if probe else "")
+
+
+def backend_label(record: RunRecord) -> str:
     name, options = record.strategy.name, record.strategy.options
     if name == "fsdp1" and options.get("sharding_strategy", "FULL_SHARD") != "FULL_SHARD":
         return f"fsdp1-{options['sharding_strategy'].lower()}"

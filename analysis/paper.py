@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pandas as pd
+
+from analysis.records import read_steps
 
 from analysis.tables import Table, count, fixed, general, hardware, percent
 
@@ -79,3 +82,41 @@ def paper_comparison(derived: pd.DataFrame) -> Table:
     caption = (f"The published study (pykan [2, W, 1], grid 10, k 3, x^2 + y^2, batch 512 per rank) beside {matched} "
                f"kanscale point(s) of the same configuration. {DIFFERENCES}")
     return Table("paper", caption, data, text)
+
+
+def probe_costs(derived: pd.DataFrame) -> Table | None:
+    """What the study's probe costs, measured inside each run that ran it with more than one
+    rank: it fires on every second step, so the median time of probed steps minus that of the
+    others is its cost, free of the drift between runs. Spread over all steps, that cost lowers
+    the per-rank throughput by 1 - 1 / (1 + cost / 2 / unprobed step)."""
+    runs = derived[(derived["measurement.comm_probe"] == "paper") & (derived["world_size"] > 1)] \
+        if "measurement.comm_probe" in derived else derived.iloc[0:0]
+    rows = []
+    for _, run in runs.iterrows():
+        steps = [s for s in read_steps(Path(run["run_dir"])) if s.timed]
+        probed = statistics.median(s.time_s_max for s in steps if s.step % 2 == 0)
+        plain = statistics.median(s.time_s_max for s in steps if s.step % 2 == 1)
+        share = (probed - plain) / 2 / plain
+        rows.append({"run_id": run["run_id"], "study": run["study"], "ranks": run["world_size"],
+                     "probed_step_ms": 1e3 * probed, "unprobed_step_ms": 1e3 * plain, "probe_share": share,
+                     "throughput_loss": 1 - 1 / (1 + share), "study_number": run["measurement.paper_probe_overhead"]})
+    if not rows:
+        return None
+    data = pd.DataFrame(rows)
+    text = pd.DataFrame({
+        "run": data["run_id"], "study": data["study"], "ranks": data["ranks"],
+        "probed step ms": data["probed_step_ms"].map(fixed(1)), "other steps ms": data["unprobed_step_ms"].map(fixed(1)),
+        "probe adds per step (average)": data["probe_share"].map(percent),
+        "per-rank throughput lost to the probe": data["throughput_loss"].map(percent),
+        "the study's number (t2-t1)/t2": data["study_number"].map(percent),
+    })
+    caption = ("The study's probe measured inside runs that ran it (measurement.comm_probe=paper): probed steps against the "
+               f"other steps of the same run. Published for comparison: the per-GPU throughput fell by {published_drop():.1%} "
+               "from 1 to 2 GPUs in one node.")
+    return Table("paper_probe", caption, data, text)
+
+
+def published_drop() -> float:
+    """1 - per-GPU throughput at 2 GPUs in one node / at 1 GPU, strong scaling, as published."""
+    strong = paper_results().query("study == 'strong' and nodes == 1").set_index("gpus")["throughput_per_gpu_sps"]
+    return 1 - strong[2] / strong[1]

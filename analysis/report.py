@@ -13,7 +13,7 @@ import pandas as pd
 
 from analysis.derive import derive
 from analysis.load import Problem, load_runs
-from analysis.paper import paper_comparison
+from analysis.paper import paper_comparison, probe_costs
 from analysis.plots import study_plots
 from analysis.tables import Table, strategy_comparison, study_table
 
@@ -56,8 +56,10 @@ def analyze(runs_dir: str | Path, out: str | Path | None = None) -> Report:
         for study in sorted(derived["study"].unique()):
             report.tables.append(study_table(derived, study))
             report.plots[study] = study_plots(derived[derived["study"] == study], study, out / "plots")
-        paper = paper_comparison(derived)
-        report.tables.append(paper)
+        report.tables.append(paper_comparison(derived))
+        probe = probe_costs(derived)
+        if probe is not None:
+            report.tables.append(probe)
     for table in report.tables:
         table.data.to_csv(out / f"{table.name}.csv", index=False)
         (out / f"{table.name}.md").write_text(table.markdown())
@@ -91,6 +93,8 @@ def write_html(report: Report, runs_dir: Path, runs: pd.DataFrame) -> Path:
         parts += [f"<h2>Study: {html.escape(study)}</h2>", table_html(by_name[study])] + [embedded_png(p) for p in plots]
     if "paper" in by_name:
         parts += ["<h2>The published study side by side</h2>", table_html(by_name["paper"])]
+    if "paper_probe" in by_name:
+        parts += ["<h2>What the published study's probe costs</h2>", table_html(by_name["paper_probe"])]
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kanscale report</title><style>{CSS}</style>"
             f"</head><body>{''.join(parts)}</body></html>\n")
     path = report.out / "report.html"

@@ -99,8 +99,11 @@ class Memory(Record):
 
 class MeasurementInfo(Record):
     comm_method: str = Field(description="how comm_exposed_s was measured")
+    comm_probe: str = Field("none", description="measurement.comm_probe: none, or paper (the published study's probe ran)")
     baseline_steps: int = Field(ge=0, description="timed steps of the compute-only replica")
     check_method: str | None = Field(None, description="how comm_exposed_check_s was measured, if it was")
+    paper_probe_overhead: float | None = Field(
+        None, description="with measurement.comm_probe=paper: the published study's (t2 - t1) / t2, mean over probed batches")
 
 
 class Environment(Record):

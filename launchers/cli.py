@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -235,13 +236,19 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def cmd_compare_paper(args: argparse.Namespace) -> int:
     from analysis.derive import derive
     from analysis.load import load_runs
-    from analysis.paper import paper_comparison
+    from analysis.paper import paper_comparison, probe_costs
 
     runs, problems = load_runs(args.runs)
     for problem in problems:
         print(f"not analysed: {problem.message}", file=sys.stderr)
     derived = derive(runs) if not runs.empty else runs
-    print(paper_comparison(derived).markdown() if not derived.empty else "no finished runs to compare")
+    if derived.empty:
+        print("no finished runs to compare")
+        return 0
+    print(paper_comparison(derived).markdown())
+    probe = probe_costs(derived)
+    if probe is not None:
+        print("\n" + probe.markdown())
     return 0
 
 
@@ -321,6 +328,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = run_command(argv)
+    from strategies import distributed
+
+    if distributed.joined_process_group:
+        # Tearing down a gloo process group can deadlock: its destructor joins worker threads
+        # while holding the GIL that a worker needs to free a finished collective's tensors
+        # (seen here: a rank that had printed its summary never exited). Everything is written
+        # and flushed by now, so the process leaves without running destructors.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def run_command(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from analysis.records import RecordError
     from strategies.failures import Terminated

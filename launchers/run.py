@@ -25,6 +25,7 @@ from launchers.hostfile import Host, hostfile_text, parse_hostfile
 from launchers.slurm import SlurmOptions, slurm_launch
 from strategies.config import ConfigError, find_file
 from strategies.experiment import ExperimentConfig, load_experiment
+from strategies.failures import raise_on_sigterm
 from strategies.hf_accelerate import launch_config_conflicts
 from strategies.loop import preflight
 
@@ -141,7 +142,9 @@ def plan(request: RunRequest) -> tuple[ExperimentConfig, RunRequest, Launch]:
 
 def execute(launch: Launch, log: Path | None = None) -> int:
     """Write the launch's files, start its commands together and wait. If one fails, the others
-    are stopped rather than left waiting for it. Returns the first non-zero exit code, or 0."""
+    are stopped rather than left waiting for it; if this process is interrupted or terminated,
+    all of them are. Returns the first non-zero exit code, or 0."""
+    raise_on_sigterm()
     for path, text in launch.files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

@@ -15,6 +15,7 @@
         - {label: wide, model.widths: [256, 1024, 1], task.name: high_dim, task.dim: 256}
     include:                          # extra points, outside the product
       - {strategy: single, topology: 1x1}
+    repeats: 3                        # run every point this many times (analysis shows median, min-max)
 
 The points are the matrix's cartesian product, then ``include``; ``single`` pairs only with one
 rank (other pairings are listed as not run).
@@ -57,6 +58,7 @@ class StudyConfig(BaseModel):
     per_rank: dict[str, int] = Field(default_factory=dict)
     matrix: dict[str, list[Any]]
     include: list[dict[str, Any]] = Field(default_factory=list)
+    repeats: int = Field(1, ge=1, description="runs of every point")
     slurm: SlurmSettings = SlurmSettings()
 
     @field_validator("matrix")
@@ -92,6 +94,8 @@ class Point:
     nodes: int
     procs_per_node: int
     overrides: list[str]
+    repeat: int = 0  # which run of a repeated point
+    repeats: int = 1
 
     @property
     def world_size(self) -> int:
@@ -101,6 +105,7 @@ class Point:
     def key(self) -> str:
         """A readable, file-name-safe identifier of the point."""
         parts = [f"{k.split('.')[-1]}={axis_label(v)}" for k, v in self.axes.items()]
+        parts += [f"run={self.repeat + 1}of{self.repeats}"] if self.repeats > 1 else []
         return re.sub(r"[^A-Za-z0-9_.=,+-]", "", "_".join(parts))
 
 
@@ -133,15 +138,20 @@ def expand(study: StudyConfig) -> tuple[list[Point], list[str]]:
     axes = list(study.matrix)
     combinations = [dict(zip(axes, values)) for values in itertools.product(*study.matrix.values())]
     points, skipped = [], []
-    for chosen in combinations + list(study.include):
-        nodes, procs = (int(n) for n in TOPOLOGY.match(str(chosen.get("topology", "1x1"))).groups())
-        strategy = chosen.get("strategy")
-        if strategy == "single" and nodes * procs > 1:
-            skipped.append(f"strategy=single with topology {chosen['topology']}: single runs one process")
-            continue
-        overrides = [f"study={study.study}"]
-        overrides += [f"{k}={json.dumps(v)}" for k, v in study.set.items()]
-        overrides += [o for k, v in chosen.items() for o in axis_overrides(k, v)]
-        overrides += [f"{k}={v * nodes * procs}" for k, v in study.per_rank.items()]
-        points.append(Point(axes=chosen, strategy=strategy, nodes=nodes, procs_per_node=procs, overrides=overrides))
+    # Repeats are the outer loop: each round runs every point once, so a machine whose speed
+    # drifts during the sweep affects every point alike rather than one point's repeats.
+    for repeat in range(study.repeats):
+        for chosen in combinations + list(study.include):
+            nodes, procs = (int(n) for n in TOPOLOGY.match(str(chosen.get("topology", "1x1"))).groups())
+            strategy = chosen.get("strategy")
+            if strategy == "single" and nodes * procs > 1:
+                if repeat == 0:
+                    skipped.append(f"strategy=single with topology {chosen['topology']}: single runs one process")
+                continue
+            overrides = [f"study={study.study}"]
+            overrides += [f"{k}={json.dumps(v)}" for k, v in study.set.items()]
+            overrides += [o for k, v in chosen.items() for o in axis_overrides(k, v)]
+            overrides += [f"{k}={v * nodes * procs}" for k, v in study.per_rank.items()]
+            points.append(Point(axes=chosen, strategy=strategy, nodes=nodes, procs_per_node=procs, overrides=overrides,
+                                repeat=repeat, repeats=study.repeats))
     return points, skipped

@@ -57,18 +57,18 @@ def run_key(digest: str, nodes: int, procs_per_node: int) -> RunKey:
     return digest, nodes, procs_per_node
 
 
-def runs_by_point(out: Path, finished: bool) -> dict[RunKey, RunRecord]:
-    """Run records under OUT by point: the complete ones (``finished``), or the unfinished ones
-    that have a checkpoint to resume from."""
-    found = {}
-    for summary in out.glob("*/summary.json"):
+def runs_by_point(out: Path, finished: bool) -> dict[RunKey, list[RunRecord]]:
+    """Run records under OUT by point, oldest first: the complete ones (``finished``), or the
+    unfinished ones that have a checkpoint to resume from."""
+    found: dict[RunKey, list[RunRecord]] = {}
+    for summary in sorted(out.glob("*/summary.json")):
         try:
             record = read_summary(summary)
         except RecordError:
             continue
         if (record.status == "ok") == finished and (finished or latest_checkpoint(summary.parent) is not None):
             t = record.topology
-            found[run_key(record.config_digest, t.nodes, t.procs_per_node)] = record
+            found.setdefault(run_key(record.config_digest, t.nodes, t.procs_per_node), []).append(record)
     return found
 
 
@@ -140,22 +140,24 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
     return results
 
 
-def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, RunRecord],
-              resumable: dict[RunKey, RunRecord], dry_run: bool, submit_jobs: bool) -> PointResult:
-    """Run one point. When resuming, ``done`` holds the complete runs to skip and ``resumable``
-    the unfinished ones to continue from their checkpoints (both are empty otherwise)."""
+def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, list[RunRecord]],
+              resumable: dict[RunKey, list[RunRecord]], dry_run: bool, submit_jobs: bool) -> PointResult:
+    """Run one point. When resuming, ``done`` holds the complete runs (the point's n-th repeat
+    is skipped if n of them exist) and ``resumable`` the unfinished ones to continue from their
+    checkpoints (both are empty otherwise)."""
     start = time.monotonic()
     try:
         request = point_request(study, point, out)
         cfg, request, launch = plan(request)
         key = run_key(cfg.digest(), point.nodes, point.procs_per_node)
-        if key in resumable and key not in done:
-            request.resume = str(out / resumable[key].run_id)
+        finished = done.get(key, [])
+        if len(finished) <= point.repeat and resumable.get(key):
+            request.resume = str(out / resumable[key].pop(0).run_id)
             cfg, request, launch = plan(request)
     except ConfigError as err:
         return PointResult(point.key, "failed", detail=str(err).splitlines()[0])
-    if key in done:
-        return PointResult(point.key, "skipped", run_id=done[key].run_id, detail="complete record exists")
+    if len(finished) > point.repeat:
+        return PointResult(point.key, "skipped", run_id=finished[point.repeat].run_id, detail="complete record exists")
     if dry_run:
         print(f"# {point.key}\n{launch.render()}\n")
         return PointResult(point.key, "planned")

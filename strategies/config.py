@@ -81,6 +81,9 @@ class TrainingConfig(Section):
 class MeasurementConfig(Section):
     baseline_steps: int = Field(
         10, ge=1, description="timed steps of the compute-only replica that exposed communication is measured against")
+    comm_probe: Literal["none", "paper"] = Field(
+        "none", description="paper: also run the published study's probe (every second batch two extra forwards and an "
+                            "extra all-reduce that changes the gradients), for comparison only; needs strategy ddp")
 
 
 class RuntimeConfig(Section):

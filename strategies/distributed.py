@@ -15,6 +15,10 @@ import torch
 import torch.distributed as dist
 
 
+# Set once this process has joined a process group (see launchers.cli.main).
+joined_process_group = False
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return int(value) if value not in (None, "") else default
@@ -77,8 +81,10 @@ class DistEnv:
         """Join the launch's process group: NCCL on GPUs, gloo on CPUs. A process started by
         hand (no launcher) gets a one-rank group, so distributed strategies also run at world
         size 1 (the baseline of a strong-scaling curve)."""
+        global joined_process_group
         if self.distributed:
             return
+        joined_process_group = True
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)

@@ -38,6 +38,7 @@ from strategies.failures import (
 )
 from strategies.measure import reset_peak_rss
 from strategies.optim import build_optimizer
+from strategies.paper_probe import PaperProbe
 from strategies.progress import Progress
 from strategies.recording import (
     StepSample, batch_info, combine_steps, initial_record, new_run_id, now_iso, results,
@@ -58,6 +59,9 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int) -> Batch
         raise ConfigError(
             f"training.warmup_steps: {t.warmup_steps} warm-up steps leave none of the {plan.total_steps} steps to time; "
             "lower warmup_steps or train longer (training.epochs / training.steps)")
+    if cfg.measurement.comm_probe == "paper" and cfg.strategy.name != "ddp":
+        raise ConfigError(f"measurement.comm_probe: the paper probe reproduces the published DDP instrumentation and needs "
+                          f"strategy ddp, not {cfg.strategy.name}; set measurement.comm_probe=none")
     if t.init_from is not None and not Path(t.init_from).is_file():
         raise ConfigError(f"training.init_from: {t.init_from} does not exist; give a file written by kanscale export")
     out = Path(cfg.output.dir)
@@ -119,6 +123,7 @@ class Trainer:
         self.combined: list[StepRecord] = []  # the run's steps, from before a resume too
         self.compute_s = 0.0
         self.checkpoint: Checkpoint | None = None
+        self.paper_probe = PaperProbe(env) if cfg.measurement.comm_probe == "paper" else None
         if resume is None:
             self.run_dir = Path(cfg.output.dir) / env.broadcast_string(new_run_id(cfg, env.world_size))
             self.record = initial_record(cfg, env, self.run_dir.name, self.params, self._batch_info(0))
@@ -174,8 +179,12 @@ class Trainer:
             test_mse = self._evaluate()
             state = self.engine.counted_state or self.engine.model_state_bytes()
             own = [s for n, s in enumerate(self.samples, start=self.start_step) if n >= self.cfg.training.warmup_steps]
-            measured = results(self.env, self.combined, own, self.compute_s, state, self.cfg.measurement.baseline_steps)
+            measured = results(self.env, self.combined, own, self.compute_s, state, self.cfg.measurement.baseline_steps,
+                               self.cfg.measurement.comm_probe)
             measured["timings"] = measured["timings"].model_copy(update={"compile_s": self.compile_s})
+            if self.paper_probe is not None:
+                measured["measurement"] = measured["measurement"].model_copy(
+                    update={"paper_probe_overhead": self.paper_probe.overhead()})
             self.record = self.record.model_copy(update={**measured, "test_mse": test_mse,
                                                          "batch": self._batch_info(self.steps_done)})
         except BaseException as exc:
@@ -261,6 +270,8 @@ class Trainer:
         engine.count_state_next_step = step == self.plan.total_steps - 1
         loss_share = self._forward_backward(batches, n_global=len(indices))
         check_finite(loss_share, step + 1)
+        if self.paper_probe is not None and self.paper_probe.due(step):
+            self.paper_probe.probe(engine.model, batches[0][0])
         engine.step()
         env.synchronize()
         elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu_start

@@ -81,7 +81,7 @@ def combine_steps(env: DistEnv, first_step: int, samples: list[StepSample], comp
 
 
 def results(env: DistEnv, steps: list[StepRecord], own: list[StepSample], compute_s: float, state: ModelStateBytes,
-            baseline_steps: int) -> dict:
+            baseline_steps: int, comm_probe: str = "none") -> dict:
     """The record's measured fields. ``steps`` are all the run's combined step records (from
     before a resume too); ``own`` are this process's samples of its timed steps (a collective)."""
     timed = [r for r in steps if r.timed]
@@ -105,7 +105,8 @@ def results(env: DistEnv, steps: list[StepRecord], own: list[StepSample], comput
                         comm_exposed_check_s=check_s if check_valid else None),
         throughput=Throughput(samples_per_s=samples_per_s, samples_per_s_per_rank=samples_per_s / env.world_size),
         comm_overhead=min(1.0, comm / step_mean) if step_mean > 0 else 0.0,
-        measurement=MeasurementInfo(comm_method="step time - data - compute-only replica", baseline_steps=baseline_steps,
+        measurement=MeasurementInfo(comm_method="step time - data - compute-only replica", comm_probe=comm_probe,
+                                    baseline_steps=baseline_steps,
                                     check_method="step time - main thread CPU time" if check_valid else None),
         memory=Memory(peak_device_bytes=peak_device if env.device.type == "cuda" else None, peak_rss_bytes=peak_rss,
                       model_state=ModelStateBytes(**dict(zip(("params", "grads", "optimizer", "master_params"), state_max)))),

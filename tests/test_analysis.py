@@ -152,3 +152,24 @@ def test_the_published_study_beside_runs_of_its_configuration(tmp_path, capsys):
     assert len(ours) == 2 and "12,000" in ours[1] and "1.5" in ours[1] and "75.0%" in ours[1]
     assert "99,999" not in out
     assert "the study's probe timed an extra all-reduce" in out
+
+
+def test_the_study_probes_cost_is_measured_within_each_run(tmp_path):
+    from analysis.paper import probe_costs, published_drop
+    from analysis.records import RunWriter
+    from analysis.schema import MeasurementInfo, StepRecord
+
+    record = make_record("probed", world=2, family="pykan", widths=(2, 64, 1), grid=10, micro_batch=512)
+    record = record.model_copy(update={"measurement": MeasurementInfo(comm_method="test", comm_probe="paper",
+                                                                      baseline_steps=1, paper_probe_overhead=0.4)})
+    run_dir = write_record(tmp_path, record)
+    # probed steps (2, 4, ...) take 150 ms, the others 100 ms: the probe adds 25% per step on average
+    RunWriter(run_dir).append_steps([StepRecord(step=n, loss=1.0, time_s_max=0.15 if n % 2 == 0 else 0.10,
+                                                time_s_mean=0.1, comm_s_max=0, comm_s_mean=0, samples=1024, timed=n > 2)
+                                     for n in range(1, 21)])
+    d = derive(load_runs(tmp_path)[0])
+    assert d.loc[0, "strategy_label"] == "ddp+paper-probe"
+    table = probe_costs(d)
+    row = table.data.iloc[0]
+    assert row["probe_share"] == pytest.approx(0.25) and row["throughput_loss"] == pytest.approx(0.2)
+    assert published_drop() == pytest.approx(1 - 3549.4 / 4442.1)

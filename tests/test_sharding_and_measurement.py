@@ -33,6 +33,8 @@ def results(tmp_path_factory):
     jobs = [{"id": key, "config": experiment(s, [2, 64, 64, 1], 3, out)} for key, s in MEMORY_STRATEGIES.items()]
     jobs += [{"id": "ddp_plain", "config": experiment({"name": "ddp"}, [2, 8, 1], 25, out)},
              {"id": "ddp_delayed", "config": experiment({"name": "ddp"}, [2, 8, 1], 25, out), "comm_delay_s": DELAY_S}]
+    probed = experiment({"name": "ddp"}, [2, 8, 1], 25, out)
+    jobs.append({"id": "ddp_paper_probe", "config": {**probed, "measurement": {"baseline_steps": 5, "comm_probe": "paper"}}})
     return run_jobs(jobs, tmp)
 
 
@@ -72,3 +74,12 @@ def test_injected_communication_delay_is_measured_by_both_methods(results):
     assert delayed["compute_s"] < DELAY_S / 3
     for t in (plain, delayed):
         assert t["comm_exposed_s"] == pytest.approx(t["step_mean_s"] - t["data_s"] - t["compute_s"], abs=1e-9)
+
+
+def test_the_paper_probe_reports_its_number_and_changes_the_training(results):
+    plain, probed = results["ddp_plain"], results["ddp_paper_probe"]
+    assert plain["measurement"]["paper_probe_overhead"] is None
+    assert 0 < probed["measurement"]["paper_probe_overhead"] < 1
+    # the first probe (step 2) doubles step 2's gradients: identical losses up to step 2, different after
+    assert probed["losses"][:2] == plain["losses"][:2]
+    assert all(a != b for a, b in zip(probed["losses"][2:], plain["losses"][2:]))

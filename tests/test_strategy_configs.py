@@ -97,6 +97,7 @@ def test_zero_stage_4_and_unknown_strategy_options():
     (["training.micro_batch=null", "training.global_batch=1000", "strategy.name=ddp"], 3,
      "training.global_batch: 1000 samples cannot be split evenly over grad_accum (1) x world size (3)"),
     (["strategy.name=deepspeed", "strategy.config=missing.json"], 2, "strategy.config: DeepSpeed config missing.json does not exist"),
+    (["strategy.name=fsdp2", "measurement.comm_probe=paper"], 2, "measurement.comm_probe: the paper probe reproduces the published DDP"),
 ])
 def test_preflight_refuses_what_cannot_run_here(overrides, world, message):
     cfg = load_experiment(QUICKSTART, overrides)

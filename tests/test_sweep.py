@@ -74,6 +74,11 @@ def test_expansion_per_rank_bundles_and_skips(tmp_path):
     two = points[2]
     assert "task.n_train=200" in two.overrides and "model.grid=7" in two.overrides and "model.widths=[2, 32, 1]" in two.overrides
     assert matches(two, ["strategy=ddp", "topology=1x2"]) and not matches(two, ["strategy=zero2"])
+    repeated, _ = expand(load_study(write_study(tmp_path, repeats=2, include=[])))
+    # repeats are the outer loop: round 1 of every point, then round 2
+    assert [p.key for p in repeated] == ["strategy=ddp_topology=1x2_run=1of2", "strategy=zero2_topology=1x2_run=1of2",
+                                         "strategy=ddp_topology=1x2_run=2of2", "strategy=zero2_topology=1x2_run=2of2"]
+    assert repeated[0].overrides == repeated[2].overrides
     with pytest.raises(ConfigError, match="no axis 'nodes'"):
         matches(two, ["nodes=2"])
 

@@ -14,6 +14,7 @@ a job ``{"id": ..., "export": RUN_DIR_OF_JOB, "to": FILE}`` exports that job's c
 import contextlib
 import hashlib
 import json
+import os
 import sys
 import time
 
@@ -91,6 +92,7 @@ def main(jobs_path: str, results_path: str) -> None:
             "status": record.status,
             "comm_overhead": record.comm_overhead,
             "timings": record.timings.model_dump(),
+            "measurement": record.measurement.model_dump(),
             "resumed_at_steps": record.resumed_at_steps,
             "run_dir": str(trainer.run_dir),
         }
@@ -103,3 +105,6 @@ def main(jobs_path: str, results_path: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    # Leave without destructors: tearing down gloo process groups can deadlock (see launchers/cli.py).
+    sys.stdout.flush()
+    os._exit(0)
