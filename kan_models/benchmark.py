@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from analysis.host import cpu_model
 from kan_models.compile import compile_model
 from kan_models.registry import build_model, parse_model_config
 
@@ -207,21 +208,12 @@ def environment(plan: Plan) -> dict[str, Any]:
         pykan = None
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": _cpu_model(), "gpu": torch.cuda.get_device_name(plan.device) if plan.device.type == "cuda" else None,
+        "cpu": cpu_model(), "gpu": torch.cuda.get_device_name(plan.device) if plan.device.type == "cuda" else None,
         "device": plan.device.type, "threads": plan.threads, "torch": torch.__version__, "pykan": pykan,
         "python": platform.python_version(),
     }
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run(plan: Plan, progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:

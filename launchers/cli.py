@@ -115,6 +115,65 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, help="file to write, e.g. model.pt")
     export.set_defaults(func=cmd_export)
 
+    commbench = sub.add_parser("commbench", parents=[common], help="time all-reduce, reduce-scatter and all-gather over message sizes",
+                               description="Start the ranks under torchrun and time all-reduce, reduce-scatter and all-gather "
+                                           "(and a per-rank host copy) over a sweep of message sizes that includes the zoo's "
+                                           "gradient, shard and DDP-bucket sizes: latency, algorithm and bus bandwidth "
+                                           "(nccl-tests definitions), and a fit of latency (alpha) and inverse bandwidth (beta) "
+                                           "for the link the ranks span. gloo on CPUs, NCCL on GPUs; writes JSON and a Markdown "
+                                           "table (docs/projection.md).")
+    commbench.add_argument("--nproc-per-node", type=int, default=2, metavar="G", help="ranks per node (default 2)")
+    commbench.add_argument("--nnodes", type=int, default=1, metavar="N",
+                           help="nodes; with a local --master-addr all N start here, so the ranks talk over an "
+                                "inter-node link on 127.0.0.1")
+    commbench.add_argument("--node-rank", type=int, default=0, metavar="R",
+                           help="this node, when --master-addr is another host (start the command on every node)")
+    commbench.add_argument("--master-addr", default="127.0.0.1", metavar="A", help="address of node 0")
+    commbench.add_argument("--master-port", type=int, metavar="P", help="rendezvous port (default: a free one here, "
+                                                                        "29500 across hosts)")
+    commbench.add_argument("--min-bytes", type=int, default=4, help="smallest message (default 4)")
+    commbench.add_argument("--max-bytes", type=int, help="largest message (default: the 20M-parameter model's gradients)")
+    commbench.add_argument("--iters", type=int, default=20, help="timed iterations per size, fewer above 4 MiB (default 20)")
+    commbench.add_argument("--warmup", type=int, default=5, help="warm-up iterations per size (default 5)")
+    commbench.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    commbench.add_argument("--oversubscribe", action="store_true", help="allow more ranks than CPU cores on this machine")
+    commbench.add_argument("--out", default="runs/commbench.json", help="JSON results; the Markdown table goes next to "
+                                                                       "it as .md (default runs/commbench.json)")
+    commbench.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # what every rank runs
+    commbench.set_defaults(func=cmd_commbench)
+
+    project = sub.add_parser("project", parents=[common], help="projected scaling of every strategy: step time, efficiency, "
+                                                               "exposed communication, memory",
+                             description="Project, per strategy and rank count, step time, speedup, parallel efficiency, "
+                                         "exposed communication and per-rank model-state bytes from a measured compute "
+                                         "profile and a network (kanscale commbench results or a cluster file). Everything "
+                                         "it prints is a projection, labelled so, with its assumptions (docs/projection.md).")
+    project.add_argument("--profile", required=True, metavar="RUNS|BENCH_JSON|paper",
+                         help="1-rank run(s) of one experiment (a run directory or a directory of runs), a kanscale bench "
+                              "JSON, or paper (the published study's 1-GPU run)")
+    project.add_argument("--row", metavar="WORKLOAD/IMPL", help="the row of a bench JSON, e.g. study/fast")
+    network = project.add_mutually_exclusive_group(required=True)
+    network.add_argument("--network", action="append", metavar="COMMBENCH_JSON",
+                         help="kanscale commbench results (repeatable: one intra-node, one inter-node)")
+    network.add_argument("--cluster", metavar="YAML", help="a cluster description, e.g. configs/clusters/a100_ib.yaml")
+    project.add_argument("--ranks", default="1,2,4,8", help="comma-separated rank counts (default 1,2,4,8)")
+    project.add_argument("--ranks-per-node", type=int, metavar="G", help="ranks per node (default: the network's)")
+    project.add_argument("--strategies", help="comma-separated (default all: single, ddp, zero1, zero2, zero3, "
+                                              "zero3-offload, fsdp1, fsdp2)")
+    per_step = project.add_mutually_exclusive_group()
+    per_step.add_argument("--micro-batch", type=float, help="samples per rank per step (default: the profile's)")
+    per_step.add_argument("--global-batch", type=float, help="samples per step over all ranks, fixed (strong scaling)")
+    project.add_argument("--compute-scale", type=float, default=1.0,
+                         help="multiply every compute time, e.g. for another device (default 1)")
+    project.add_argument("--contention", type=float, default=1.0,
+                         help="multiply compute by this when P > 1: ranks slowing each other, e.g. sharing CPU cores "
+                              "(default 1)")
+    project.add_argument("--forward-fraction", type=float, help="forward's share of the profile's compute "
+                                                                "(default: measured by bench, else 1/3)")
+    project.add_argument("--probe", action="store_true", help="add the published study's communication probe")
+    project.add_argument("--out", help="also write JSON here (and the Markdown next to it as .md)")
+    project.set_defaults(func=cmd_project)
+
     models = sub.add_parser("models", parents=[common], help="list the model zoo's families and their parameter counts")
     models.add_argument("--widths", help="comma-separated widths, e.g. 2,64,1: also count each family's parameters")
     models.set_defaults(func=cmd_models)
@@ -263,6 +322,23 @@ def cmd_export(args: argparse.Namespace) -> int:
           f"{checkpoint.meta['world_size']} ranks) of run {checkpoint.meta['run_id']} at step {checkpoint.step}")
     print(f"start a run from it under any strategy: kanscale train CONFIG --set training.init_from={out}")
     return 0
+
+
+def cmd_commbench(args: argparse.Namespace) -> int:
+    from launchers.commbench import run_commbench
+    from strategies.commbench import BenchOptions
+
+    options = BenchOptions(out=args.out, min_bytes=args.min_bytes, max_bytes=args.max_bytes, iters=args.iters,
+                           warmup=args.warmup, device=args.device)
+    return run_commbench(options, args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr, args.master_port,
+                         args.oversubscribe, args.worker)
+
+
+def cmd_project(args: argparse.Namespace) -> int:
+    from launchers.project import ProjectionRequest, run_projection
+
+    fields = {f: getattr(args, f) for f in ProjectionRequest.__dataclass_fields__}
+    return run_projection(ProjectionRequest(**fields))
 
 
 def cmd_models(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ differ only in how they start it and what they tell it through the environment.
 from __future__ import annotations
 
 import shlex
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,16 +66,23 @@ def python() -> list[str]:
     return [sys.executable]
 
 
-def worker(train_args: list[str]) -> list[str]:
-    """The module and arguments every rank runs."""
-    return ["-m", WORKER_MODULE, "train", *train_args]
+def worker(args: list[str], command: str = "train") -> list[str]:
+    """The module and arguments every rank runs: ``kanscale train`` unless said otherwise."""
+    return ["-m", WORKER_MODULE, command, *args]
+
+
+def free_port() -> int:
+    """A TCP port nothing on this machine listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def none_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
     return Launch([python() + worker(train_args)])
 
 
-def torchrun_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
+def torchrun_launch(spec: LaunchSpec, train_args: list[str], command: str = "train") -> Launch:
     """torchrun: ``--standalone`` on one node; c10d rendezvous across nodes. The node that hosts
     the rendezvous store is named explicitly (``is_host``): with every node on one address (two
     agents on one machine), torchrun cannot tell which should host it and both may wait."""
@@ -86,7 +94,7 @@ def torchrun_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
                 f"--rdzv_endpoint={spec.master_addr}:{spec.master_port}", f"--rdzv_id={spec.rdzv_id}"]
         if isinstance(spec.node_rank, int):  # nodes with distinct addresses (SLURM) sort this out themselves
             cmd.append(f"--rdzv_conf=is_host={int(spec.node_rank == 0)}")
-    return Launch([cmd + worker(train_args)])
+    return Launch([cmd + worker(train_args, command)])
 
 
 def accelerate_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:

@@ -101,18 +101,23 @@ def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
                           "another launcher")
     preflight(cfg, spec.device, spec.world_size)
     if spec.launcher != "slurm":
-        here = spec.nproc_per_node * (spec.nnodes if request.all_nodes_here else 1)
-        if spec.device == "cuda" and here > torch.cuda.device_count():
-            raise ConfigError(f"--nproc-per-node: {here} rank(s) need {here} GPUs on this machine but it has "
-                              f"{torch.cuda.device_count()}; lower --nproc-per-node or use more nodes")
-        if spec.device == "cpu" and here > (os.cpu_count() or 1) and not request.oversubscribe:
-            raise ConfigError(f"--nproc-per-node: {here} rank(s) on this machine's {os.cpu_count()} CPU cores would share "
-                              "cores and make the timings meaningless; lower --nproc-per-node (or pass --oversubscribe)")
+        check_capacity(spec.device, spec.nproc_per_node * (spec.nnodes if request.all_nodes_here else 1),
+                       request.oversubscribe)
     if spec.launcher == "accelerate":
         path = find_file(spec.accelerate_config, "--accelerate-config", "accelerate config")
         problems = launch_config_conflicts(yaml.safe_load(path.read_text()) or {}, cfg.training, spec.device)
         if problems:
             raise ConfigError(f"--accelerate-config: {path}: " + "; ".join(problems))
+
+
+def check_capacity(device: str, ranks_here: int, oversubscribe: bool = False) -> None:
+    """Refuse more ranks than this machine has GPUs, or (unless asked) CPU cores."""
+    if device == "cuda" and ranks_here > torch.cuda.device_count():
+        raise ConfigError(f"--nproc-per-node: {ranks_here} rank(s) need {ranks_here} GPUs on this machine but it has "
+                          f"{torch.cuda.device_count()}; lower --nproc-per-node or use more nodes")
+    if device == "cpu" and ranks_here > (os.cpu_count() or 1) and not oversubscribe:
+        raise ConfigError(f"--nproc-per-node: {ranks_here} rank(s) on this machine's {os.cpu_count()} CPU cores would "
+                          "share cores and make the timings meaningless; lower --nproc-per-node (or pass --oversubscribe)")
 
 
 def build_launch(request: RunRequest, cfg: ExperimentConfig) -> Launch:

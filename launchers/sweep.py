@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -22,10 +21,10 @@ from tqdm import tqdm
 
 from analysis.records import RecordError, read_summary
 from analysis.schema import RunRecord
-from launchers.commands import LaunchSpec
+from launchers.commands import LaunchSpec, free_port
 from launchers.run import RunRequest, execute, plan
 from launchers.slurm import SlurmOptions, submit
-from launchers.study import Point, StudyConfig, expand, load_study
+from launchers.study import Point, StudyConfig, axis_label, expand, load_study
 from strategies.checkpoint import latest_checkpoint
 from strategies.config import ConfigError
 from strategies.experiment import read_yaml, strategy_preset_path
@@ -41,12 +40,6 @@ class PointResult:
     seconds: float = 0.0
     run_id: str | None = None
     detail: str = ""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 RunKey = tuple[str, int, int]
@@ -103,7 +96,7 @@ def matches(point: Point, only: list[str]) -> bool:
         axis = next((a for a in point.axes if a == key or a.split(".")[-1] == key), None)
         if axis is None:
             raise ConfigError(f"--only {condition}: no axis {key!r}; axes: {', '.join(point.axes)}")
-        if str(point.axes[axis]).replace(" ", "") != value.replace(" ", ""):
+        if axis_label(point.axes[axis]).replace(" ", "") != value.replace(" ", ""):
             return False
     return True
 

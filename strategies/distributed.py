@@ -14,6 +14,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from analysis.host import cpu_model
+
 
 # Set once this process has joined a process group (see launchers.cli.main).
 joined_process_group = False
@@ -147,18 +149,7 @@ def pick_device(device: str, local_rank: int = 0) -> torch.device:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return _cpu_model() or "cpu"
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
+    return cpu_model()
 
 
 def hostname() -> str:

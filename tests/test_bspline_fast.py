@@ -45,7 +45,7 @@ def outputs_and_grads(forward, layer: BSplineKANLayer, x: torch.Tensor) -> list[
 def assert_agree(got: list[torch.Tensor], want: list[torch.Tensor], dtype: torch.dtype) -> None:
     """float64: 1e-10 absolute; float32: 1e-5 relative to the largest reference value."""
     for name, g, w in zip(["output", "d/dx", "d/dcoef", "d/dscale_base", "d/dscale_spline"], got, want):
-        tol = 1e-10 if dtype == torch.float64 else 1e-5 * float(w.abs().max())
+        tol = 1e-10 if dtype == torch.float64 else 1e-5 * float(w.detach().abs().max())
         err = float((g - w).abs().max().detach())
         assert err <= tol, f"{name}: max error {err:.2e} > {tol:.2e}"
 

@@ -1,0 +1,105 @@
+"""``kanscale project``: gather a compute profile and a network from the files given, run the
+projection model (analysis/projection.py) and write its tables. Every input problem is a
+ConfigError naming the flag."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from analysis import projection as pj
+from strategies.commbench import bench_model_config, model_shape
+from strategies.config import ConfigError, find_file
+
+
+@dataclass
+class ProjectionRequest:
+    profile: str  # run directory / directory of runs, a bench JSON, or "paper"
+    network: list[str] | None  # commbench JSON files
+    cluster: str | None  # or a cluster YAML
+    ranks: str = "1,2,4,8"
+    strategies: str | None = None
+    row: str | None = None
+    ranks_per_node: int | None = None
+    micro_batch: float | None = None
+    global_batch: float | None = None
+    compute_scale: float = 1.0
+    contention: float = 1.0
+    forward_fraction: float | None = None
+    probe: bool = False
+    out: str | None = None
+
+
+def checked(flag: str, load: Callable, *inputs: Any, **options: Any) -> Any:
+    try:
+        return load(*inputs, **options)
+    except (ValueError, KeyError, OSError, yaml.YAMLError) as err:
+        raise ConfigError(f"{flag}: {err}") from None
+
+
+def network(request: ProjectionRequest) -> pj.Network:
+    if request.cluster:
+        path = find_file(request.cluster, "--cluster", "cluster file")
+        return checked("--cluster", lambda: pj.network_from_cluster(yaml.safe_load(path.read_text()) or {}, str(path)))
+    return checked("--network", lambda: pj.network_from_commbench(
+        [json.loads(Path(p).read_text()) for p in request.network], ", ".join(request.network)))
+
+
+def profiles(request: ProjectionRequest) -> tuple[dict[str, pj.ComputeProfile], dict[str, Any]]:
+    """Compute profiles by strategy ("*": any) and the model they were measured on."""
+    if request.profile == "paper":
+        profile, model = pj.paper_profile()
+        found = {"*": profile}
+    elif not Path(request.profile).exists():
+        raise ConfigError(f"--profile: {request.profile} does not exist; give 1-rank run(s) of one experiment (a run "
+                          "directory or a directory of runs), a kanscale bench JSON, or paper")
+    elif Path(request.profile).is_file():
+        doc = checked("--profile", lambda: json.loads(Path(request.profile).read_text()))
+        profile, workload, impl = checked("--profile", pj.profile_from_bench, doc, request.row)
+        found, model = {"*": profile}, bench_model_config(doc, workload, impl)
+    else:
+        found, model = checked("--profile", pj.profiles_from_runs, request.profile)
+    if request.forward_fraction is not None:
+        if not 0 < request.forward_fraction < 1:
+            raise ConfigError(f"--forward-fraction: a share between 0 and 1, e.g. 0.33; got {request.forward_fraction}")
+        found = {k: dataclasses.replace(p, forward_fraction=request.forward_fraction, forward_source="given")
+                 for k, p in found.items()}
+    return found, model
+
+
+def run_projection(request: ProjectionRequest) -> int:
+    strategies = [s.strip() for s in request.strategies.split(",")] if request.strategies else list(pj.STRATEGIES)
+    ranks = checked("--ranks", lambda: [int(r) for r in request.ranks.split(",") if r.strip()])
+    if [s for s in strategies if s not in pj.STRATEGIES] or not ranks or min(ranks) < 1:
+        raise ConfigError(f"--strategies/--ranks: strategies from {', '.join(pj.STRATEGIES)} and rank counts of at least "
+                          f"1, e.g. --strategies ddp,zero3 --ranks 1,2,4,8; got {request.strategies} and {request.ranks}")
+    numbers = {"--micro-batch": request.micro_batch, "--global-batch": request.global_batch,
+               "--ranks-per-node": request.ranks_per_node, "--compute-scale": request.compute_scale,
+               "--contention": request.contention}
+    if any(value is not None and value <= 0 for value in numbers.values()):
+        raise ConfigError(f"{', '.join(f for f, v in numbers.items() if v is not None and v <= 0)}: must be positive")
+    net = network(request)
+    found, model = profiles(request)
+    shape, per_node = model_shape(model), request.ranks_per_node or net.ranks_per_node
+    options = {"micro_batch": request.micro_batch, "global_batch": request.global_batch,
+               "compute_scale": request.compute_scale, "contention": request.contention, "probe": request.probe}
+    rows = checked("--cluster" if request.cluster else "--network", pj.project, strategies, shape, found, net, ranks,
+                   per_node, **options)
+    takeovers = {s: pj.takeover(s, shape, found.get(s) or found["*"], net, per_node, **options)
+                 for s in strategies if s != "single"}
+    notes = pj.assumptions(shape, found, net, request.compute_scale, request.contention, request.probe)
+    text = pj.markdown(rows, notes, takeovers, pj.search_limit(net, per_node))
+    print(text)
+    if request.out:
+        out = Path(request.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(pj.document(rows, notes, takeovers), indent=2) + "\n")
+        out.with_suffix(".md").write_text(text)
+        print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
+    return 0

@@ -1,0 +1,87 @@
+"""kanscale commbench: nccl-tests' bandwidth definitions, the zoo's message sizes, and a real
+two-rank run on gloo across two launcher agents (an inter-node link on 127.0.0.1)."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.projection import HOST_COPY, MiB, OPS, busbw_factor
+from launchers.cli import main
+from strategies.commbench import BenchOptions, iterations, message_sizes
+from tests.helpers.launch import run
+
+
+def test_bus_bandwidth_factors_are_nccl_tests():
+    # doc/PERFORMANCE.md of nccl-tests: all-reduce 2(n-1)/n, reduce-scatter and all-gather (n-1)/n
+    assert busbw_factor("all_reduce", 2) == 1.0 and busbw_factor("all_reduce", 8) == 1.75
+    assert busbw_factor("reduce_scatter", 4) == 0.75 and busbw_factor("all_gather", 8) == 0.875
+    assert busbw_factor(HOST_COPY, 8) == 1.0
+    with pytest.raises(ValueError, match="unknown operation 'broadcast'"):
+        busbw_factor("broadcast", 2)
+
+
+def test_sweep_holds_the_zoo_sizes_and_divides_into_shards():
+    messages = message_sizes(world_size=4, min_bytes=4, max_bytes=200 * MiB)
+    by_label = {label: m.nbytes for m in messages for label in m.labels}
+    assert by_label["study pykan gradients"] == 4 * 3648  # pykan [2, 64, 1]: 3,648 trainable parameters
+    assert by_label["study bspline gradients"] == 4 * 2880
+    assert by_label["study pykan gradient shard (1/4)"] == 3648
+    assert by_label["DDP bucket (25 MiB)"] == 25 * MiB
+    assert 4 * 19e6 < by_label["20M bspline gradients"] < 4 * 21e6
+    sizes = [m.nbytes for m in messages]
+    assert sizes == sorted(set(sizes)) and all(s % 16 == 0 for s in sizes)  # float32, 4 equal shards
+    assert {4 ** k * 4 for k in range(1, 12)} <= set(sizes)  # the powers of four are there too
+    assert [m.nbytes for m in message_sizes(2, 64, 4096)] == [64, 256, 1024, 4096]  # zoo sizes out of range left out
+
+
+def test_large_messages_get_fewer_iterations():
+    options = BenchOptions(iters=20, warmup=5)
+    assert iterations(1024, options) == (5, 20)
+    assert iterations(64 * MiB, options) == (1, 3)
+
+
+def two_agent_commbench(tmp_path_factory) -> Path:
+    """A real commbench over two launcher agents, run once per test session (about 10 s) and
+    shared with tests/test_projection.py."""
+    out = tmp_path_factory.getbasetemp() / "commbench-2x1" / "bench.json"
+    if not out.exists():
+        run([sys.executable, "-m", "launchers.cli", "commbench", "--nnodes", "2", "--nproc-per-node", "1",
+             "--max-bytes", "16384", "--iters", "5", "--warmup", "2", "--out", str(out)], timeout=240)
+    return out
+
+
+def test_commbench_over_two_agents_on_gloo(tmp_path_factory):
+    out = two_agent_commbench(tmp_path_factory)
+    doc = json.loads(out.read_text())
+    assert (doc["kind"], doc["backend"], doc["device"]) == ("kanscale commbench", "gloo", "cpu")
+    assert (doc["world_size"], doc["nodes"], doc["ranks_per_node"], doc["link"]) == (2, 2, 1, "inter")
+    sizes = sorted({r["bytes"] for r in doc["results"]})
+    assert sizes[0] == 8 and sizes[-1] == 16384  # 4 bytes rounds up to one float32 per rank
+    assert len(doc["results"]) == len(sizes) * 4
+    for r in doc["results"]:
+        assert 0 < r["time_min_s"] <= r["time_s"] <= r["time_max_s"] < 5
+        assert math.isclose(r["algbw_GBps"], r["bytes"] / r["time_s"] / 1e9)
+        assert math.isclose(r["busbw_GBps"], r["algbw_GBps"] * busbw_factor(r["op"], 2))
+    assert any("study pykan gradients" in r["labels"] for r in doc["results"])
+    fits = {f["op"]: f for f in doc["fits"]}
+    assert set(fits) == set(OPS) | {HOST_COPY} and fits[HOST_COPY]["link"] == "host"
+    for f in fits.values():
+        assert all(math.isfinite(f[k]) and f[k] >= 0 for k in ("alpha_s", "beta_s_per_byte", "link_alpha_s"))
+        assert f["alpha_s"] + f["beta_s_per_byte"] > 0
+    assert fits["all_reduce"]["link"] == "inter"
+    assert math.isclose(fits["all_reduce"]["link_alpha_s"], fits["all_reduce"]["alpha_s"] / 2)  # 2 ring steps at P = 2
+    assert "busbw GB/s" in out.with_suffix(".md").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nproc-per-node", "1"], "needs at least 2 ranks"),
+    (["--out", "bench.md"], "--out: give a .json file"),
+    (["--min-bytes", "64", "--max-bytes", "512"], "--max-bytes: must be at least 16 x --min-bytes (1024)"),
+    (["--nproc-per-node", "64"], "lower --nproc-per-node"),
+])
+def test_commbench_refuses_bad_flags(argv, message, capsys, in_tmp_cwd):
+    assert main(["commbench", *argv]) == 2
+    assert message in capsys.readouterr().err
