@@ -8,8 +8,11 @@
   of it.
 
 The 1-rank baseline of a run is the 1-rank run of the same strategy on the same experiment: the
-same study, strategy, model, task and per-rank batch. Repeated runs of one point are summarised
-by their median, with the minimum and maximum beside it.
+same study, strategy, model, task and per-rank batch. A strategy that never ran on one rank (a
+sweep that runs only the one-process reference at world size 1, as `make demo` does) is measured
+against the `single` run of the same study, model, task and global batch instead: the same
+training, done by one process. Column ``baseline`` says which ("own 1-rank", "single process").
+Repeated runs of one point are summarised by their median, with the minimum and maximum beside it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import pandas as pd
 
 # What makes runs comparable across world sizes.
 GROUP = ["study", "strategy_label", "model_label", "task.name", "batch.micro_batch", "batch.grad_accum"]
+# What makes a strategy's run comparable with the one-process reference, when it has no 1-rank run.
+SINGLE_GROUP = ["study", "model_label", "task.name", "batch.global_batch"]
 # What makes runs repeats of one point.
 POINT = GROUP + ["topology.world_size", "topology.nodes"]
 
@@ -34,8 +39,15 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
     ok["world_size"] = ok["topology.world_size"]
     ok["samples_per_s"] = ok["throughput.samples_per_s"]
     ok["samples_per_s_per_rank"] = ok["throughput.samples_per_s_per_rank"]
-    one_rank = ok[ok["world_size"] == 1].groupby(GROUP, dropna=False)["samples_per_s"].median().rename("baseline_samples_per_s")
-    ok = ok.join(one_rank, on=GROUP)
+    one_rank = ok[ok["world_size"] == 1]
+    own = one_rank.groupby(GROUP, dropna=False)["samples_per_s"].median().rename("own_baseline")
+    single = (one_rank[one_rank["strategy.name"] == "single"].groupby(SINGLE_GROUP, dropna=False)["samples_per_s"]
+              .median().rename("single_baseline"))
+    ok = ok.join(own, on=GROUP).join(single, on=SINGLE_GROUP)
+    ok["baseline"] = np.where(ok["own_baseline"].notna(), "own 1-rank",
+                              np.where(ok["single_baseline"].notna(), "single process", None))
+    ok["baseline_samples_per_s"] = ok["own_baseline"].fillna(ok["single_baseline"])
+    ok = ok.drop(columns=["own_baseline", "single_baseline"])
     ok["speedup"] = ok["samples_per_s"] / ok["baseline_samples_per_s"]
     ok["efficiency"] = ok["speedup"] / ok["world_size"]
     ok["retention"] = ok["samples_per_s_per_rank"] / ok["baseline_samples_per_s"]

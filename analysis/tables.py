@@ -96,7 +96,7 @@ def study_table(derived: pd.DataFrame, study: str) -> Table:
     if (summary["repeats"] > 1).any():
         text["runs"] = summary["repeats"].values
     caption = (f"Study `{study}`: {len(runs)} run(s) on {hardware(runs)}. Speedup and efficiency are against the "
-               "1-rank run of the same strategy and experiment; medians, with [min-max] where a point was repeated.")
+               f"{baseline_phrase(runs)}; medians, with [min-max] where a point was repeated.")
     return Table(study, caption, summary.reset_index(drop=True), text.reset_index(drop=True))
 
 
@@ -138,9 +138,21 @@ def strategy_comparison(derived: pd.DataFrame) -> Table:
         text[headers[key]] = data[key].map(lambda v, fmt=fmt: "" if pd.isna(v) else fmt(v))
     sizes = ", ".join(str(w) for w in sorted(derived["world_size"].unique()))
     caption = (f"Cross-strategy comparison on {model} (study `{study}`), each strategy at the largest world size it ran "
-               f"there (world sizes in these runs: {sizes}); hardware: {hardware(derived)}. Efficiency is blank where no "
-               "1-rank run of the strategy exists; the largest model trained is over all runs.")
+               f"there (world sizes in these runs: {sizes}); hardware: {hardware(derived)}. Efficiency is against the "
+               f"{baseline_phrase(derived)} (blank where there is neither); the largest model trained is over all runs.")
     return Table("comparison", caption, data, text)
+
+
+def baseline_phrase(runs: pd.DataFrame) -> str:
+    """Which 1-rank runs the speedups of ``runs`` are measured against, in words."""
+    kinds = set(runs["baseline"].dropna())
+    own = "1-rank run of the same strategy and experiment"
+    single = "one-process `single` run with the same global batch"
+    if kinds == {"single process"}:
+        return single
+    if kinds == {"own 1-rank", "single process"}:
+        return f"{own} where there is one, else the {single}"
+    return own
 
 
 def hardware(runs: pd.DataFrame) -> str:

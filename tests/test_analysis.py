@@ -40,6 +40,22 @@ def test_speedup_efficiency_and_retention_against_the_same_strategys_one_rank_ru
     assert d.loc["fsdp2", "speedup"] != d.loc["fsdp2", "speedup"]  # NaN: no baseline of its own
 
 
+def test_a_strategy_without_a_one_rank_run_is_measured_against_the_single_process_run_of_its_global_batch(tmp_path):
+    d = derived_from(tmp_path, [
+        make_record("single", strategy="single", world=1, micro_batch=128, samples_per_s=1000),
+        make_record("other-batch", strategy="single", world=1, micro_batch=64, samples_per_s=5000),
+        make_record("fsdp2", strategy="fsdp2", world=2, micro_batch=64, samples_per_s=1500),  # global 128
+        make_record("ddp1", world=1, micro_batch=64, samples_per_s=900), make_record("ddp2", world=2, micro_batch=64,
+                                                                                samples_per_s=1200),
+    ])
+    assert d.loc["fsdp2", "baseline"] == "single process" and d.loc["fsdp2", "speedup"] == pytest.approx(1.5)
+    assert d.loc["fsdp2", "efficiency"] == pytest.approx(0.75)
+    # a strategy's own 1-rank run (same per-rank batch) wins over the single-process run
+    assert d.loc["ddp2", "baseline"] == "own 1-rank" and d.loc["ddp2", "speedup"] == pytest.approx(1200 / 900)
+    table = strategy_comparison(d.reset_index())
+    assert "one-process `single` run with the same global batch" in table.caption
+
+
 def test_comm_overhead_and_memory_per_byte(tmp_path):
     d = derived_from(tmp_path, [make_record("a", comm=0.25, params=5000, peak_rss=20_000, state=(10, 20, 30, 40))])
     assert d.loc["a", "comm_overhead_pct"] == pytest.approx(25.0)
