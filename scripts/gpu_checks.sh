@@ -7,7 +7,8 @@
 #   bash scripts/gpu_checks.sh [OUT_DIR]        # results in OUT_DIR (default: gpu_checks/)
 #
 # Each check prints PASS/FAIL and goes on; the summary is OUT_DIR/summary.txt, the run records
-# are under OUT_DIR/runs, the kernel benchmark table is OUT_DIR/bench.md.
+# are under OUT_DIR/runs, the kernel benchmark table is OUT_DIR/bench.md, NCCL's collective
+# latency and bandwidth OUT_DIR/commbench.md.
 set -u
 OUT=${1:-${OUT:-gpu_checks}}
 mkdir -p "$OUT/runs"
@@ -68,5 +69,6 @@ for summary in sorted(Path(sys.argv[1]).glob("*/*/summary.json")):
 sys.exit(1 if bad else 0)
 PYEOF
 
+check commbench_nccl $PY -m launchers.cli commbench --device cuda --nproc-per-node "$NPROC" --out "$OUT/commbench.json"
 check bench $PY -m launchers.cli bench --out "$OUT/bench.json"
 cat "$SUMMARY"
