@@ -13,7 +13,7 @@ import torch
 from launchers.commands import Launch, LaunchSpec, free_port, torchrun_launch
 from launchers.run import check_capacity, execute
 from strategies.commbench import BenchOptions, run_worker
-from strategies.config import ConfigError
+from kanscale.errors import ConfigError
 
 
 def run_commbench(options: BenchOptions, nproc_per_node: int, nnodes: int, node_rank: int, master_addr: str,

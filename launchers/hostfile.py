@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from strategies.config import ConfigError
+from kanscale.errors import ConfigError
 
 LINE = re.compile(r"^(?P<host>[A-Za-z0-9_.:-]+)\s+slots\s*=\s*(?P<slots>\d+)\s*$")
 

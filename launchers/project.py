@@ -15,7 +15,8 @@ import yaml
 
 from analysis import projection as pj
 from strategies.commbench import bench_model_config, model_shape
-from strategies.config import ConfigError, find_file
+from kanscale.errors import ConfigError
+from kanscale.files import find_file
 
 
 @dataclass

@@ -23,7 +23,8 @@ import yaml
 from launchers.commands import LAUNCHERS, Launch, LaunchSpec
 from launchers.hostfile import Host, hostfile_text, parse_hostfile
 from launchers.slurm import SlurmOptions, slurm_launch
-from strategies.config import ConfigError, find_file
+from kanscale.errors import ConfigError
+from kanscale.files import find_file
 from strategies.experiment import ExperimentConfig, load_experiment
 from strategies.failures import raise_on_sigterm
 from strategies.hf_accelerate import launch_config_conflicts

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launchers.commands import LAUNCHERS, Launch, LaunchSpec, shell_join
-from strategies.config import ConfigError
+from kanscale.errors import ConfigError
 
 HEAD, NODE_RANK, JOB_ID = "$head_node", "$SLURM_NODEID", "$SLURM_JOB_ID"
 

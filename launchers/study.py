@@ -32,8 +32,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from strategies.config import ConfigError
-from strategies.experiment import describe_error, read_yaml, strategy_preset_path
+from kanscale.errors import ConfigError
+from kanscale.files import find_file, find_preset
+from strategies.experiment import describe_error, read_sections
 
 TOPOLOGY = re.compile(r"^(\d+)x(\d+)$")
 
@@ -82,7 +83,7 @@ def check_axis_values(axes: dict[str, list[Any]]) -> None:
         if not TOPOLOGY.match(str(value)):
             raise ValueError(f"topology {value!r} is not NODESxRANKS, e.g. 1x2")
     for preset in axes.get("strategy", []):
-        strategy_preset_path(str(preset))  # a ConfigError (a ValueError) naming the presets
+        find_preset(str(preset), "strategies", "strategy")  # a ConfigError (a ValueError) naming the presets
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def axis_overrides(axis: str, value: Any) -> list[str]:
 
 
 def load_study(path: str | Path) -> StudyConfig:
-    data = read_yaml(path)
+    data = read_sections(path if Path(path).exists() else find_file(str(path), "study", "study file"))
     try:
         return StudyConfig.model_validate(data)
     except ValidationError as err:

@@ -26,8 +26,9 @@ from launchers.run import RunRequest, execute, plan
 from launchers.slurm import SlurmOptions, submit
 from launchers.study import Point, StudyConfig, axis_label, expand, load_study
 from strategies.checkpoint import latest_checkpoint
-from strategies.config import ConfigError
-from strategies.experiment import read_yaml, strategy_preset_path
+from kanscale.errors import ConfigError
+from kanscale.files import find_preset
+from strategies.experiment import read_sections
 
 # Two names for this machine: the deepspeed launcher needs one distinct host name per node.
 LOCAL_HOSTS = ["localhost", "127.0.0.1"]
@@ -66,7 +67,7 @@ def runs_by_point(out: Path, finished: bool) -> dict[RunKey, list[RunRecord]]:
 
 
 def launcher_for(study: StudyConfig, point: Point) -> str:
-    preset = read_yaml(strategy_preset_path(point.strategy))["name"] if point.strategy else None
+    preset = read_sections(find_preset(point.strategy, "strategies", "strategy"))["name"] if point.strategy else None
     if study.launcher == "slurm":
         return "slurm"
     if preset == "single":

@@ -3,25 +3,11 @@ output. :mod:`strategies.experiment` assembles them with the model, task and str
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-class ConfigError(ValueError):
-    """A config the suite refuses, with a message meant for the user (no traceback needed)."""
-
-
-def find_file(path: str, field: str, what: str) -> Path:
-    """A file a config names: as given (absolute or relative to the working directory), else
-    relative to the kanscale checkout, so the shipped ``configs/...`` paths work from anywhere."""
-    for candidate in (Path(path), REPO_ROOT / path):
-        if candidate.is_file():
-            return candidate
-    raise ConfigError(f"{field}: {what} {path} does not exist (looked in the working directory and in {REPO_ROOT})")
+from kanscale.errors import ConfigError
 
 
 class Section(BaseModel):

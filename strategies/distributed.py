@@ -17,10 +17,6 @@ import torch.distributed as dist
 from analysis.host import cpu_model
 
 
-# Set once this process has joined a process group (see launchers.cli.main).
-joined_process_group = False
-
-
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return int(value) if value not in (None, "") else default
@@ -49,6 +45,9 @@ class DistEnv:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     nodes: int = 1
+    # Set once this process joined a process group: leaving it then needs care (see
+    # launchers.cli.common.exit_without_teardown).
+    joined_process_group: bool = False
 
     @classmethod
     def from_environ(cls, device: str = "auto") -> "DistEnv":
@@ -83,10 +82,9 @@ class DistEnv:
         """Join the launch's process group: NCCL on GPUs, gloo on CPUs. A process started by
         hand (no launcher) gets a one-rank group, so distributed strategies also run at world
         size 1 (the baseline of a strong-scaling curve)."""
-        global joined_process_group
         if self.distributed:
             return
-        joined_process_group = True
+        self.joined_process_group = True
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)

@@ -17,10 +17,9 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from kan_models import AnyModelConfig, AnyTaskConfig
-from strategies.config import (
-    REPO_ROOT, ConfigError, FaultConfig, MeasurementConfig, OutputConfig, RuntimeConfig, Section, TrainingConfig,
-    find_file,
-)
+from kanscale.errors import ConfigError
+from kanscale.files import find_file, find_preset, read_mapping
+from strategies.config import FaultConfig, MeasurementConfig, OutputConfig, RuntimeConfig, Section, TrainingConfig
 from strategies.registry import AnyStrategyConfig
 
 
@@ -63,43 +62,28 @@ class ExperimentConfig(Section):
 
 
 def load_experiment(path: str | Path, overrides: list[str] = (), strategy: str | None = None) -> ExperimentConfig:
-    """Read a YAML experiment, swap in a strategy preset if one is named, apply ``key.path=value``
-    overrides, validate."""
-    data = read_yaml(path)
+    """Read a YAML experiment (a file, or the name of a shipped one such as ``quickstart``), swap
+    in a strategy preset if one is named, apply ``key.path=value`` overrides, validate."""
+    path = experiment_path(path)
+    data = read_sections(path)
     if strategy is not None:
-        data["strategy"] = read_yaml(strategy_preset_path(strategy))
+        data["strategy"] = read_sections(find_preset(strategy, "strategies", "--strategy"))
     return parse_experiment(data, overrides, source=str(path))
 
 
-STRATEGY_PRESETS = REPO_ROOT / "configs/strategies"
+def experiment_path(name: str | Path) -> Path:
+    """An experiment file as given; a bare name that is no file is a shipped experiment preset."""
+    path = Path(name)
+    if path.exists():
+        return path
+    if path.suffix or len(path.parts) > 1:
+        return find_file(str(name), "config", "experiment file")
+    return find_preset(str(name), "experiments", "config")
 
 
-def strategy_preset_path(name: str) -> Path:
-    """``zero3`` -> configs/strategies/zero3.yaml; a path to a YAML file is taken as it is."""
-    if name.endswith((".yaml", ".yml")):
-        return find_file(name, "--strategy", "strategy file")
-    path = STRATEGY_PRESETS / f"{name}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in STRATEGY_PRESETS.glob("*.yaml")))
-        raise ConfigError(f"--strategy: no preset named {name!r}; presets: {known} (or give a YAML file)")
-    return path
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
-    if path.is_dir():
-        raise ConfigError(f"config path {path} is a directory; give a YAML file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path} is not valid YAML{where}: {getattr(err, 'problem', err)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping of sections (model, task, training, ...), got {type(data).__name__}")
-    return data
+def read_sections(path: str | Path) -> dict[str, Any]:
+    """A YAML config file holding a mapping of sections."""
+    return read_mapping(path, what="a mapping of sections (model, task, training, ...)")
 
 
 def parse_experiment(data: dict[str, Any], overrides: list[str] = (), source: str = "config") -> ExperimentConfig:

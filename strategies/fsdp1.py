@@ -12,7 +12,8 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffload, FullStateDictConfig, ShardingStrategy, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from strategies.config import ConfigError, TrainingConfig
+from kanscale.errors import ConfigError
+from strategies.config import TrainingConfig
 from strategies.distributed import DistEnv
 from strategies.dcp import ShardedCheckpoints
 from strategies.engine import AveragingEngine, Engine, StrategyConfig, frozen_parameters

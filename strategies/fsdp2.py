@@ -14,7 +14,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Shard
 
-from strategies.config import ConfigError, TrainingConfig
+from kanscale.errors import ConfigError
+from strategies.config import TrainingConfig
 from strategies.distributed import DistEnv
 from strategies.dcp import ShardedCheckpoints
 from strategies.engine import AveragingEngine, Engine, StrategyConfig, frozen_parameters

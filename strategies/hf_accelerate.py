@@ -22,7 +22,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from analysis.schema import ModelStateBytes
-from strategies.config import ConfigError, TrainingConfig, find_file
+from kanscale.errors import ConfigError
+from kanscale.files import find_file
+from strategies.config import TrainingConfig
 from strategies.ddp import DDPEngine
 from strategies.distributed import DistEnv
 from strategies.engine import Engine, StrategyConfig

@@ -28,7 +28,7 @@ from analysis.schema import RunRecord, StepRecord
 from kan_models import build_model, count_parameters
 from kan_models.compile import compile_model
 from strategies.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
-from strategies.config import ConfigError
+from kanscale.errors import ConfigError
 from strategies.data import BatchPlan, rank_micro_batches
 from strategies.distributed import DistEnv
 from strategies.engine import Engine

@@ -6,7 +6,8 @@ from typing import ClassVar, Literal
 
 from torch import nn
 
-from strategies.config import ConfigError, TrainingConfig
+from kanscale.errors import ConfigError
+from strategies.config import TrainingConfig
 from strategies.distributed import DistEnv
 from strategies.engine import Engine, StrategyConfig
 from strategies.optim import build_optimizer

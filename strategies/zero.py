@@ -23,7 +23,9 @@ from pydantic import Field
 from torch import nn
 
 from analysis.schema import ModelStateBytes
-from strategies.config import ConfigError, TrainingConfig, find_file
+from kanscale.errors import ConfigError
+from kanscale.files import find_file
+from strategies.config import TrainingConfig
 from strategies.distributed import DistEnv
 from strategies.engine import Engine, StrategyConfig, optimizer_state_tensors, tensor_bytes
 from strategies.optim import build_optimizer

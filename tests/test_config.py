@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from strategies.config import ConfigError
+from kanscale.errors import ConfigError
 from strategies.experiment import load_experiment, parse_experiment
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from launchers.commands import LaunchSpec, deepspeed_launch, torchrun_launch
 from launchers.hostfile import parse_hostfile
 from launchers.run import RunRequest, plan
 from launchers.slurm import SlurmOptions, sbatch_script
-from strategies.config import ConfigError
+from kanscale.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs/experiments/quickstart.yaml")

@@ -12,7 +12,8 @@ from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
 from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
 from kan_models import build_model, parse_model_config
-from strategies.config import ConfigError, TrainingConfig
+from kanscale.errors import ConfigError
+from strategies.config import TrainingConfig
 from strategies.experiment import load_experiment
 from strategies.hf_accelerate import AccelerateConfig, launch_config_conflicts
 from strategies.loop import preflight

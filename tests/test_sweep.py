@@ -10,7 +10,7 @@ from analysis.records import read_summary
 from launchers.cli import main
 from launchers.study import expand, load_study
 from launchers.sweep import matches
-from strategies.config import ConfigError
+from kanscale.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = sorted((ROOT / "configs/studies").glob("*.yaml"))

@@ -1,0 +1,54 @@
+"""``kanscale``: one module per subcommand, each with ``register`` (its parser) and ``main``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kanscale import __version__
+from launchers.cli import (
+    analyze, bench, commbench, compare_paper, export, models, project, run, schema, sweep, train,
+)
+from launchers.cli.common import exit_code
+
+SUBCOMMANDS = (train, run, sweep, analyze, compare_paper, export, commbench, project, models, schema, bench)
+
+EPILOG = """examples:
+  kanscale train quickstart
+  kanscale train configs/experiments/paper_kan64.yaml --set training.epochs=1 --out runs/paper
+  torchrun --standalone --nproc_per_node 2 -m launchers.cli train quickstart --strategy fsdp2
+  kanscale run quickstart --strategy zero3 --nproc-per-node 2
+  kanscale run paper_kan64 --launcher slurm --nnodes 4 --nproc-per-node 2 --dry-run
+  kanscale sweep configs/studies/strong_cpu.yaml --out runs/strong
+  kanscale analyze runs/strong
+  kanscale models --widths 2,64,1
+  kanscale schema > run_record.schema.json
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kanscale", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train Kolmogorov-Arnold Networks under interchangeable parallelism strategies and "
+                    "compare what each costs in time, communication and memory.")
+    parser.add_argument("--version", action="version", version=f"kanscale {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    # The deepspeed launcher passes --local_rank=N before the subcommand; the rank comes from the
+    # environment (LOCAL_RANK), which every launcher sets, so the flag is accepted and ignored.
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
+    subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        module.register(subcommands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except BaseException as err:  # noqa: BLE001 - exit_code re-raises what it does not handle
+        return exit_code(err, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""``kanscale analyze``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from launchers.cli.common import common_options
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    analyze = subcommands.add_parser("analyze", parents=[common_options()], help="turn a directory of runs into tables, plots and an HTML report",
+                             description="Load every run record under DIR, derive speedup, efficiency, retention, "
+                                         "communication overhead and memory per rank, and write CSV and Markdown tables per "
+                                         "study, a cross-strategy comparison, PNG plots and one self-contained HTML report.")
+    analyze.add_argument("runs", metavar="DIR", help="directory holding run records (searched recursively)")
+    analyze.add_argument("--out", metavar="REPORT_DIR", help="where to write the report (default: DIR/report)")
+    analyze.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from analysis.report import analyze
+
+    report = analyze(args.runs, args.out)
+    by_name = {t.name: t for t in report.tables}
+    if "comparison" in by_name:
+        print(by_name["comparison"].markdown())
+    for problem in report.problems:
+        print(f"not analysed: {problem.message}", file=sys.stderr)
+    for _, row in report.unfinished.iterrows():
+        print(f"not analysed: {row['run_id']} has status {row['status']}", file=sys.stderr)
+    if not by_name:
+        print(f"no finished runs under {args.runs}", file=sys.stderr)
+    print(f"report: {report.html}")
+    return 0
+

@@ -1,0 +1,49 @@
+"""``kanscale bench``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kanscale.errors import ConfigError
+from launchers.cli.common import common_options
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    bench = subcommands.add_parser("bench", parents=[common_options()], help="time and memory of the zoo's implementations on standard workloads",
+                           description="Measure forward, backward and train-step time, samples/s and memory of each "
+                                       "implementation in one run on this machine; writes JSON and a Markdown table "
+                                       "(see docs/performance.md).")
+    bench.add_argument("--models", help="comma-separated workloads: study, wide, tiny (default: study,wide)")
+    bench.add_argument("--impl", help="comma-separated implementations: pykan, pykan-lean, reference, fast, rbf, "
+                                      "chebyshev, mlp, each optionally with +compile (default: pykan, pykan+compile, "
+                                      "reference, reference+compile, fast, fast+compile, rbf, chebyshev, mlp)")
+    bench.add_argument("--threads", type=int, default=1, help="intra-op CPU threads (default 1, as in the study)")
+    bench.add_argument("--repeats", type=int, help="timed train steps per measurement (default: study 50, wide 5)")
+    bench.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
+    bench.add_argument("--out", default="runs/bench.json", help="JSON results; the Markdown table goes next to it "
+                                                               "with .md (default runs/bench.json)")
+    bench.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from kan_models import benchmark
+
+    try:
+        plan = benchmark.make_plan(args.models, args.impl, args.threads, args.repeats, args.device)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if Path(args.out).suffix == ".md":
+        raise ConfigError(f"--out: {args.out} would be overwritten by the Markdown table; give a .json file")
+    doc = benchmark.run(plan, progress=lambda line: print(f"[bench] {line}", file=sys.stderr, flush=True))
+    table = benchmark.markdown(doc)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    out.with_suffix(".md").write_text(table)
+    print(table)
+    print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
+    return 0
+

@@ -1,0 +1,57 @@
+"""What several subcommands share: the options every subcommand takes, the experiment options,
+and how an error becomes a message and an exit code."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NoReturn
+
+from kanscale.errors import ConfigError
+
+
+def common_options() -> argparse.ArgumentParser:
+    """Options every subcommand accepts after its name. SUPPRESS keeps a subcommand from
+    resetting what was given before it (``kanscale --debug train ...``)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks on errors")
+    return common
+
+
+def add_experiment_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config field, e.g. --set training.lr=0.01 --set model.widths=[2,32,1] (repeatable)")
+    parser.add_argument("--strategy", metavar="PRESET", help="replace the experiment's strategy section with a preset from "
+                        "configs/strategies/ (single, ddp, fsdp1, fsdp2, zero0-3, zero3_offload, accelerate, ...) or a YAML file")
+    parser.add_argument("--out", help="results directory (overrides output.dir)")
+
+
+def exit_code(err: BaseException, args: argparse.Namespace) -> int:
+    """Print what went wrong in one line (re-raise under --debug) and return the exit code:
+    2 for input the suite refuses, 130 for Ctrl-C, 1 for a run that failed."""
+    from analysis.records import RecordError
+    from strategies.failures import Terminated
+
+    if isinstance(err, KeyboardInterrupt):
+        print("kanscale: interrupted", file=sys.stderr)
+        return 130
+    if args.debug or not isinstance(err, (Exception, Terminated)):
+        raise err
+    if isinstance(err, (ConfigError, RecordError)):
+        print(f"kanscale: error: {err}", file=sys.stderr)
+        return 2
+    # A run that failed: its record says why; the traceback is for --debug.
+    print(f"kanscale: {args.command} failed: {type(err).__name__}: {err} (rerun with --debug for the traceback)",
+          file=sys.stderr)
+    return 1
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """Leave a process that joined a gloo process group without running destructors. Tearing
+    the group down can deadlock: its destructor joins worker threads while holding the GIL that
+    a worker needs to free a finished collective's tensors (seen here: a rank that had printed
+    its summary never exited). Everything is written and flushed by the time this is called."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,34 @@
+"""``kanscale compare-paper``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from launchers.cli.common import common_options
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    paper = subcommands.add_parser("compare-paper", parents=[common_options()], help="the published study's numbers beside your runs of its setup")
+    paper.add_argument("runs", metavar="DIR", help="directory holding run records")
+    paper.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from analysis.derive import derive
+    from analysis.load import load_runs
+    from analysis.paper import paper_comparison, probe_costs
+
+    runs, problems = load_runs(args.runs)
+    for problem in problems:
+        print(f"not analysed: {problem.message}", file=sys.stderr)
+    derived = derive(runs) if not runs.empty else runs
+    if derived.empty:
+        print("no finished runs to compare")
+        return 0
+    print(paper_comparison(derived).markdown())
+    probe = probe_costs(derived)
+    if probe is not None:
+        print("\n" + probe.markdown())
+    return 0
+

@@ -1,0 +1,33 @@
+"""``kanscale export``."""
+
+from __future__ import annotations
+
+import argparse
+
+from kanscale.errors import ConfigError
+from launchers.cli.common import common_options
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    export = subcommands.add_parser("export", parents=[common_options()], help="consolidate a checkpoint into one plain state dict",
+                            description="Merge any strategy's checkpoint (torch, DCP shards, DeepSpeed ZeRO partitions) "
+                                        "into one plain state dict plus the model config; start a run from it under any "
+                                        "strategy with --set training.init_from=FILE.")
+    export.add_argument("checkpoint", help="a checkpoint directory (RUN_DIR/checkpoints/step-NNNNNN) or a run directory "
+                                           "(its latest complete checkpoint)")
+    export.add_argument("--out", required=True, help="file to write, e.g. model.pt")
+    export.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from strategies.export import export
+
+    try:
+        out, checkpoint = export(args.checkpoint, args.out)
+    except FileNotFoundError as err:
+        raise ConfigError(f"export: {err}") from None
+    print(f"wrote {out}: {checkpoint.meta['strategy']} checkpoint ({checkpoint.meta['format']}, "
+          f"{checkpoint.meta['world_size']} ranks) of run {checkpoint.meta['run_id']} at step {checkpoint.step}")
+    print(f"start a run from it under any strategy: kanscale train CONFIG --set training.init_from={out}")
+    return 0
+

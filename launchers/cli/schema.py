@@ -1,0 +1,29 @@
+"""``kanscale schema``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from launchers.cli.common import common_options
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    schema = subcommands.add_parser("schema", parents=[common_options()], help="print the metrics schema (JSON Schema of run and step records)")
+    schema.add_argument("--out", help="write to this file instead of stdout")
+    schema.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from analysis.schema import json_schema
+
+    text = json.dumps(json_schema(), indent=2) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+

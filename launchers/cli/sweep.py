@@ -1,0 +1,49 @@
+"""``kanscale sweep``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from launchers.cli.common import common_options
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    sweep = subcommands.add_parser("sweep", parents=[common_options()], help="run every point of a study (configs/studies/*.yaml)",
+                           description="Run every point of a study, one launch each, with a progress bar; a failed point "
+                                       "is recorded and the sweep goes on. Studies whose launcher is slurm write one "
+                                       "sbatch script per point instead.")
+    sweep.add_argument("study", help="study YAML, e.g. configs/studies/strong_cpu.yaml")
+    sweep.add_argument("--out", required=True, help="directory for the runs (and logs/, sweep.jsonl)")
+    sweep.add_argument("--resume", action="store_true", help="skip points whose run record in OUT is complete for the same config")
+    sweep.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
+                       help="run only matching points, e.g. --only strategy=zero3 --only topology=1x2 (repeatable)")
+    sweep.add_argument("--dry-run", action="store_true", help="print every point's commands, run nothing")
+    sweep.add_argument("--submit", action="store_true", help="slurm studies: submit each script with sbatch")
+    sweep.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from analysis.load import load_runs
+    from analysis.tables import markdown, quick_comparison
+    from launchers.sweep import run_sweep
+
+    results = run_sweep(args.study, args.out, resume=args.resume, dry_run=args.dry_run, only=args.only,
+                        submit_jobs=args.submit)
+    if args.dry_run:
+        return 0
+    counts = {status: sum(r.status == status for r in results) for status in dict.fromkeys(r.status for r in results)}
+    print("\nsweep: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
+    for r in results:
+        if r.status == "failed":
+            print(f"  failed: {r.point}: {r.detail}")
+    run_ids = {r.run_id for r in results if r.run_id}
+    runs, _ = load_runs(args.out)
+    if run_ids and not runs.empty:
+        print("\n" + markdown(quick_comparison(runs[runs["run_id"].isin(run_ids)])))
+    written = [r for r in results if r.status in ("written", "submitted")]
+    if written:
+        print(f"\n{len(written)} sbatch script(s) under {Path(args.out) / 'slurm'}" + ("" if args.submit else "; submit each with sbatch, or rerun with --submit"))
+    print(f"\nnext: kanscale analyze {args.out}")
+    return 1 if counts.get("failed") else 0
+

@@ -1,0 +1,49 @@
+"""``kanscale train``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from launchers.cli.common import add_experiment_options, common_options, exit_code, exit_without_teardown
+
+
+def register(subcommands: argparse._SubParsersAction) -> None:
+    train = subcommands.add_parser("train", parents=[common_options()], help="train one experiment in this process (one rank of a launch)",
+                           description="Train one experiment. Run it directly for one process, or under "
+                                       "torchrun / accelerate launch / deepspeed for several ranks: every rank "
+                                       "runs this same command and rank 0 writes the run record.")
+    train.add_argument("config", help="experiment YAML, e.g. configs/experiments/quickstart.yaml")
+    add_experiment_options(train)
+    train.add_argument("--resume", nargs="?", const=True, default=False, metavar="RUN_DIR",
+                       help="continue an unfinished run from its latest complete checkpoint (training.checkpoint_every): "
+                            "the given run directory, or the newest resumable run of this experiment in output.dir")
+    bar = train.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show a progress bar")
+    bar.add_argument("--no-progress", dest="progress", action="store_false", help="log lines instead of a progress bar")
+    train.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from launchers.summary import format_summary
+    from strategies.distributed import DistEnv
+    from strategies.experiment import load_experiment
+    from strategies.loop import train
+
+    overrides = list(args.overrides) + ([f"output.dir={args.out}"] if args.out else [])
+    cfg = load_experiment(args.config, overrides, strategy=args.strategy)
+    env = DistEnv.from_environ(cfg.runtime.device)
+    try:
+        result = train(cfg, env, show_progress=args.progress,
+                       resume=args.resume if args.resume is True else (Path(args.resume) if args.resume else False))
+        if result.is_main:
+            print(format_summary(result.record, result.run_dir))
+        code = 0
+    except BaseException as err:  # noqa: BLE001 - exit_code re-raises what it does not handle
+        if not env.joined_process_group:
+            raise
+        code = exit_code(err, args)
+    if env.joined_process_group:
+        exit_without_teardown(code)
+    return code
+
