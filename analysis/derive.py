@@ -41,7 +41,7 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
     ok["samples_per_s_per_rank"] = ok["throughput.samples_per_s_per_rank"]
     one_rank = ok[ok["world_size"] == 1]
     own = one_rank.groupby(GROUP, dropna=False)["samples_per_s"].median().rename("own_baseline")
-    single = (one_rank[one_rank["strategy.name"] == "single"].groupby(SINGLE_GROUP, dropna=False)["samples_per_s"]
+    single = (one_rank[one_rank["strategy.reference"].astype(bool)].groupby(SINGLE_GROUP, dropna=False)["samples_per_s"]
               .median().rename("single_baseline"))
     ok = ok.join(own, on=GROUP).join(single, on=SINGLE_GROUP)
     ok["baseline"] = np.where(ok["own_baseline"].notna(), "own 1-rank",

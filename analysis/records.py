@@ -17,7 +17,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from analysis.schema import SCHEMA_VERSION, RunRecord, StepRecord
+from analysis.migrate import migrate
+from analysis.schema import RunRecord, StepRecord
 
 SUMMARY_FILE = "summary.json"
 STEPS_FILE = "steps.jsonl"
@@ -84,9 +85,12 @@ def read_summary(path: Path) -> RunRecord:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise RecordError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
-    version = data.get("schema_version") if isinstance(data, dict) else None
-    if version != SCHEMA_VERSION:
-        raise RecordError(f"{path}: schema_version {version!r} is not one this kanscale reads (it reads {SCHEMA_VERSION})")
+    if not isinstance(data, dict):
+        raise RecordError(f"{path}: a run summary holds a JSON object, got {type(data).__name__}")
+    try:
+        data = migrate(data)
+    except ValueError as err:
+        raise RecordError(f"{path}: {err}") from None
     try:
         return RunRecord.model_validate(data)
     except ValidationError as err:

@@ -1,7 +1,9 @@
-"""Metrics schema v1: the run record (one per run, ``summary.json``) and the step records (one
+"""Metrics schema v2: the run record (one per run, ``summary.json``) and the step records (one
 per optimizer step, ``steps.jsonl``). Every strategy writes exactly these fields; analysis reads
 nothing else. Records are validated when written and when read; ``kanscale schema`` prints the
 JSON Schema generated from these classes (also shipped as ``analysis/run_record.schema.json``).
+Version 1 records (``test_mse`` instead of named test metrics, no strategy label) are migrated
+when read (analysis/migrate.py); their JSON Schema is shipped as ``run_record.v1.schema.json``.
 
 Units: seconds, bytes, samples. Per-step times are means over the timed (post-warm-up) steps.
 Derived quantities (speedup, efficiency, retention, ...) are computed in analysis, never stored.
@@ -9,12 +11,14 @@ Derived quantities (speedup, efficiency, retention, ...) are computed in analysi
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import models_json_schema
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 Status = Literal["ok", "failed", "incomplete"]
 
 
@@ -23,8 +27,12 @@ class Record(BaseModel):
 
 
 class StrategyInfo(Record):
-    name: str
-    options: dict[str, Any] = Field(description="the strategy's resolved options")
+    name: str = Field(description="the backend: strategy.name of the experiment")
+    label: str = Field(description="what ran, by the name tables, plots, presets and projections use (zero3_offload, "
+                                   "fsdp1_grad_op, accelerate_ddp, ...)")
+    reference: bool = Field(False, description="the one-process reference the other strategies are compared with")
+    options: dict[str, Any] = Field(description="the strategy's options as the backend ran them (the native config file, "
+                                                "the preset and the overrides merged)")
     distributed_type: str | None = Field(None, description="what the backend reports it actually ran, e.g. Accelerate's")
     backend_config: dict[str, Any] | None = Field(None, description="the backend's own resolved config, e.g. the DeepSpeed JSON")
 
@@ -125,7 +133,7 @@ class RunError(Record):
 
 
 class RunRecord(Record):
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     run_id: str
     name: str
     status: Status
@@ -147,13 +155,13 @@ class RunRecord(Record):
     measurement: MeasurementInfo | None = None
     memory: Memory | None = None
     final_loss: float | None = Field(None, description="training loss of the last step (global mean)")
-    test_mse: float | None = Field(None, ge=0.0)
+    test_metrics: dict[str, float] | None = Field(None, description="the task's named test metrics, e.g. mse")
     environment: Environment
 
     @model_validator(mode="after")
     def _complete_when_ok(self) -> "RunRecord":
         if self.status == "ok":
-            missing = [f for f in ("timings", "throughput", "comm_overhead", "measurement", "memory", "final_loss", "test_mse",
+            missing = [f for f in ("timings", "throughput", "comm_overhead", "measurement", "memory", "final_loss", "test_metrics",
                                    "finished_at")
                        if getattr(self, f) is None]
             if missing:
@@ -174,8 +182,13 @@ class StepRecord(Record):
     timed: bool = Field(description="false for warm-up steps")
 
 
-def json_schema() -> dict[str, Any]:
-    """The JSON Schema of both record kinds (their definitions under ``$defs``)."""
+def json_schema(version: int = SCHEMA_VERSION) -> dict[str, Any]:
+    """The JSON Schema of both record kinds (their definitions under ``$defs``): generated from
+    these classes for the current version, the shipped frozen file for version 1."""
+    if version == 1:
+        return json.loads((Path(__file__).parent / "run_record.v1.schema.json").read_text())
+    if version != SCHEMA_VERSION:
+        raise ValueError(f"no schema version {version}; there are 1 and {SCHEMA_VERSION}")
     _, schema = models_json_schema([(RunRecord, "validation"), (StepRecord, "validation")])
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from torch import nn
+
+
+def _increasing(interval: tuple[float, float]) -> tuple[float, float]:
+    if not interval[0] < interval[1]:
+        raise ValueError(f"must be [low, high] with low < high, got {list(interval)}")
+    return interval
+
+
+# A [low, high] range (a grid's span, a task's input range), refused unless low < high.
+Interval = Annotated[tuple[float, float], AfterValidator(_increasing)]
 
 
 class ModelConfig(BaseModel):

@@ -8,10 +8,10 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
+from pydantic import Field
 from torch import nn
 
-from kan_models.base import LayerStack, ModelConfig
+from kan_models.base import Interval, LayerStack, ModelConfig
 
 
 class RBFKANLayer(nn.Module):
@@ -52,16 +52,10 @@ class RBFConfig(ModelConfig):
 
     family: Literal["rbf"]
     grid: int = Field(8, ge=2, le=1000, description="number of Gaussian centres")
-    grid_range: tuple[float, float] = Field((-2.0, 2.0), description="centres span [low, high]")
+    grid_range: Interval = Field((-2.0, 2.0), description="centres span [low, high]")
     layernorm: bool = True
     base: bool = Field(True, description="add the SiLU base path")
     init_scale: float = Field(0.1, ge=0.0, description="std of the initial RBF weights")
-
-    @model_validator(mode="after")
-    def _range_increasing(self) -> "RBFConfig":
-        if not self.grid_range[0] < self.grid_range[1]:
-            raise ValueError(f"grid_range must be [low, high] with low < high, got {list(self.grid_range)}")
-        return self
 
     def build(self) -> LayerStack:
         return LayerStack([

@@ -16,7 +16,7 @@ def format_summary(record: RunRecord, run_dir: Path) -> str:
         f"model      {m.family} {m.widths}" + "".join(f" {k}={v}" for k, v in (("grid", m.grid), ("k", m.order)) if v is not None)
         + f"  {m.params_trainable:,} trainable / {m.params_total:,} total params",
         f"task       {r.task.name}  {r.task.n_train:,} train / {r.task.n_test:,} test samples",
-        f"strategy   {r.strategy.name} on {topo.world_size} rank(s) x {topo.nodes} node(s), {topo.device_type} "
+        f"strategy   {r.strategy.label} on {topo.world_size} rank(s) x {topo.nodes} node(s), {topo.device_type} "
         f"({topo.device_name}), launcher {topo.launcher}",
         f"training   {b.steps} steps = {b.epochs:g} epochs, global batch {b.global_batch} "
         f"(micro {b.micro_batch} x accum {b.grad_accum} x {topo.world_size} ranks), {b.timed_steps} timed",
@@ -34,7 +34,8 @@ def format_summary(record: RunRecord, run_dir: Path) -> str:
                      f"optimizer {human_bytes(ms.optimizer)}"
                      + (f", fp32 master copy {human_bytes(ms.master_params)}" if ms.master_params else ""))
     if r.final_loss is not None:
-        lines.append(f"loss       final train {r.final_loss:.4e}   test MSE {r.test_mse:.4e}")
+        scores = "".join(f"   test {name} {value:.4e}" for name, value in (r.test_metrics or {}).items())
+        lines.append(f"loss       final train {r.final_loss:.4e}{scores}")
     if r.error:
         lines.append(f"error      {r.error.type} on rank {r.error.rank} after step {r.error.step}: {r.error.message}")
     lines.append(f"record     {run_dir / 'summary.json'}")

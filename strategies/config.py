@@ -1,13 +1,20 @@
-"""The experiment's sections that belong to training itself: hyperparameters, runtime and
-output. :mod:`strategies.experiment` assembles them with the model, task and strategy."""
+"""The experiment's sections that belong to training itself: hyperparameters, the strategy's
+base class, measurement, runtime and output. :mod:`strategies.experiment` assembles them with
+the model and the task."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kanscale.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from strategies.distributed import DistEnv
+    from strategies.engine import Engine
 
 
 class Section(BaseModel):
@@ -89,3 +96,46 @@ class FaultConfig(Section):
 
 class OutputConfig(Section):
     dir: str = Field("runs", description="run records go to DIR/<run_id>/")
+
+
+class StrategyConfig(Section):
+    """A strategy's options, validated from the experiment's ``strategy`` section. Each backend
+    subclasses it, narrows ``name`` to a literal and implements :meth:`apply`.
+
+    What varies per strategy is declared here, on the strategy's own class, so that no code
+    outside the strategy modules needs to know a strategy by its name."""
+
+    name: str
+    # Every strategy but the one-process reference runs inside a process group, a one-rank group included.
+    needs_process_group: ClassVar[bool] = True
+    # The one-process reference every other strategy is compared with (analysis uses it as the
+    # baseline of strategies that never ran on one rank).
+    reference: ClassVar[bool] = False
+    # The launcher a sweep starts this strategy with; None: the study's launcher.
+    preferred_launcher: ClassVar[str | None] = None
+    # measurement.comm_probe values this strategy supports besides ``none``.
+    probes: ClassVar[frozenset[str]] = frozenset()
+
+    def label(self) -> str:
+        """The strategy's short name in records, tables, plots and projections: the name plus
+        what its options make of it (``zero3_offload``, ``fsdp1_grad_op``). Shipped presets are
+        named by their label."""
+        return self.name
+
+    def resolved(self) -> StrategyConfig:
+        """These options as the backend will run them, where a native config file can decide
+        some of them (DeepSpeed's JSON): what the run's record and config.yaml store."""
+        return self
+
+    def launch_config(self) -> str | None:
+        """The launcher config file this strategy is meant to run under, where it has one."""
+        return None
+
+    def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
+        """Refuse, before any process starts, what cannot run on ``device_type`` (``cpu`` or
+        ``cuda``) at ``world_size``; raise :class:`ConfigError` naming the option and the fix."""
+
+    def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
+        """Wrap ``model`` (already on ``env.device``, same initial state on every rank) and
+        build its optimizer."""
+        raise NotImplementedError

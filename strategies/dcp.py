@@ -3,6 +3,7 @@ its own shards, the format FSDP1 and FSDP2 are meant to be saved in."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import torch
@@ -46,3 +47,12 @@ class ShardedCheckpoints:
 
     def load(self, directory: Path) -> None:
         load_dcp(self.model, self.optimizer, directory)
+
+    @staticmethod
+    def consolidate(directory: Path) -> dict[str, torch.Tensor]:
+        """Merge the shards with torch.distributed.checkpoint's own converter."""
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp_to_torch_save(directory, Path(tmp) / "full.pt")
+            return torch.load(Path(tmp) / "full.pt", map_location="cpu", weights_only=False)["model"]

@@ -4,25 +4,27 @@ all-reduced in buckets during the backward pass, overlapping with it."""
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from strategies.config import TrainingConfig
+from strategies.config import StrategyConfig, TrainingConfig
 from strategies.distributed import DistEnv
-from strategies.engine import AveragingEngine, Engine, StrategyConfig
+from strategies.engine import AveragingEngine, Engine, detached_copy
 from strategies.optim import build_optimizer
 
 
 class DDPEngine(AveragingEngine):
+    kind = "ddp"
+
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext() if enabled else self.model.no_sync()
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self.model.module.state_dict().items()}
+        return detached_copy(self.model.module.state_dict())
 
     @torch.no_grad()
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -33,6 +35,7 @@ class DDPConfig(StrategyConfig):
     """DistributedDataParallel: full replica per rank, bucketed gradient all-reduce."""
 
     name: Literal["ddp"]
+    probes: ClassVar[frozenset[str]] = frozenset({"paper"})  # the published study instrumented DDP
     bucket_cap_mb: float = Field(25.0, gt=0.0, description="gradient bucket size in MiB")
     static_graph: bool = Field(False, description="tell DDP the graph does not change between steps")
     gradient_as_bucket_view: bool = Field(False, description="gradients are views into the buckets (saves a copy)")

@@ -48,6 +48,21 @@ class DistEnv:
     # Set once this process joined a process group: leaving it then needs care (see
     # launchers.cli.common.exit_without_teardown).
     joined_process_group: bool = False
+    # The data-parallel position: which share of every global batch this rank trains on, and
+    # how many shares there are. Under pure data parallelism it is the world position; a backend
+    # that splits one model replica over several ranks (tensor parallel) sets it when it sets up.
+    dp_rank: int | None = None
+    dp_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.dp_rank is None or self.dp_size is None:
+            self.dp_rank, self.dp_size = self.rank, self.world_size
+
+    @property
+    def ranks_per_replica(self) -> int:
+        """Ranks that hold parts of one model replica and see the same samples (1 for pure data
+        parallelism): a sum over all ranks counts each replica's samples and loss this many times."""
+        return self.world_size // self.dp_size
 
     @classmethod
     def from_environ(cls, device: str = "auto") -> "DistEnv":

@@ -1,20 +1,25 @@
 """The one small interface every strategy implements.
 
-A strategy wraps a model and its optimizer into an :class:`Engine`. The training loop only
-calls what is defined here, so it never needs to know which backend is underneath:
+A strategy wraps a model and its optimizer into an :class:`Engine`, which owns the step. The
+training loop only calls what is defined here, so it never needs to know which backend is
+underneath:
 
-    for i, (x, y) in enumerate(micro_batches):
-        with engine.gradient_sync(i == last):
-            engine.backward(loss_fn(engine.model(x), y))
+    loss_share = engine.forward_backward(rank_micro_batches, task.loss_sum, global_batch_size)
     engine.step()
+    ...
+    sums = engine.evaluate(test_chunks, task.metric_sums)
+
+The defaults are plain data parallelism: every rank runs the whole model on its own samples.
+A backend that splits the model across ranks (tensor parallel, pipeline schedules) overrides
+:meth:`Engine.forward_backward` and :meth:`Engine.evaluate` and tells :class:`DistEnv` how
+many data-parallel replicas there are; the loop stays as it is.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -22,8 +27,19 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from analysis.schema import ModelStateBytes
-from strategies.config import Section, TrainingConfig
+from strategies.config import TrainingConfig
 from strategies.distributed import DistEnv
+
+
+Batch = tuple[torch.Tensor, torch.Tensor]  # inputs and targets of one micro-batch
+# A task's loss summed over a batch's samples, or its additive test statistics.
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+MetricFn = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
+
+
+def detached_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict's tensors, detached and copied (gathered or not, they outlive the call)."""
+    return {k: v.detach().clone() for k, v in state.items()}
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -58,6 +74,9 @@ class Engine:
 
     # How :meth:`save` writes (see strategies/checkpoint.py and `kanscale export`).
     checkpoint_format = "torch"
+    # Which backend this engine drives, in the strategies' vocabulary (an Accelerate run is
+    # labelled by the engine Accelerate chose: accelerate_ddp, accelerate_zero2, ...).
+    kind = "single"
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig) -> None:
         self.model = model
@@ -67,11 +86,38 @@ class Engine:
         # update frees them: the loop arms the count, the engine takes it at that point.
         self.count_state_next_step = False
         self.counted_state: ModelStateBytes | None = None
+        # What the run is called when only the running backend knows (Accelerate picks its
+        # backend from the launch config); None: the strategy config's label.
+        self.label: str | None = None
 
     def _count_state_if_armed(self) -> None:
         if self.count_state_next_step:
             self.counted_state = self.model_state_bytes()
             self.count_state_next_step = False
+
+    def forward_backward(self, batches: Sequence[Batch], loss_sum: LossFn, n_global: int) -> torch.Tensor:
+        """Accumulate the gradient of the global batch's mean loss over this rank's micro-batches
+        (``n_global`` samples in the whole step, over every rank); return this rank's share of
+        that loss, detached. Summed over the ranks, the shares are the global mean."""
+        total = torch.zeros((), device=batches[0][0].device, dtype=batches[0][0].dtype)
+        for i, (x, y) in enumerate(batches):
+            with self.gradient_sync(i == len(batches) - 1):
+                loss = loss_sum(self.model(x), y) / n_global
+                self.backward(loss)
+            total += loss.detach()
+        return total
+
+    @torch.no_grad()
+    def evaluate(self, batches: Iterable[Batch], metric_sums: MetricFn) -> dict[str, torch.Tensor]:
+        """This rank's additive test statistics over ``batches``, in evaluation mode. Every rank
+        is given the same number of batches: sharded backends gather parameters in each forward."""
+        self.model.eval()
+        sums: dict[str, torch.Tensor] = {}
+        for x, y in batches:
+            for name, value in metric_sums(self.model(x), y).items():
+                sums[name] = sums[name] + value if name in sums else value
+        self.model.train()
+        return sums
 
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         """Context for one micro-step; ``enabled`` is False for all but the last micro-step of a
@@ -109,7 +155,7 @@ class Engine:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state as a plain state dict with the unwrapped model's keys, on
         every rank. Sharded engines gather it, so every rank must call this together."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return detached_copy(self.model.state_dict())
 
     @torch.no_grad()
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -122,6 +168,12 @@ class Engine:
         default: rank 0 writes one ``torch.save`` file; every rank holds the same state."""
         if is_rank0():
             torch.save({"model": self.full_state_dict(), "optimizer": self.optimizer.state_dict()}, directory / "state.pt")
+
+    @staticmethod
+    def consolidate(directory: Path) -> dict[str, torch.Tensor]:
+        """The whole model's state dict from a checkpoint this class wrote, in one process
+        without a process group (``kanscale export``)."""
+        return torch.load(directory / "state.pt", map_location="cpu")["model"]
 
     def load(self, directory: Path) -> None:
         state = torch.load(directory / "state.pt", map_location=next(self.model.parameters()).device)
@@ -148,21 +200,3 @@ class AveragingEngine(Engine):
 
     def backward(self, loss: torch.Tensor) -> None:
         (loss * self.world_size).backward()
-
-
-class StrategyConfig(Section):
-    """A strategy's options, validated from the experiment's ``strategy`` section. Each backend
-    subclasses it, narrows ``name`` to a literal and implements :meth:`apply`."""
-
-    name: str
-    # Every strategy but ``single`` runs inside a process group, a one-rank group included.
-    needs_process_group: ClassVar[bool] = True
-
-    def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
-        """Refuse, before any process starts, what cannot run on ``device_type`` (``cpu`` or
-        ``cuda``) at ``world_size``; raise :class:`ConfigError` naming the option and the fix."""
-
-    def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
-        """Wrap ``model`` (already on ``env.device``, same initial state on every rank) and
-        build its optimizer."""
-        raise NotImplementedError

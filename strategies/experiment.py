@@ -41,8 +41,17 @@ class ExperimentConfig(Section):
             raise ValueError(
                 f"model.widths starts with {self.model.widths[0]} inputs but task {self.task.name} has "
                 f"{self.task.input_dim}; set model.widths[0] to {self.task.input_dim}")
-        if self.model.widths[-1] != 1:
-            raise ValueError(f"model.widths must end with 1 output for a scalar regression task, got {self.model.widths[-1]}")
+        if self.model.widths[-1] != self.task.output_dim:
+            raise ValueError(f"model.widths ends with {self.model.widths[-1]} outputs but task {self.task.name} has "
+                             f"{self.task.output_dim}; set model.widths[-1] to {self.task.output_dim}")
+        return self
+
+    @model_validator(mode="after")
+    def _strategy_as_it_runs(self) -> "ExperimentConfig":
+        # A native backend file may decide options the strategy section leaves out (the zero3
+        # preset's stage lives in its DeepSpeed JSON); fill them in, so that config.yaml and the
+        # run record say what runs.
+        self.strategy = self.strategy.resolved()
         return self
 
     def resolved(self) -> dict[str, Any]:

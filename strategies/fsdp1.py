@@ -13,14 +13,16 @@ from torch.distributed.fsdp import CPUOffload, FullStateDictConfig, ShardingStra
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from kanscale.errors import ConfigError
-from strategies.config import TrainingConfig
+from strategies.config import StrategyConfig, TrainingConfig
 from strategies.distributed import DistEnv
 from strategies.dcp import ShardedCheckpoints
-from strategies.engine import AveragingEngine, Engine, StrategyConfig, frozen_parameters
+from strategies.engine import AveragingEngine, Engine, detached_copy, frozen_parameters
 from strategies.optim import build_optimizer
 
 
 class FSDP1Engine(ShardedCheckpoints, AveragingEngine):
+    kind = "fsdp1"
+
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext() if enabled else self.model.no_sync()
 
@@ -33,7 +35,7 @@ class FSDP1Engine(ShardedCheckpoints, AveragingEngine):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         with self._full_state():
-            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            return detached_copy(self.model.state_dict())
 
     @torch.no_grad()
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -52,6 +54,10 @@ class FSDP1Config(StrategyConfig):
     forward_prefetch: bool = Field(False, description="prefetch the next layer's all-gather in forward")
     use_orig_params: bool = Field(True, description="expose the original parameters (needed when a layer mixes "
                                                     "trainable and frozen tensors, as pykan's layers do)")
+
+    def label(self) -> str:
+        suffix = {"FULL_SHARD": "", "SHARD_GRAD_OP": "_grad_op", "NO_SHARD": "_no_shard", "HYBRID_SHARD": "_hybrid"}
+        return "fsdp1" + suffix[self.sharding_strategy]
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         if self.sharding_strategy == "HYBRID_SHARD" and device_type != "cuda":

@@ -15,10 +15,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from torch.distributed.tensor import DTensor, Shard
 
 from kanscale.errors import ConfigError
-from strategies.config import TrainingConfig
+from strategies.config import StrategyConfig, TrainingConfig
 from strategies.distributed import DistEnv
 from strategies.dcp import ShardedCheckpoints
-from strategies.engine import AveragingEngine, Engine, StrategyConfig, frozen_parameters
+from strategies.engine import AveragingEngine, Engine, detached_copy, frozen_parameters
 from strategies.optim import build_optimizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -31,14 +31,15 @@ def shard_largest_dim(param: nn.Parameter) -> Shard:
 
 
 class FSDP2Engine(ShardedCheckpoints, AveragingEngine):
+    kind = "fsdp2"
+
     @contextlib.contextmanager
     def gradient_sync(self, enabled: bool):
         self.model.set_requires_gradient_sync(enabled)
         yield
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
-                for k, v in self.model.state_dict().items()}
+        return detached_copy({k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in self.model.state_dict().items()})
 
     @torch.no_grad()
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -54,6 +55,9 @@ class FSDP2Config(StrategyConfig):
     param_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(None, description="mixed precision: dtype of gathered parameters for compute; null = training.dtype")
     reduce_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(None, description="mixed precision: dtype of the gradient reduce-scatter; null = param_dtype")
     shard_largest_dim: bool = Field(True, description="shard each parameter along its longest dimension instead of dim 0")
+
+    def label(self) -> str:
+        return "fsdp2" if self.reshard_after_forward else "fsdp2_keep"
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         if self.cpu_offload and device_type != "cuda":

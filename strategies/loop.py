@@ -29,45 +29,22 @@ from kan_models import build_model, count_parameters
 from kan_models.compile import compile_model
 from strategies.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from kanscale.errors import ConfigError
-from strategies.data import BatchPlan, rank_micro_batches
+from strategies.data import rank_micro_batches
+from strategies.preflight import preflight
 from strategies.distributed import DistEnv
-from strategies.engine import Engine
+from strategies.engine import Batch, Engine
 from strategies.experiment import ExperimentConfig, dump_yaml
 from strategies.failures import (
     FailureReport, check_finite, inject_fault, raise_on_sigterm, read_reports, root_cause, write_report,
 )
 from strategies.measure import reset_peak_rss
 from strategies.optim import build_optimizer
-from strategies.paper_probe import PaperProbe
+from strategies.probes import build_probe
 from strategies.progress import Progress
 from strategies.recording import (
     StepSample, batch_info, combine_steps, initial_record, new_run_id, now_iso, results,
 )
 
-Batches = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-def preflight(cfg: ExperimentConfig, device_type: str, world_size: int) -> BatchPlan:
-    """Every problem that can be found before a process starts: the strategy's own checks, the
-    batch split at this world size, the step count, the output directory, files it needs."""
-    if device_type == "cuda" and not torch.cuda.is_available() and cfg.runtime.device == "cuda":
-        raise ConfigError("runtime.device: cuda was asked for but this machine has no CUDA device; set runtime.device=cpu or auto")
-    cfg.strategy.preflight(cfg.training, device_type, world_size)
-    t = cfg.training
-    plan = BatchPlan(cfg.task.n_train, t.micro_batch_for(world_size) * t.grad_accum * world_size, t.seed, t.epochs, t.steps)
-    if plan.total_steps <= t.warmup_steps:
-        raise ConfigError(
-            f"training.warmup_steps: {t.warmup_steps} warm-up steps leave none of the {plan.total_steps} steps to time; "
-            "lower warmup_steps or train longer (training.epochs / training.steps)")
-    if cfg.measurement.comm_probe == "paper" and cfg.strategy.name != "ddp":
-        raise ConfigError(f"measurement.comm_probe: the paper probe reproduces the published DDP instrumentation and needs "
-                          f"strategy ddp, not {cfg.strategy.name}; set measurement.comm_probe=none")
-    if t.init_from is not None and not Path(t.init_from).is_file():
-        raise ConfigError(f"training.init_from: {t.init_from} does not exist; give a file written by kanscale export")
-    out = Path(cfg.output.dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"output.dir: {out} is a file; give a directory for the run records")
-    return plan
 
 
 def load_exported(path: str, cfg: ExperimentConfig) -> dict[str, torch.Tensor]:
@@ -123,7 +100,7 @@ class Trainer:
         self.combined: list[StepRecord] = []  # the run's steps, from before a resume too
         self.compute_s = 0.0
         self.checkpoint: Checkpoint | None = None
-        self.paper_probe = PaperProbe(env) if cfg.measurement.comm_probe == "paper" else None
+        self.probe = build_probe(cfg.measurement.comm_probe, env)
         if resume is None:
             self.run_dir = Path(cfg.output.dir) / env.broadcast_string(new_run_id(cfg, env.world_size))
             self.record = initial_record(cfg, env, self.run_dir.name, self.params, self._batch_info(0))
@@ -171,21 +148,21 @@ class Trainer:
             self.compile_s = self._compile(self.model) if self.cfg.model.compile else None
             self.compute_s = self._measure_compute_baseline()
             self.engine: Engine = self.cfg.strategy.apply(self.model, self.cfg.training, self.env)
-            self.record = self.record.model_copy(update={"strategy": self.record.strategy.model_copy(
-                update={"distributed_type": self.engine.distributed_type(), "backend_config": self.engine.backend_config()})})
+            self.record = self.record.model_copy(update={"strategy": self.record.strategy.model_copy(update={
+                "label": self.engine.label or self.record.strategy.label,
+                "distributed_type": self.engine.distributed_type(), "backend_config": self.engine.backend_config()})})
             if self.checkpoint is not None:
                 load_checkpoint(self.engine, self.env, self.checkpoint)
             self._train()
-            test_mse = self._evaluate()
+            test_metrics = self._evaluate()
             state = self.engine.counted_state or self.engine.model_state_bytes()
             own = [s for n, s in enumerate(self.samples, start=self.start_step) if n >= self.cfg.training.warmup_steps]
             measured = results(self.env, self.combined, own, self.compute_s, state, self.cfg.measurement.baseline_steps,
                                self.cfg.measurement.comm_probe)
             measured["timings"] = measured["timings"].model_copy(update={"compile_s": self.compile_s})
-            if self.paper_probe is not None:
-                measured["measurement"] = measured["measurement"].model_copy(
-                    update={"paper_probe_overhead": self.paper_probe.overhead()})
-            self.record = self.record.model_copy(update={**measured, "test_mse": test_mse,
+            if self.probe is not None:
+                measured["measurement"] = measured["measurement"].model_copy(update=self.probe.results())
+            self.record = self.record.model_copy(update={**measured, "test_metrics": test_metrics,
                                                          "batch": self._batch_info(self.steps_done)})
         except BaseException as exc:
             self._fail(exc)
@@ -195,11 +172,11 @@ class Trainer:
         self._write()
         return self.record
 
-    def _local_batches(self, indices: torch.Tensor) -> Batches:
-        """This rank's micro-batches of one global batch."""
+    def _local_batches(self, indices: torch.Tensor) -> list[Batch]:
+        """This rank's micro-batches of one global batch (its data-parallel share)."""
         env, t = self.env, self.cfg.training
         return [(self.data.x_train[i], self.data.y_train[i])
-                for i in rank_micro_batches(indices, t.grad_accum, env.world_size, env.rank)]
+                for i in rank_micro_batches(indices, t.grad_accum, env.dp_size, env.dp_rank)]
 
     def _compile(self, model: torch.nn.Module) -> float:
         """Compile the (unwrapped) model in place on a batch of the training shape; returns the
@@ -227,7 +204,7 @@ class Trainer:
             indices = self.plan.global_indices(i % self.plan.total_steps)
             start = time.perf_counter()
             for x, y in self._local_batches(indices):
-                ((replica(x) - y).pow(2).sum() / len(indices)).backward()
+                (self.cfg.task.loss_sum(replica(x), y) / len(indices)).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if self.env.device.type == "cuda":
@@ -248,7 +225,7 @@ class Trainer:
                 self._flush_steps()
             if checkpoint_due:
                 save_checkpoint(self.engine, env, self.run_dir, self.steps_done,
-                                {"run_id": self.run_dir.name, "config": self.cfg.resolved(), "strategy": self.cfg.strategy.name},
+                                {"run_id": self.run_dir.name, "config": self.cfg.resolved(), "strategy": self.record.strategy.label},
                                 keep=t.keep_checkpoints)
         self._flush_steps()
 
@@ -268,27 +245,15 @@ class Trainer:
         if self._grid_update_due(step):
             self._update_grid(indices)
         engine.count_state_next_step = step == self.plan.total_steps - 1
-        loss_share = self._forward_backward(batches, n_global=len(indices))
+        loss_share = float(engine.forward_backward(batches, self.cfg.task.loss_sum, n_global=len(indices)))
         check_finite(loss_share, step + 1)
-        if self.paper_probe is not None and self.paper_probe.due(step):
-            self.paper_probe.probe(engine.model, batches[0][0])
+        if self.probe is not None:
+            self.probe.after_backward(engine, batches, step)
         engine.step()
         env.synchronize()
         elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu_start
         return StepSample(loss_share=loss_share, time_s=elapsed, data_s=data_s, cpu_s=cpu,
                           samples=sum(len(x) for x, _ in batches))
-
-    def _forward_backward(self, batches: Batches, n_global: int) -> float:
-        """Accumulate the gradient of the global-batch mean squared error; return this rank's
-        share of that loss."""
-        engine = self.engine
-        total = torch.zeros((), device=self.env.device, dtype=self.dtype)
-        for i, (x, y) in enumerate(batches):
-            with engine.gradient_sync(i == len(batches) - 1):
-                loss = (engine.model(x) - y).pow(2).sum() / n_global
-                engine.backward(loss)
-            total += loss.detach()
-        return float(total)
 
     @torch.no_grad()
     def _update_grid(self, indices: torch.Tensor) -> None:
@@ -317,21 +282,19 @@ class Trainer:
         last = records[-1]
         self.progress.update(self.steps_done, loss=last.loss, samples_per_s=last.samples / max(last.time_s_max, 1e-12))
 
-    @torch.no_grad()
-    def _evaluate(self) -> float:
-        """Test MSE of the trained model, each rank evaluating a shard. Every rank runs the same
-        number of forward passes, which sharded strategies need."""
-        env, model = self.env, self.engine.model
+    def _evaluate(self) -> dict[str, float]:
+        """The task's test metrics of the trained model, each data-parallel rank evaluating a
+        shard. Every rank runs the same number of forward passes, which sharded strategies need."""
+        env, task = self.env, self.cfg.task
         n_test = self.data.x_test.shape[0]
-        shard = torch.arange(n_test).tensor_split(env.world_size)[env.rank]
+        shard = torch.arange(n_test).tensor_split(env.dp_size)[env.dp_rank]
         chunk = max(self.micro_batch, 1024)
-        n_chunks = max(1, math.ceil(math.ceil(n_test / env.world_size) / chunk))
-        model.eval()
-        sse = torch.zeros((), dtype=torch.float64, device=env.device)
-        for idx in shard.tensor_split(n_chunks):
-            sse += (model(self.data.x_test[idx]) - self.data.y_test[idx]).pow(2).sum().double()
-        model.train()
-        return float(env.all_reduce(sse, "sum")) / n_test
+        n_chunks = max(1, math.ceil(math.ceil(n_test / env.dp_size) / chunk))
+        sums = self.engine.evaluate(((self.data.x_test[i], self.data.y_test[i]) for i in shard.tensor_split(n_chunks)),
+                                    task.metric_sums)
+        names = sorted(sums)
+        totals = env.all_reduce(torch.stack([sums[n].double() for n in names]), "sum") / env.ranks_per_replica
+        return task.metrics(dict(zip(names, totals.cpu().tolist())), n_test)
 
     def _fail(self, exc: BaseException) -> None:
         """Report this rank's failure and rewrite the record from every rank's reports so far

@@ -1,4 +1,5 @@
-"""Turning one run's configuration and measurements into its run record (metrics schema v1)."""
+"""Turning one run's configuration and measurements into its run record (the metrics schema in
+analysis/schema.py)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def now_iso() -> str:
 
 def new_run_id(cfg: ExperimentConfig, world_size: int) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return f"{cfg.name}-{cfg.strategy.name}-p{world_size}-{stamp}-{secrets.token_hex(2)}"
+    return f"{cfg.name}-{cfg.strategy.label()}-p{world_size}-{stamp}-{secrets.token_hex(2)}"
 
 
 def batch_info(cfg: ExperimentConfig, plan: BatchPlan, micro_batch: int, steps_done: int) -> BatchInfo:
@@ -53,7 +54,8 @@ def initial_record(cfg: ExperimentConfig, env: DistEnv, run_id: str, params: Par
     return RunRecord(
         run_id=run_id, name=cfg.name, status="incomplete", study=cfg.study, config_digest=cfg.digest(),
         started_at=now_iso(), seed=cfg.training.seed,
-        strategy=StrategyInfo(name=cfg.strategy.name, options=cfg.strategy.model_dump(mode="json", exclude={"name"})),
+        strategy=StrategyInfo(name=cfg.strategy.name, label=cfg.strategy.label(), reference=cfg.strategy.reference,
+                              options=cfg.strategy.model_dump(mode="json", exclude={"name"})),
         model=ModelInfo(family=cfg.model.family, widths=cfg.model.widths, grid=model_options.get("grid"),
                         order=model_options.get("k", model_options.get("degree")), options=model_options,
                         params_trainable=params.trainable, params_total=params.total),
@@ -68,15 +70,18 @@ def initial_record(cfg: ExperimentConfig, env: DistEnv, run_id: str, params: Par
 def combine_steps(env: DistEnv, first_step: int, samples: list[StepSample], compute_s: float,
                   warmup_steps: int) -> list[StepRecord]:
     """Step records from every rank's samples of steps ``first_step + 1 ...`` (a collective).
-    A step's exposed communication on a rank is its time beyond data and compute."""
+    A step's exposed communication on a rank is its time beyond data and compute. Losses and
+    samples are summed over the data-parallel replicas: the ranks within one replica (tensor
+    parallel) hold the same ones."""
     comm = [max(0.0, s.time_s - s.data_s - compute_s) for s in samples]
     summed = env.all_reduce(torch.tensor([[s.loss_share, s.time_s, c, s.samples] for s, c in zip(samples, comm)],
                                          dtype=torch.float64, device=env.device), "sum").cpu().tolist()
     maxed = env.all_reduce(torch.tensor([[s.time_s, c] for s, c in zip(samples, comm)], dtype=torch.float64,
                                         device=env.device), "max").cpu().tolist()
-    world = env.world_size
-    return [StepRecord(step=first_step + n + 1, loss=s[0], time_s_max=m[0], time_s_mean=s[1] / world, comm_s_max=m[1],
-                       comm_s_mean=s[2] / world, samples=int(s[3]), timed=first_step + n >= warmup_steps)
+    world, per_replica = env.world_size, env.ranks_per_replica
+    return [StepRecord(step=first_step + n + 1, loss=s[0] / per_replica, time_s_max=m[0], time_s_mean=s[1] / world,
+                       comm_s_max=m[1], comm_s_mean=s[2] / world, samples=round(s[3] / per_replica),
+                       timed=first_step + n >= warmup_steps)
             for n, (s, m) in enumerate(zip(summed, maxed))]
 
 

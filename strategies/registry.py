@@ -1,19 +1,30 @@
 """The strategies' one registry: name -> config class. A new strategy is one module plus one
-line here plus one config file."""
+line here plus one preset file in configs/strategies/ (named by the strategy's label)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Union
 
+import torch
 from pydantic import Field
 
+from strategies.accelerate import AccelerateConfig
+from strategies.config import StrategyConfig
 from strategies.ddp import DDPConfig
-from strategies.engine import StrategyConfig
+from strategies.dcp import ShardedCheckpoints
+from strategies.deepspeed import DeepSpeedConfig, DeepSpeedEngine
+from strategies.engine import Engine
 from strategies.fsdp1 import FSDP1Config
 from strategies.fsdp2 import FSDP2Config
-from strategies.hf_accelerate import AccelerateConfig
 from strategies.single import SingleConfig
-from strategies.zero import DeepSpeedConfig
+
+# checkpoint format -> how to merge a checkpoint of it into one state dict, from the engine
+# classes that write each format
+CHECKPOINT_FORMATS: dict[str, Callable[[Path], dict[str, torch.Tensor]]] = {
+    engine.checkpoint_format: engine.consolidate for engine in (Engine, ShardedCheckpoints, DeepSpeedEngine)
+}
 
 STRATEGIES: dict[str, type[StrategyConfig]] = {
     "single": SingleConfig,

@@ -7,9 +7,9 @@ from typing import ClassVar, Literal
 from torch import nn
 
 from kanscale.errors import ConfigError
-from strategies.config import TrainingConfig
+from strategies.config import StrategyConfig, TrainingConfig
 from strategies.distributed import DistEnv
-from strategies.engine import Engine, StrategyConfig
+from strategies.engine import Engine
 from strategies.optim import build_optimizer
 
 
@@ -18,12 +18,14 @@ class SingleConfig(StrategyConfig):
 
     name: Literal["single"]
     needs_process_group: ClassVar[bool] = False
+    reference: ClassVar[bool] = True
+    preferred_launcher: ClassVar[str | None] = "none"
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         if world_size > 1:
             raise ConfigError(
                 f"strategy.name: single trains in one process but {world_size} ranks were launched; "
-                "launch one process or choose a distributed strategy (ddp, fsdp1, fsdp2, deepspeed, accelerate)")
+                "launch one process or choose a distributed strategy (kanscale train --help lists the presets)")
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
         return Engine(model, build_optimizer(model.parameters(), training), training)

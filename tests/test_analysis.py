@@ -184,7 +184,7 @@ def test_the_study_probes_cost_is_measured_within_each_run(tmp_path):
                                                 time_s_mean=0.1, comm_s_max=0, comm_s_mean=0, samples=1024, timed=n > 2)
                                      for n in range(1, 21)])
     d = derive(load_runs(tmp_path)[0])
-    assert d.loc[0, "strategy_label"] == "ddp+paper-probe"
+    assert d.loc[0, "strategy_label"] == "ddp+paper_probe"
     table = probe_costs(d)
     row = table.data.iloc[0]
     assert row["probe_share"] == pytest.approx(0.25) and row["throughput_loss"] == pytest.approx(0.2)

@@ -26,7 +26,7 @@ def test_train_prints_a_summary_and_writes_a_valid_record(tmp_path, capsys):
     out = capsys.readouterr()
     record = read_summary(only_run(tmp_path))
     assert record.status == "ok" and record.strategy.name == "single"
-    for text in ("bspline [2, 16, 1]", "samples/s", "test MSE", "summary.json", record.run_id):
+    for text in ("bspline [2, 16, 1]", "samples/s", "test mse", "summary.json", record.run_id):
         assert text in out.out
     assert "[kanscale] step" in out.err  # compact log lines when not on a terminal
     assert record.final_loss < read_steps(only_run(tmp_path))[0].loss

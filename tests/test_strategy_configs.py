@@ -15,10 +15,10 @@ from kan_models import build_model, parse_model_config
 from kanscale.errors import ConfigError
 from strategies.config import TrainingConfig
 from strategies.experiment import load_experiment
-from strategies.hf_accelerate import AccelerateConfig, launch_config_conflicts
-from strategies.loop import preflight
+from strategies.accelerate import AccelerateConfig, launch_config_conflicts
+from strategies.preflight import preflight
 from strategies.registry import STRATEGIES
-from strategies.zero import DeepSpeedConfig, fill_training_keys
+from strategies.deepspeed import DeepSpeedConfig, fill_training_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs/experiments/quickstart.yaml"
@@ -97,14 +97,27 @@ def test_zero_stage_4_and_unknown_strategy_options():
     (["strategy.name=single"], 2, "strategy.name: single trains in one process but 2 ranks"),
     (["training.micro_batch=null", "training.global_batch=1000", "strategy.name=ddp"], 3,
      "training.global_batch: 1000 samples cannot be split evenly over grad_accum (1) x world size (3)"),
-    (["strategy.name=deepspeed", "strategy.config=missing.json"], 2, "strategy.config: DeepSpeed config missing.json does not exist"),
-    (["strategy.name=fsdp2", "measurement.comm_probe=paper"], 2, "measurement.comm_probe: the paper probe reproduces the published DDP"),
+    (["strategy.name=fsdp2", "measurement.comm_probe=paper"], 2, "measurement.comm_probe: strategy fsdp2 does not support the paper probe"),
 ])
 def test_preflight_refuses_what_cannot_run_here(overrides, world, message):
     cfg = load_experiment(QUICKSTART, overrides)
     with pytest.raises(ConfigError) as err:
         preflight(cfg, "cpu", world)
     assert message in str(err.value)
+
+
+def test_a_missing_native_file_is_refused_when_the_experiment_loads():
+    with pytest.raises(ConfigError, match="strategy.config: DeepSpeed config missing.json does not exist"):
+        load_experiment(QUICKSTART, ["strategy.name=deepspeed", "strategy.config=missing.json"])
+
+
+@pytest.mark.parametrize("preset,stage,offload", [("zero0", 0, False), ("zero2", 2, False), ("zero3", 3, False),
+                                                  ("zero3_offload", 3, True)])
+def test_the_options_say_what_the_native_file_decides(preset, stage, offload):
+    """The zero3 preset names only its DeepSpeed JSON; the experiment still says stage 3."""
+    strategy = load_experiment(QUICKSTART, strategy=preset).strategy
+    assert (strategy.zero_stage, strategy.offload_optimizer) == (stage, offload)
+    assert strategy.resolve(TrainingConfig(), 2)["zero_optimization"]["stage"] == stage
 
 
 def test_every_strategy_preset_validates_and_passes_preflight_on_cpu():

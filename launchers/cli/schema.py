@@ -13,13 +13,15 @@ from launchers.cli.common import common_options
 def register(subcommands: argparse._SubParsersAction) -> None:
     schema = subcommands.add_parser("schema", parents=[common_options()], help="print the metrics schema (JSON Schema of run and step records)")
     schema.add_argument("--out", help="write to this file instead of stdout")
+    schema.add_argument("--schema-version", type=int, choices=[1, 2], default=2,
+                        help="2 (default, what runs write) or 1 (older records, migrated to 2 when read)")
     schema.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
     from analysis.schema import json_schema
 
-    text = json.dumps(json_schema(), indent=2) + "\n"
+    text = json.dumps(json_schema(args.schema_version), indent=2) + "\n"
     if args.out:
         Path(args.out).write_text(text)
         print(f"wrote {args.out}", file=sys.stderr)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 import yaml
@@ -24,14 +24,14 @@ from torch.nn.parallel import DistributedDataParallel
 from analysis.schema import ModelStateBytes
 from kanscale.errors import ConfigError
 from kanscale.files import find_file
-from strategies.config import TrainingConfig
+from strategies.config import StrategyConfig, TrainingConfig
 from strategies.ddp import DDPEngine
 from strategies.distributed import DistEnv
-from strategies.engine import Engine, StrategyConfig
+from strategies.engine import Engine
 from strategies.fsdp1 import FSDP1Engine
 from strategies.fsdp2 import FSDP2Engine
 from strategies.optim import build_optimizer
-from strategies.zero import DeepSpeedEngine, fill_training_keys, suite_owned_flags
+from strategies.deepspeed import DeepSpeedEngine, fill_training_keys, prepare_import, suite_owned_flags
 
 GPU_ONLY_MESSAGE = "accelerate + FSDP needs CUDA devices here (Accelerate's FSDP plugin does not run on CPUs); use strategy fsdp2 or fsdp1 on CPU"
 
@@ -67,9 +67,13 @@ class AccelerateConfig(StrategyConfig):
     """Hugging Face Accelerate; the distributed type comes from the accelerate launch config."""
 
     name: Literal["accelerate"]
+    preferred_launcher: ClassVar[str | None] = "accelerate"
     config_file: str | None = Field(
         None, description="the accelerate launch config this experiment is meant to run under (configs/accelerate/*.yaml); "
                           "checked against the experiment before launch")
+
+    def launch_config(self) -> str | None:
+        return self.config_file
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         if self.config_file is None:
@@ -90,8 +94,8 @@ class AccelerateConfig(StrategyConfig):
         plugin = requested_plugin()
         if plugin == "FSDP" and env.device.type != "cuda":
             raise ConfigError(GPU_ONLY_MESSAGE)
-        if plugin == "DEEPSPEED" and env.device.type == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        if plugin == "DEEPSPEED":
+            prepare_import(env.device.type)
         accelerator = Accelerator(
             # On CPUs, cpu=True gives multi-CPU DDP, but it would also switch the DeepSpeed plugin off.
             cpu=env.device.type == "cpu" and plugin != "DEEPSPEED",
@@ -136,6 +140,8 @@ class AccelerateEngine(Engine):
     def __init__(self, accelerator: Any, inner: Engine, optimizer: Any, training: TrainingConfig, world_size: int) -> None:
         super().__init__(inner.model, optimizer, training)
         self.accelerator, self.inner, self.world_size = accelerator, inner, world_size
+        self.kind = f"accelerate_{inner.kind}"
+        self.label = self.kind
         if isinstance(inner, DeepSpeedEngine):
             self._count_state_inside_deepspeed_step(inner.ds)
 

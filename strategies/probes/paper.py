@@ -18,20 +18,25 @@ import torch.distributed as dist
 from torch import nn
 
 from strategies.distributed import DistEnv
+from strategies.engine import Batch, Engine
+from strategies.probes.probe import StepProbe
 
 
-class PaperProbe:
+class PaperProbe(StepProbe):
+    """Declared by the strategies that support it (``probes`` on their config class): DDP."""
+
     def __init__(self, env: DistEnv) -> None:
         self.env = env
         self.fractions: list[float] = []
 
-    def due(self, step: int) -> bool:
-        """Every second batch (the 2nd, 4th, ...), with more than one rank."""
-        return self.env.world_size > 1 and step % 2 == 1
+    def after_backward(self, engine: Engine, batches: list[Batch], step: int) -> None:
+        """Every second batch (the 2nd, 4th, ...), with more than one rank: the study's
+        instrumentation on the DDP-wrapped model with this rank's first micro-batch."""
+        if self.env.world_size > 1 and step % 2 == 1:
+            self.probe(engine.model.module, batches[0][0])
 
-    def probe(self, model: nn.Module, x: torch.Tensor) -> None:
-        """Run the study's instrumentation on ``model`` (DDP) with this rank's batch ``x``."""
-        module = getattr(model, "module", model)  # the forwards run outside DDP's hooks
+    def probe(self, module: nn.Module, x: torch.Tensor) -> None:
+        """Run the study's instrumentation on the unwrapped ``module``: its forwards run outside DDP's hooks."""
         start = time.perf_counter()
         with torch.no_grad():
             module(x)
@@ -50,9 +55,9 @@ class PaperProbe:
         if self.env.device.type == "cuda":
             torch.cuda.synchronize(self.env.device)
 
-    def overhead(self) -> float | None:
+    def results(self) -> dict[str, float | None]:
         """The study's number: the mean of (t2 - t1) / t2 over the probed batches, over ranks."""
         if not self.fractions:
-            return None
+            return {"paper_probe_overhead": None}
         local = torch.tensor([sum(self.fractions) / len(self.fractions)], dtype=torch.float64, device=self.env.device)
-        return float(self.env.all_reduce(local, "sum")) / self.env.world_size
+        return {"paper_probe_overhead": float(self.env.all_reduce(local, "sum")) / self.env.world_size}

@@ -24,10 +24,10 @@ from torch import nn
 
 from analysis.schema import ModelStateBytes
 from kanscale.errors import ConfigError
-from kanscale.files import find_file
-from strategies.config import TrainingConfig
+from kanscale.files import find_file, read_mapping
+from strategies.config import StrategyConfig, TrainingConfig
 from strategies.distributed import DistEnv
-from strategies.engine import Engine, StrategyConfig, optimizer_state_tensors, tensor_bytes
+from strategies.engine import Engine, detached_copy, optimizer_state_tensors, tensor_bytes
 from strategies.optim import build_optimizer
 
 # strategy option -> its place in DeepSpeed's config (a path of keys)
@@ -43,6 +43,24 @@ OPTION_KEYS: dict[str, tuple[str, ...]] = {
 }
 # blocks the suite owns because it passes its own optimizer object
 FORBIDDEN_BLOCKS = {"optimizer": "training.optimizer", "scheduler": "training (the suite uses a constant learning rate)"}
+
+
+def accelerator_env(device_type: str) -> dict[str, str]:
+    """The environment DeepSpeed needs in a process on ``device_type``: it picks its accelerator
+    when it is first imported, and without GPUs it must be told to use the CPU. Every place that
+    starts or becomes a DeepSpeed process (the deepspeed launcher, this backend, Accelerate's
+    DeepSpeed plugin) takes it from here."""
+    return {"DS_ACCELERATOR": "cpu"} if device_type == "cpu" else {}
+
+
+def prepare_import(device_type: str) -> None:
+    """Set :func:`accelerator_env` in this process (where not already set), before deepspeed is imported."""
+    for key, value in accelerator_env(device_type).items():
+        os.environ.setdefault(key, value)
+
+
+def zero_label(stage: int, offloaded: bool) -> str:
+    return f"zero{stage}" + ("_offload" if offloaded else "")
 
 
 def get_path(tree: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -110,14 +128,25 @@ class DeepSpeedConfig(StrategyConfig):
     def native(self) -> dict[str, Any]:
         if self.config is None:
             return {}
-        path = find_file(self.config, "strategy.config", "DeepSpeed config")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as err:
-            raise ConfigError(f"strategy.config: {path} is not valid JSON ({err.msg} at line {err.lineno})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"strategy.config: {path} must hold a JSON object")
-        return data
+        return read_mapping(find_file(self.config, "strategy.config", "DeepSpeed config"), "strategy.config",
+                            what="a JSON object")
+
+    def resolved(self) -> "DeepSpeedConfig":
+        """These options with what the native file sets filled in, so that what the run records
+        is what DeepSpeed runs (a ``zero3`` preset records ``zero_stage: 3``). Where the file and
+        an option given in the strategy section disagree, :meth:`resolve` refuses the run."""
+        native = self.native()
+        from_file = {option: self._from_native(option, get_path(native, path)) for option, path in OPTION_KEYS.items()
+                     if option not in self.model_fields_set and get_path(native, path) not in (None, "auto")}
+        return type(self).model_validate({**self.model_dump(exclude_unset=True), "name": self.name, **from_file})
+
+    @staticmethod
+    def _from_native(option: str, value: Any) -> Any:
+        """A native file's value in the option's terms (offload devices are on/off here)."""
+        return value not in ("none", None) if option.startswith("offload_") else value
+
+    def label(self) -> str:
+        return zero_label(self.zero_stage, self.offload_optimizer or self.offload_param)
 
     def option_values(self) -> dict[str, Any]:
         """The strategy options in DeepSpeed's terms."""
@@ -134,9 +163,9 @@ class DeepSpeedConfig(StrategyConfig):
         for option, value in self.option_values().items():
             path = OPTION_KEYS[option]
             native = get_path(resolved, path)
-            if native is None:
+            if native in (None, "auto"):
                 set_path(resolved, path, value)  # the file is silent: the strategy option (or its default) decides
-            elif option in self.model_fields_set and native != value:
+            elif option in self.model_fields_set and self._from_native(option, native) != getattr(self, option):
                 conflicts.append(f"{'.'.join(path)}={native!r} but strategy.{option}={value!r}")
             # otherwise the file decides what the strategy section left at its default
         conflicts += fill_training_keys(resolved, training, world_size)
@@ -164,8 +193,7 @@ class DeepSpeedConfig(StrategyConfig):
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
         ds_config = self.resolve(training, env.world_size)
-        if env.device.type == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed picks its accelerator at import
+        prepare_import(env.device.type)
         import deepspeed
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
@@ -205,6 +233,8 @@ class DeepSpeedEngine(Engine):
         self.ds_config = ds_config
         self.stage = ds_engine.zero_optimization_stage()
         self._boundary = True
+        offloaded = any(get_path(ds_config, OPTION_KEYS[k]) not in (None, "none") for k in ("offload_optimizer", "offload_param"))
+        self.kind = zero_label(self.stage, offloaded)
 
     def gradient_sync(self, enabled: bool):
         self._boundary = enabled
@@ -227,6 +257,21 @@ class DeepSpeedEngine(Engine):
     def save(self, directory: Path) -> None:
         self.ds.save_checkpoint(str(directory), tag=self.TAG, save_latest=False)
 
+    @staticmethod
+    def consolidate(directory: Path) -> dict[str, torch.Tensor]:
+        """ZeRO 1-3 keep the authoritative fp32 weights in their optimizer partitions, which
+        zero_to_fp32 merges; stage 0 saves the whole module. Buffers (spline knots) come from the
+        saved module either way."""
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        tag_dir = directory / DeepSpeedEngine.TAG
+        # mp_rank_00_model_states.pt, or under ZeRO-3 zero_pp_rank_0_mp_rank_00_model_states.pt
+        module = torch.load(sorted(tag_dir.glob("*model_states.pt"))[0], map_location="cpu", weights_only=False)["module"]
+        if not any(tag_dir.glob("*optim_states.pt")) or not any(tag_dir.glob("zero_pp_rank_*")):
+            return module
+        state = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=DeepSpeedEngine.TAG)
+        return {**{k: v for k, v in module.items() if k not in state}, **state}
+
     def load(self, directory: Path) -> None:
         self.ds.load_checkpoint(str(directory), tag=self.TAG, load_optimizer_states=True, load_lr_scheduler_states=False)
 
@@ -236,7 +281,7 @@ class DeepSpeedEngine(Engine):
         module = self.ds.module
         gather = deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None, enabled=self.stage == 3)
         with gather:
-            return {k: v.detach().clone() for k, v in module.state_dict().items()}
+            return detached_copy(module.state_dict())
 
     @torch.no_grad()
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:

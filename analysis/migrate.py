@@ -1,0 +1,59 @@
+"""Reading records of earlier schema versions: each is migrated to the current one on read.
+Files on disk are never rewritten.
+
+v1 -> v2: ``test_mse`` became the named ``test_metrics`` ({"mse": ...}); the strategy gained
+its ``label`` (the one vocabulary of presets, tables and projections) and ``reference`` (the
+one-process run every strategy is compared with). A v1 record did not store a label, so it is
+rebuilt here from what v1 stored, the way v1's analysis named runs, in today's words. This is the
+one place outside the strategy modules that knows strategies by name: v1's frozen meaning.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from analysis.schema import SCHEMA_VERSION
+
+READABLE_VERSIONS = (1, SCHEMA_VERSION)
+_FSDP1_LABELS = {"FULL_SHARD": "fsdp1", "SHARD_GRAD_OP": "fsdp1_grad_op", "NO_SHARD": "fsdp1_no_shard",
+                 "HYBRID_SHARD": "fsdp1_hybrid"}
+
+
+def migrate(data: dict[str, Any]) -> dict[str, Any]:
+    """A record of any readable version as a current one (a new dict)."""
+    version = data.get("schema_version")
+    if version == SCHEMA_VERSION:
+        return data
+    if version == 1:
+        return _v1_to_v2(data)
+    raise ValueError(f"schema_version {version!r} is not one this kanscale reads (it reads {list(READABLE_VERSIONS)})")
+
+
+def _v1_to_v2(v1: dict[str, Any]) -> dict[str, Any]:
+    record = copy.deepcopy(v1)
+    record["schema_version"] = 2
+    mse = record.pop("test_mse", None)
+    record["test_metrics"] = None if mse is None else {"mse": mse}
+    strategy = record.get("strategy") or {}
+    strategy["label"] = _v1_label(strategy)
+    strategy["reference"] = strategy.get("name") == "single"
+    return record
+
+
+def _v1_label(strategy: dict[str, Any]) -> str:
+    name, options = strategy.get("name", "?"), strategy.get("options") or {}
+    zero = (strategy.get("backend_config") or {}).get("zero_optimization")
+    if zero is not None:  # DeepSpeed, directly or under Accelerate: v1 recorded the stage only here
+        offloaded = any((zero.get(k) or {}).get("device", "none") != "none" for k in ("offload_optimizer", "offload_param"))
+        label = f"zero{zero.get('stage', 0)}" + ("_offload" if offloaded else "")
+        return label if name == "deepspeed" else f"accelerate_{label}"
+    if name == "fsdp1":
+        return _FSDP1_LABELS.get(options.get("sharding_strategy", "FULL_SHARD"), "fsdp1")
+    if name == "fsdp2":
+        return "fsdp2" if options.get("reshard_after_forward", True) else "fsdp2_keep"
+    if name == "accelerate":
+        kind = (strategy.get("distributed_type") or "").upper()
+        return {"MULTI_CPU": "accelerate_ddp", "MULTI_GPU": "accelerate_ddp", "NO": "accelerate_single",
+                "FSDP": "accelerate_fsdp"}.get(kind, "accelerate")
+    return name
