@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from strategies.deepspeed import accelerator_env
+
 LauncherName = Literal["none", "torchrun", "accelerate", "deepspeed", "slurm"]
 WORKER_MODULE = "launchers.cli"
 
@@ -116,8 +118,7 @@ def deepspeed_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
         cmd += [f"--hostfile={spec.hostfile}", f"--master_addr={spec.master_addr}", f"--master_port={spec.master_port}"]
         if spec.no_ssh:
             cmd += ["--no_ssh", f"--node_rank={spec.node_rank}"]
-    env = {"DS_ACCELERATOR": "cpu"} if spec.device == "cpu" else {}
-    return Launch([cmd + ["--module", WORKER_MODULE, "train", *train_args]], env=env)
+    return Launch([cmd + ["--module", WORKER_MODULE, "train", *train_args]], env=accelerator_env(spec.device))
 
 
 LAUNCHERS = {

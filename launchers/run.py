@@ -18,17 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import yaml
 
 from launchers.commands import LAUNCHERS, Launch, LaunchSpec
 from launchers.hostfile import Host, hostfile_text, parse_hostfile
 from launchers.slurm import SlurmOptions, slurm_launch
 from kanscale.errors import ConfigError
-from kanscale.files import find_file
+from kanscale.files import find_file, read_mapping
 from strategies.experiment import ExperimentConfig, load_experiment
 from strategies.failures import raise_on_sigterm
-from strategies.hf_accelerate import launch_config_conflicts
-from strategies.loop import preflight
+from strategies.accelerate import launch_config_conflicts
+from strategies.preflight import preflight
 
 LAUNCHER_PACKAGES = {"torchrun": "torch", "accelerate": "accelerate", "deepspeed": "deepspeed"}
 
@@ -42,7 +41,8 @@ class RunRequest:
     spec: LaunchSpec = field(default_factory=LaunchSpec)
     overrides: list[str] = field(default_factory=list)
     strategy: str | None = None
-    slurm: SlurmOptions | None = None
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)  # how the sbatch script asks for the job (--launcher slurm)
+    job_name: str | None = None  # the SLURM job's name; default kanscale-<experiment name>
     hosts: list[str] = field(default_factory=list)  # write a hostfile for these nodes
     oversubscribe: bool = False
     all_nodes_here: bool = False  # start every node on this machine (multi-node without a cluster)
@@ -72,10 +72,13 @@ def resolve(request: RunRequest, cfg: ExperimentConfig) -> RunRequest:
     """Fill in what the request leaves to the experiment and the hosts: the device, the
     accelerate config, the node count and ranks per node a host list implies."""
     spec = dataclasses.replace(request.spec, device=target_device(cfg, request.spec.launcher))
-    if spec.launcher == "accelerate" and spec.accelerate_config is None:
-        configured = getattr(cfg.strategy, "config_file", None)
+    if starts_accelerate(request):
         default = f"configs/accelerate/{'ddp' if spec.device == 'cuda' else 'ddp_cpu'}.yaml"
-        spec = dataclasses.replace(spec, accelerate_config=configured or default)
+        sources = [("--accelerate-config", spec.accelerate_config), ("strategy", cfg.strategy.launch_config()),
+                   ("--accelerate-config", default)]
+        source, chosen = next((name, path) for name, path in sources if path)
+        # accelerate launch reads the file from its own working directory: hand it the file found here
+        spec = dataclasses.replace(spec, accelerate_config=str(find_file(chosen, source, "accelerate config")))
     hosts = parse_hostfile(spec.hostfile) if spec.hostfile else [Host(h, spec.nproc_per_node) for h in request.hosts]
     if hosts:
         if spec.launcher != "deepspeed":
@@ -86,6 +89,12 @@ def resolve(request: RunRequest, cfg: ExperimentConfig) -> RunRequest:
             raise ConfigError(f"--hostfile: every host needs the same number of slots (ranks per node), got {slots}")
         spec = dataclasses.replace(spec, nnodes=len(hosts), nproc_per_node=slots[0])
     return dataclasses.replace(request, spec=spec)
+
+
+def starts_accelerate(request: RunRequest) -> bool:
+    """Whether ``accelerate launch`` starts the ranks: here, or on each node of a SLURM job."""
+    spec = request.spec
+    return spec.launcher == "accelerate" or (spec.launcher == "slurm" and request.slurm.inner == "accelerate")
 
 
 def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
@@ -104,9 +113,10 @@ def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
     if spec.launcher != "slurm":
         check_capacity(spec.device, spec.nproc_per_node * (spec.nnodes if request.all_nodes_here else 1),
                        request.oversubscribe)
-    if spec.launcher == "accelerate":
-        path = find_file(spec.accelerate_config, "--accelerate-config", "accelerate config")
-        problems = launch_config_conflicts(yaml.safe_load(path.read_text()) or {}, cfg.training, spec.device)
+    if starts_accelerate(request):
+        path = spec.accelerate_config  # found by resolve()
+        settings = read_mapping(path, "--accelerate-config", what="an accelerate launch config (a mapping)")
+        problems = launch_config_conflicts(settings, cfg.training, spec.device)
         if problems:
             raise ConfigError(f"--accelerate-config: {path}: " + "; ".join(problems))
 
@@ -124,10 +134,8 @@ def check_capacity(device: str, ranks_here: int, oversubscribe: bool = False) ->
 def build_launch(request: RunRequest, cfg: ExperimentConfig) -> Launch:
     spec, train_args = request.spec, request.train_args()
     if spec.launcher == "slurm":
-        log_dir = Path(request.out) / "slurm"
-        options = dataclasses.replace(request.slurm or SlurmOptions(job_name=f"kanscale-{cfg.name}"), log_dir=str(log_dir))
-        script = log_dir / f"{options.job_name}-{options.inner}-{spec.nnodes}x{spec.nproc_per_node}.sbatch"
-        return slurm_launch(spec, options, train_args, script)
+        return slurm_launch(spec, request.slurm, train_args, job_name=request.job_name or f"kanscale-{cfg.name}",
+                            log_dir=Path(request.out) / "slurm")
     files = {}
     if request.hosts:
         hostfile = Path(request.out) / "hostfile"

@@ -12,8 +12,10 @@ import os
 import shlex
 import shutil
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from launchers.commands import LAUNCHERS, Launch, LaunchSpec, shell_join
 from kanscale.errors import ConfigError
@@ -21,26 +23,27 @@ from kanscale.errors import ConfigError
 HEAD, NODE_RANK, JOB_ID = "$head_node", "$SLURM_NODEID", "$SLURM_JOB_ID"
 
 
-@dataclass(frozen=True)
-class SlurmOptions:
-    job_name: str
-    inner: str = "torchrun"
+class SlurmOptions(BaseModel):
+    """How a SLURM job is asked for: a study's ``slurm:`` section, or ``kanscale run``'s slurm flags."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    inner: Literal["torchrun", "deepspeed", "accelerate"] = "torchrun"
     time: str | None = None
     partition: str | None = None
     account: str | None = None
-    log_dir: str = "."
 
 
-def sbatch_script(spec: LaunchSpec, options: SlurmOptions, train_args: list[str]) -> str:
-    """The sbatch script for ``spec.nnodes`` nodes x ``spec.nproc_per_node`` ranks."""
-    if options.inner not in ("torchrun", "deepspeed", "accelerate"):
-        raise ConfigError(f"--inner-launcher: SLURM starts torchrun, deepspeed or accelerate on each node, not {options.inner!r}")
+def sbatch_script(spec: LaunchSpec, options: SlurmOptions, train_args: list[str], job_name: str,
+                  log_dir: str = ".") -> str:
+    """The sbatch script for ``spec.nnodes`` nodes x ``spec.nproc_per_node`` ranks; the job's
+    output (and the deepspeed hostfile) go to ``log_dir``."""
     node_spec = dataclasses.replace(spec, launcher=options.inner, node_rank=NODE_RANK, master_addr=HEAD,
                                     rdzv_id=JOB_ID, hostfile="$hostfile" if options.inner == "deepspeed" else None,
                                     no_ssh=True)
     inner = LAUNCHERS[options.inner](node_spec, train_args)
-    directives = [f"--job-name={options.job_name}", f"--nodes={spec.nnodes}", "--ntasks-per-node=1",
-                  f"--output={options.log_dir}/%x-%j.out"]
+    directives = [f"--job-name={job_name}", f"--nodes={spec.nnodes}", "--ntasks-per-node=1",
+                  f"--output={log_dir}/%x-%j.out"]
     if spec.device == "cuda":
         directives.append(f"--gpus-per-node={spec.nproc_per_node}")
     directives += [f"--{key}={value}" for key, value in (("time", options.time), ("partition", options.partition),
@@ -55,7 +58,7 @@ def sbatch_script(spec: LaunchSpec, options: SlurmOptions, train_args: list[str]
              'export head_node=${nodes[0]}',
              *[f"export {k}={v}" for k, v in sorted(env.items())]]
     if options.inner == "deepspeed":
-        lines += [f'export hostfile={options.log_dir}/hostfile-$SLURM_JOB_ID',
+        lines += [f'export hostfile={log_dir}/hostfile-$SLURM_JOB_ID',
                   f'printf "%s slots={spec.nproc_per_node}\\n" "${{nodes[@]}}" > "$hostfile"']
     # The single quotes keep $SLURM_NODEID for each node's own shell to expand.
     node_command = shell_join(inner.commands[0]).replace("'", "'\\''")
@@ -63,9 +66,22 @@ def sbatch_script(spec: LaunchSpec, options: SlurmOptions, train_args: list[str]
     return "\n".join(lines) + "\n"
 
 
-def slurm_launch(spec: LaunchSpec, options: SlurmOptions, train_args: list[str], script_path: Path) -> Launch:
-    """Writing the script is the launch; submitting it is a separate, explicit step."""
-    return Launch(commands=[["sbatch", str(script_path)]], files={script_path: sbatch_script(spec, options, train_args)})
+def slurm_launch(spec: LaunchSpec, options: SlurmOptions, train_args: list[str], job_name: str, log_dir: Path) -> Launch:
+    """Writing the script (``log_dir/<job>-<inner>-<nodes>x<ranks>.sbatch``) is the launch;
+    submitting it is a separate, explicit step (:func:`write_script`)."""
+    script = log_dir / f"{job_name}-{options.inner}-{spec.nnodes}x{spec.nproc_per_node}.sbatch"
+    return Launch(commands=[["sbatch", str(script)]],
+                  files={script: sbatch_script(spec, options, train_args, job_name, str(log_dir))})
+
+
+def write_script(launch: Launch, submit_job: bool = False) -> tuple[Path, str | None]:
+    """Write a SLURM launch's sbatch script and, with ``submit_job``, submit it. Returns the
+    script and, when submitted, what :func:`submit` answered (None otherwise: the caller says
+    how to submit it)."""
+    ((script, text),) = launch.files.items()
+    script.parent.mkdir(parents=True, exist_ok=True)
+    script.write_text(text)
+    return script, submit(script) if submit_job else None
 
 
 def submit(script_path: Path) -> str:

@@ -17,8 +17,8 @@
       - {strategy: single, topology: 1x1}
     repeats: 3                        # run every point this many times (analysis shows median, min-max)
 
-The points are the matrix's cartesian product, then ``include``; ``single`` pairs only with one
-rank (other pairings are listed as not run).
+The points are the matrix's cartesian product, then ``include``; a strategy that runs without a
+process group (``single``) pairs only with one rank (other pairings are listed as not run).
 """
 
 from __future__ import annotations
@@ -30,21 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, find_preset
+from launchers.slurm import SlurmOptions
+from strategies.config import StrategyConfig
 from strategies.experiment import describe_error, read_sections
+from strategies.registry import AnyStrategyConfig
 
 TOPOLOGY = re.compile(r"^(\d+)x(\d+)$")
-
-
-class SlurmSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    inner: Literal["torchrun", "deepspeed", "accelerate"] = "torchrun"
-    time: str | None = None
-    partition: str | None = None
-    account: str | None = None
+STRATEGY = TypeAdapter(AnyStrategyConfig)
 
 
 class StudyConfig(BaseModel):
@@ -60,7 +56,7 @@ class StudyConfig(BaseModel):
     matrix: dict[str, list[Any]]
     include: list[dict[str, Any]] = Field(default_factory=list)
     repeats: int = Field(1, ge=1, description="runs of every point")
-    slurm: SlurmSettings = SlurmSettings()
+    slurm: SlurmOptions = SlurmOptions()
 
     @field_validator("matrix")
     @classmethod
@@ -83,7 +79,19 @@ def check_axis_values(axes: dict[str, list[Any]]) -> None:
         if not TOPOLOGY.match(str(value)):
             raise ValueError(f"topology {value!r} is not NODESxRANKS, e.g. 1x2")
     for preset in axes.get("strategy", []):
-        find_preset(str(preset), "strategies", "strategy")  # a ConfigError (a ValueError) naming the presets
+        strategy_config(str(preset))  # a ConfigError (a ValueError) naming the presets or the bad option
+
+
+def strategy_config(preset: str) -> StrategyConfig:
+    """A strategy preset (a shipped name or a YAML file) validated into its config class: what
+    the sweep needs to know of a point's strategy (its launcher, whether it runs one process)."""
+    section = read_sections(find_preset(preset, "strategies", "strategy"))
+    try:
+        return STRATEGY.validate_python(section)
+    except ValidationError as err:
+        data = {"strategy": section}
+        lines = [describe_error({**e, "loc": ("strategy", *e["loc"])}, data) for e in err.errors()]
+        raise ConfigError(f"strategy {preset} is invalid: " + "; ".join(lines)) from None
 
 
 @dataclass(frozen=True)
@@ -145,9 +153,10 @@ def expand(study: StudyConfig) -> tuple[list[Point], list[str]]:
         for chosen in combinations + list(study.include):
             nodes, procs = (int(n) for n in TOPOLOGY.match(str(chosen.get("topology", "1x1"))).groups())
             strategy = chosen.get("strategy")
-            if strategy == "single" and nodes * procs > 1:
+            # A strategy without a process group cannot share work between ranks: it runs one process.
+            if strategy is not None and nodes * procs > 1 and not strategy_config(str(strategy)).needs_process_group:
                 if repeat == 0:
-                    skipped.append(f"strategy=single with topology {chosen['topology']}: single runs one process")
+                    skipped.append(f"strategy={strategy} with topology {chosen['topology']}: {strategy} runs one process")
                 continue
             overrides = [f"study={study.study}"]
             overrides += [f"{k}={json.dumps(v)}" for k, v in study.set.items()]

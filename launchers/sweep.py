@@ -23,12 +23,10 @@ from analysis.records import RecordError, read_summary
 from analysis.schema import RunRecord
 from launchers.commands import LaunchSpec, free_port
 from launchers.run import RunRequest, execute, plan
-from launchers.slurm import SlurmOptions, submit
-from launchers.study import Point, StudyConfig, axis_label, expand, load_study
+from launchers.slurm import write_script
+from launchers.study import Point, StudyConfig, axis_label, expand, load_study, strategy_config
 from strategies.checkpoint import latest_checkpoint
 from kanscale.errors import ConfigError
-from kanscale.files import find_preset
-from strategies.experiment import read_sections
 
 # Two names for this machine: the deepspeed launcher needs one distinct host name per node.
 LOCAL_HOSTS = ["localhost", "127.0.0.1"]
@@ -67,12 +65,12 @@ def runs_by_point(out: Path, finished: bool) -> dict[RunKey, list[RunRecord]]:
 
 
 def launcher_for(study: StudyConfig, point: Point) -> str:
-    preset = read_sections(find_preset(point.strategy, "strategies", "strategy"))["name"] if point.strategy else None
+    """SLURM studies write scripts for every point; otherwise the launcher the point's strategy
+    asks for (``single``: one plain process, ``accelerate``: accelerate launch), else the study's."""
     if study.launcher == "slurm":
         return "slurm"
-    if preset == "single":
-        return "none"
-    return "accelerate" if preset == "accelerate" else study.launcher
+    preferred = strategy_config(point.strategy).preferred_launcher if point.strategy else None
+    return preferred or study.launcher
 
 
 def point_request(study: StudyConfig, point: Point, out: Path) -> RunRequest:
@@ -83,9 +81,8 @@ def point_request(study: StudyConfig, point: Point, out: Path) -> RunRequest:
                           f"{len(LOCAL_HOSTS)} nodes on one machine")
     spec = LaunchSpec(launcher=launcher, nproc_per_node=point.procs_per_node, nnodes=point.nodes,
                       master_port=free_port(), rdzv_id=f"kanscale-{point.key}", no_ssh=True)
-    slurm = SlurmOptions(job_name=f"kanscale-{study.study}-{point.key}"[:64], **study.slurm.model_dump())
     return RunRequest(config=study.experiment, out=str(out), spec=spec, overrides=point.overrides, strategy=point.strategy,
-                      slurm=slurm if launcher == "slurm" else None, all_nodes_here=local_multinode,
+                      slurm=study.slurm, job_name=f"kanscale-{study.study}-{point.key}"[:64], all_nodes_here=local_multinode,
                       hosts=LOCAL_HOSTS[: point.nodes] if local_multinode and launcher == "deepspeed" else [],
                       progress=False)
 
@@ -156,11 +153,8 @@ def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, li
         print(f"# {point.key}\n{launch.render()}\n")
         return PointResult(point.key, "planned")
     if request.spec.launcher == "slurm":
-        (script,) = launch.files
-        script.parent.mkdir(parents=True, exist_ok=True)
-        script.write_text(launch.files[script])
-        message = submit(script) if submit_jobs else f"sbatch {script}"
-        return PointResult(point.key, "submitted" if submit_jobs else "written", detail=message)
+        script, reply = write_script(launch, submit_jobs)
+        return PointResult(point.key, "submitted" if submit_jobs else "written", detail=reply or f"sbatch {script}")
     log = out / "logs" / f"{point.key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("*/summary.json"))

@@ -51,12 +51,13 @@ def test_accelerate_command_fills_in_the_sizes(tmp_path):
 @pytest.mark.parametrize("inner", ["torchrun", "deepspeed", "accelerate"])
 def test_sbatch_script_is_valid_bash_with_one_launcher_per_node(tmp_path, inner):
     spec = LaunchSpec(launcher="slurm", nproc_per_node=2, nnodes=4, device="cuda", accelerate_config="configs/accelerate/ddp.yaml")
-    text = sbatch_script(spec, SlurmOptions(job_name="kan", inner=inner, time="01:00:00", partition="gpu"), ["cfg.yaml", "--out", "o"])
+    text = sbatch_script(spec, SlurmOptions(inner=inner, time="01:00:00", partition="gpu"), ["cfg.yaml", "--out", "o"],
+                         job_name="kan")
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     subprocess.run(["bash", "-n", str(script)], check=True)
-    for line in ("#SBATCH --nodes=4", "#SBATCH --gpus-per-node=2", "#SBATCH --time=01:00:00", "#SBATCH --partition=gpu",
-                 "#SBATCH --ntasks-per-node=1", "export head_node=${nodes[0]}", "export KANSCALE_LAUNCHER=slurm"):
+    for line in ("#SBATCH --job-name=kan", "#SBATCH --nodes=4", "#SBATCH --gpus-per-node=2", "#SBATCH --time=01:00:00",
+                 "#SBATCH --partition=gpu", "#SBATCH --ntasks-per-node=1", "export head_node=${nodes[0]}", "export KANSCALE_LAUNCHER=slurm"):
         assert line in text
     srun = next(line for line in text.splitlines() if line.startswith("srun"))
     assert srun.startswith("srun --kill-on-bad-exit=1 --nodes=4 --ntasks-per-node=1 bash -c '")

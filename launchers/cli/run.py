@@ -44,7 +44,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from launchers.commands import LaunchSpec
     from launchers.run import RunRequest, execute, plan
-    from launchers.slurm import SlurmOptions, submit
+    from launchers.slurm import SlurmOptions, write_script
     from strategies.experiment import load_experiment
 
     out = args.out or load_experiment(args.config, args.overrides, strategy=args.strategy).output.dir
@@ -54,18 +54,17 @@ def main(args: argparse.Namespace) -> int:
                       accelerate_config=args.accelerate_config)
     request = RunRequest(config=args.config, out=out, spec=spec, overrides=args.overrides, strategy=args.strategy,
                          hosts=[h for h in (args.hosts or "").split(",") if h], oversubscribe=args.oversubscribe,
-                         slurm=SlurmOptions(job_name=f"kanscale-{Path(args.config).stem}", inner=args.inner_launcher,
-                                            time=args.time, partition=args.partition, account=args.account))
+                         slurm=SlurmOptions(inner=args.inner_launcher, time=args.time, partition=args.partition,
+                                            account=args.account),
+                         job_name=f"kanscale-{Path(args.config).stem}")
     cfg, request, launch = plan(request)
     if args.dry_run:
         print(launch.render())
         return 0
-    if args.launcher == "slurm":
-        (script,) = launch.files
-        script.parent.mkdir(parents=True, exist_ok=True)
-        script.write_text(launch.files[script])
+    if request.spec.launcher == "slurm":
+        script, reply = write_script(launch, args.submit)
         print(f"wrote {script}", file=sys.stderr)
-        print(submit(script) if args.submit else f"submit it with: sbatch {script} (or rerun with --submit)", file=sys.stderr)
+        print(reply or f"submit it with: sbatch {script} (or rerun with --submit)", file=sys.stderr)
         return 0
     return execute(launch)
 
