@@ -1,1 +1,4 @@
-"""WHAT the runs mean: the metrics schema, reading records, and (later) tables, plots, reports."""
+"""WHAT the runs mean. At the ground floor, which every layer may import: the metrics schema,
+record I/O and the migration of older records. Above it: loading runs into pandas, derived
+metrics, tables, plots, the HTML report, the published study beside the user's runs, and the
+scaling projection."""

@@ -1,2 +1,4 @@
 """HOW a model is trained across ranks: one module per backend behind the :class:`Engine`
-interface, the strategy-agnostic training loop, and the measurements it records."""
+interface (strategies/engine.py) and the options base class (strategies/config.py), the
+strategy-agnostic training loop, data sharding, checkpoints, failures, and the measurements a
+run records."""

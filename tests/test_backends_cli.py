@@ -24,7 +24,7 @@ def test_torchrun(tmp_path):
     record = only_record(tmp_path)
     assert (record.status, record.topology.world_size, record.topology.launcher) == ("ok", 2, "torchrun")
     assert (record.topology.comm_backend, record.topology.nodes) == ("gloo", 1)
-    assert proc.stdout.count("test MSE") == 1  # only rank 0 prints the summary
+    assert proc.stdout.count("test mse") == 1  # only rank 0 prints the summary
 
 
 def test_deepspeed_launcher(tmp_path):
@@ -33,13 +33,16 @@ def test_deepspeed_launcher(tmp_path):
     record = only_record(tmp_path)
     assert (record.status, record.topology.world_size, record.topology.launcher) == ("ok", 2, "deepspeed")
     assert record.strategy.distributed_type == "DEEPSPEED_ZERO3"
+    assert (record.strategy.label, record.strategy.options["zero_stage"]) == ("zero3", 3)
 
 
-@pytest.mark.parametrize("config,distributed_type", [("ddp_cpu.yaml", "MULTI_CPU"), ("deepspeed_zero2.yaml", "DEEPSPEED")])
-def test_accelerate_launch(tmp_path, config, distributed_type):
+@pytest.mark.parametrize("config,distributed_type,label", [("ddp_cpu.yaml", "MULTI_CPU", "accelerate_ddp"),
+                                                           ("deepspeed_zero2.yaml", "DEEPSPEED", "accelerate_zero2")])
+def test_accelerate_launch(tmp_path, config, distributed_type, label):
     accelerate = [sys.executable, "-m", "accelerate.commands.launch"]
     run([*accelerate, "--config_file", str(ROOT / "configs/accelerate" / config), *TRAIN, "--out", str(tmp_path),
          "--set", "strategy.name=accelerate"])
     record = only_record(tmp_path)
     assert (record.status, record.topology.world_size, record.topology.launcher) == ("ok", 2, "accelerate")
     assert record.strategy.distributed_type == distributed_type
+    assert record.strategy.label == label  # the backend Accelerate chose, in the strategies' vocabulary

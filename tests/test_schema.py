@@ -1,4 +1,5 @@
-"""Metrics schema v1: round trip, rejection of malformed records, the shipped JSON Schema."""
+"""Metrics schema v2: round trip, rejection of malformed records, the shipped JSON Schemas, v1 records
+migrated on read."""
 
 import json
 from pathlib import Path
@@ -92,3 +93,30 @@ def test_a_torn_last_step_line_is_skipped(finished_run, tmp_path):
     torn.write_text('{"step": 1}\n' + text)
     with pytest.raises(RecordError, match=":1: not a valid step record"):
         read_steps(torn)
+
+
+def as_v1(record: RunRecord, backend_config: dict | None, name: str, options: dict) -> dict:
+    """The record as kanscale 0.1 wrote it: test_mse, no strategy label or reference."""
+    data = json.loads(record.model_dump_json())
+    data["schema_version"] = 1
+    data["test_mse"] = data.pop("test_metrics")["mse"]
+    data["strategy"] = {"name": name, "options": options, "distributed_type": None, "backend_config": backend_config}
+    return data
+
+
+@pytest.mark.parametrize("name,options,backend_config,label", [
+    ("deepspeed", {"zero_stage": 0}, {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
+     "zero3_offload"),
+    ("fsdp1", {"sharding_strategy": "SHARD_GRAD_OP"}, None, "fsdp1_grad_op"),
+    ("single", {}, None, "single"),
+])
+def test_v1_records_are_migrated_on_read(finished_run, tmp_path, name, options, backend_config, label):
+    record, _ = finished_run
+    v1 = as_v1(record, backend_config, name, options)
+    shipped_v1 = json.loads((ROOT / "analysis/run_record.v1.schema.json").read_text())
+    jsonschema.validate(v1, {**shipped_v1, "$ref": "#/$defs/RunRecord"})  # a genuine v1 record
+    (tmp_path / "summary.json").write_text(json.dumps(v1))
+    migrated = read_summary(tmp_path)
+    assert migrated.schema_version == 2 and migrated.test_metrics == {"mse": v1["test_mse"]}
+    assert migrated.strategy.label == label and migrated.strategy.reference == (name == "single")
+    assert json_schema(1) == shipped_v1 and json_schema(2) != shipped_v1

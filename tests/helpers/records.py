@@ -13,12 +13,13 @@ def make_record(run_id: str, *, study: str = "strong", strategy: str = "ddp", wo
                 samples_per_s: float = 1000.0, comm: float = 0.1, family: str = "bspline", widths=(2, 8, 1),
                 params: int = 100, peak_rss: int = 10_000, state=(400, 400, 800, 0), final_loss: float = 0.5,
                 micro_batch: int = 64, grid: int = 5, order: int = 3, options: dict | None = None,
-                backend_config: dict | None = None) -> RunRecord:
+                backend_config: dict | None = None, label: str | None = None) -> RunRecord:
     step = 0.01
     return RunRecord(
         run_id=run_id, name="hand", status="ok", study=study, config_digest="d" * 16, started_at="2026-11-30T00:00:00+00:00",
         finished_at="2026-11-30T00:01:00+00:00", seed=0,
-        strategy=StrategyInfo(name=strategy, options=options or {}, backend_config=backend_config),
+        strategy=StrategyInfo(name=strategy, label=label or strategy, reference=strategy == "single", options=options or {},
+                              backend_config=backend_config),
         model=ModelInfo(family=family, widths=list(widths), grid=grid, order=order, options={}, params_trainable=params,
                         params_total=params),
         task=TaskInfo(name="quadratic", input_dim=2, n_train=1000, n_test=100),
@@ -33,7 +34,7 @@ def make_record(run_id: str, *, study: str = "strong", strategy: str = "ddp", wo
         measurement=MeasurementInfo(comm_method="test", baseline_steps=1),
         memory=Memory(peak_rss_bytes=peak_rss, model_state=ModelStateBytes(params=state[0], grads=state[1],
                                                                             optimizer=state[2], master_params=state[3])),
-        final_loss=final_loss, test_mse=final_loss,
+        final_loss=final_loss, test_metrics={"mse": final_loss},
         environment=Environment(python="3", torch="2", platform="test", hosts=["h"]),
     )
 

@@ -1,0 +1,132 @@
+"""The layout holds, checked from the source the way a reviewer would: imports point one way
+(docs/architecture.md), modules stay short, no code outside the strategy modules knows a
+strategy by its name, and the package list in pyproject.toml covers the tree."""
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from kanscale.files import preset_names
+from strategies.registry import STRATEGIES
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("kanscale", "kan_models", "strategies", "launchers", "analysis")
+# What each layer may import of the project (besides itself): docs/architecture.md.
+MAY_IMPORT = {
+    "kanscale": set(),
+    "kan_models": {"kanscale"},
+    "analysis": {"kanscale"},
+    "strategies": {"kanscale", "kan_models", "analysis"},
+    "launchers": {"kanscale", "kan_models", "analysis", "strategies"},
+}
+# The ground floor of analysis: the schema and record I/O, which every layer reads and writes.
+RECORD_MODULES = {"analysis.schema", "analysis.records", "analysis.migrate"}
+# Where strategies may be known by name: their own modules and the registry; the v1 migration
+# translates what v1 records meant (analysis/migrate.py says why).
+NAME_AWARE = {"strategies/single.py", "strategies/ddp.py", "strategies/fsdp1.py", "strategies/fsdp2.py",
+              "strategies/deepspeed.py", "strategies/accelerate.py", "strategies/registry.py", "analysis/migrate.py"}
+
+
+def sources() -> list[Path]:
+    return sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """Every project module ``path`` imports, at any depth (function-level imports included)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+    return [(line, name) for line, name in found if name.split(".")[0] in PACKAGES]
+
+
+def test_imports_point_one_way():
+    wrong = []
+    for path in sources():
+        here = module_name(path)
+        layer = here.split(".")[0]
+        for line, name in imported_modules(path):
+            target = name.split(".")[0]
+            if target != layer and target not in MAY_IMPORT[layer]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} ({layer}) imports {name}")
+            if here in RECORD_MODULES and target == "analysis" and name not in RECORD_MODULES:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: the record modules import only each other, not {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_layer_check_sees_a_violation(tmp_path):
+    """The check above would catch an upward import (it is not vacuous)."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from launchers.cli import main\n")
+    assert imported_modules(bad) == [(2, "launchers.cli")]
+
+
+def test_no_module_is_over_400_lines():
+    long = [f"{p.relative_to(ROOT)} ({n} lines)" for p in sources() if (n := len(p.read_text().splitlines())) > 400]
+    assert not long, long
+
+
+def strategy_names() -> set[str]:
+    return set(STRATEGIES) | set(preset_names("strategies"))
+
+
+def name_comparisons(path: Path, names: set[str]) -> list[str]:
+    """Comparisons (==, !=, in) of a strategy name literal, except with a launcher: two launchers
+    share their names with strategies (deepspeed, accelerate)."""
+    source = path.read_text()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        literals = [c.value for o in operands for c in ([o] if isinstance(o, ast.Constant) else
+                                                         getattr(o, "elts", [])) if isinstance(c, ast.Constant)]
+        others = " ".join(ast.get_source_segment(source, o) or "" for o in operands if not isinstance(o, ast.Constant))
+        if any(v in names for v in literals if isinstance(v, str)) and "launcher" not in others and "inner" not in others:
+            found.append(f"{path.name}:{node.lineno}: {ast.get_source_segment(source, node)}")
+    return found
+
+
+def test_no_code_outside_the_strategy_modules_compares_a_strategy_name():
+    names = strategy_names()
+    assert {"ddp", "zero3_offload", "deepspeed"} <= names
+    found = [hit for p in sources() if str(p.relative_to(ROOT)) not in NAME_AWARE for hit in name_comparisons(p, names)]
+    assert not found, "declare it on the strategy's class instead:\n" + "\n".join(found)
+
+
+def test_the_name_check_sees_a_comparison(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('def f(cfg, spec):\n    if cfg.strategy.name == "ddp" or spec.launcher == "deepspeed":\n        pass\n'
+                   '    return cfg.label in ("zero3", "x")\n')
+    hits = sorted(name_comparisons(bad, strategy_names()))
+    assert len(hits) == 2 and '== "ddp"' in hits[0] and "zero3" in hits[1]
+
+
+@pytest.mark.parametrize("preset", [p for p in preset_names("strategies")])
+def test_every_preset_is_named_by_the_label_of_what_it_runs(preset):
+    """One vocabulary: the preset file, the record's label, the tables and the projection agree."""
+    from strategies.experiment import load_experiment
+
+    assert load_experiment("quickstart", strategy=preset).strategy.label() == preset
+
+
+def test_the_projection_speaks_the_same_vocabulary():
+    from analysis import projection
+
+    assert set(projection.STRATEGIES) <= strategy_names(), set(projection.STRATEGIES) - strategy_names()
+    assert {"zero0", "zero1", "zero2", "zero3", "zero3_offload"} <= set(projection.STRATEGIES)
+
+
+def test_pyproject_lists_every_package():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {module_name(p) for p in sources() if p.name == "__init__.py"} | {"kanscale.configs"}
+    assert listed == on_disk

@@ -1,0 +1,59 @@
+"""A plain (not editable) install works away from the checkout: the shipped configs are in the
+wheel, presets resolve by name, and ``kanscale --version`` answers."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """The project built into a wheel and installed (without dependencies, which this
+    environment has) into a directory of its own."""
+    work = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                            str(work / "dist"), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = (work / "dist").glob("kanscale-*.whl")
+    target = work / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+                              str(wheel)], capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr[-3000:]
+    return target
+
+
+def kanscale(target: Path, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The console script the wheel installed, run from ``cwd``."""
+    env = {**os.environ, "PYTHONPATH": str(target), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([str(target / "bin" / "kanscale"), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_the_installed_package_is_the_one_that_runs(installed, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    where = subprocess.run([sys.executable, "-c", "import kanscale.files, strategies; print(strategies.__file__); "
+                            "print(kanscale.files.configs_dir())"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, check=True).stdout.split()
+    assert all(Path(p).is_relative_to(installed) for p in where), where
+    assert (Path(where[1]) / "strategies/zero3.yaml").is_file()
+
+
+def test_presets_resolve_outside_a_checkout(installed, tmp_path):
+    version = kanscale(installed, tmp_path, "--version")
+    assert version.returncode == 0 and version.stdout.startswith("kanscale ")
+    trained = kanscale(installed, tmp_path, "train", "quickstart", "--strategy", "single", "--no-progress",
+                       "--set", "training.steps=6", "--set", "training.warmup_steps=1", "--out", str(tmp_path / "runs"))
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert "quickstart-single-p1" in trained.stdout
+    planned = kanscale(installed, tmp_path, "run", "quickstart", "--strategy", "zero3", "--nproc-per-node", "2",
+                       "--dry-run", "--out", str(tmp_path / "runs"))
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert "--strategy zero3" in planned.stdout
+    studies = kanscale(installed, tmp_path, "sweep", "configs/studies/demo_cpu.yaml", "--out", str(tmp_path / "s"),
+                       "--dry-run")
+    assert studies.returncode == 0, studies.stderr[-3000:]
