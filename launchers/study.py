@@ -138,7 +138,7 @@ def load_study(path: str | Path) -> StudyConfig:
     try:
         return StudyConfig.model_validate(data)
     except ValidationError as err:
-        lines = [describe_error(e, data) for e in err.errors()]
+        lines = [describe_error(e, data, StudyConfig) for e in err.errors()]
         raise ConfigError(f"{path} is not a valid study:\n" + "\n".join(f"  - {line}" for line in lines)) from None
 
 

@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import torch
-import yaml
 from pydantic import Field
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from analysis.schema import ModelStateBytes
 from kanscale.errors import ConfigError
-from kanscale.files import find_file
+from kanscale.files import find_file, read_mapping
 from strategies.config import StrategyConfig, TrainingConfig
 from strategies.ddp import DDPEngine
 from strategies.distributed import DistEnv
@@ -79,11 +78,7 @@ class AccelerateConfig(StrategyConfig):
         if self.config_file is None:
             return
         path = find_file(self.config_file, "strategy.config_file", "accelerate config")
-        try:
-            launch = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"strategy.config_file: {path} is not valid YAML: {err}") from None
-        problems = launch_config_conflicts(launch, training, device_type)
+        problems = launch_config_conflicts(read_mapping(path, "strategy.config_file"), training, device_type)
         if problems:
             raise ConfigError(f"strategy.config_file: {path}: " + "; ".join(problems))
 

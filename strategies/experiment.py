@@ -125,12 +125,13 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     node[parts[-1]] = value
 
 
-def describe_error(error: dict[str, Any], data: dict[str, Any]) -> str:
-    """One line for one pydantic error: the field path, what was given, what is allowed."""
+def describe_error(error: dict[str, Any], data: dict[str, Any], root: type[BaseModel] | None = None) -> str:
+    """One line for one pydantic error: the field path, what was given, what is allowed.
+    ``root`` is the class ``data`` was validated into (default: the experiment)."""
     path, parent = _field_path(error["loc"], data)
     kind, msg, given = error["type"], error["msg"], error.get("input")
     if kind == "extra_forbidden":
-        allowed = _allowed_keys(error["loc"], data)
+        allowed = _allowed_keys(error["loc"], data, root or ExperimentConfig)
         close = difflib.get_close_matches(str(error["loc"][-1]), allowed, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
         return f"{path}: unknown key; {hint}allowed keys here: {', '.join(allowed)}"
@@ -162,9 +163,9 @@ def _is_tag(node: dict[str, Any], part: str) -> bool:
     return any(node.get(key) == part for key in ("family", "name"))
 
 
-def _allowed_keys(loc: tuple, data: dict[str, Any]) -> list[str]:
+def _allowed_keys(loc: tuple, data: dict[str, Any], root: type[BaseModel]) -> list[str]:
     """The fields of the config class that rejected an unknown key at ``loc``."""
-    cls: Any = ExperimentConfig
+    cls: Any = root
     node: Any = data
     for part in loc[:-1]:
         if isinstance(node, dict) and part not in node and _is_tag(node, part):
