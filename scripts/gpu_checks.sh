@@ -63,7 +63,7 @@ for summary in sorted(Path(sys.argv[1]).glob("*/*/summary.json")):
     r = read_summary(summary)
     ok = r.status == "ok" and r.topology.comm_backend == "nccl" and (r.memory.peak_device_bytes or 0) > 0
     bad += not ok
-    print(f"{'ok ' if ok else 'BAD'} {summary.parent.parent.name:14s} {r.strategy.distributed_type or r.strategy.name:18s} "
+    print(f"{'ok ' if ok else 'BAD'} {summary.parent.parent.name:14s} {r.strategy.label:18s} "
           f"{r.throughput.samples_per_s if r.throughput else 0:12,.0f} samples/s  peak {r.memory.peak_device_bytes if r.memory else None} B  "
           f"comm {100 * (r.comm_overhead or 0):.1f}%  loss {r.final_loss}")
 sys.exit(1 if bad else 0)
