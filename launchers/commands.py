@@ -68,9 +68,9 @@ def python() -> list[str]:
     return [sys.executable]
 
 
-def worker(args: list[str], command: str = "train") -> list[str]:
-    """The module and arguments every rank runs: ``kanscale train`` unless said otherwise."""
-    return ["-m", WORKER_MODULE, command, *args]
+def worker(args: list[str]) -> list[str]:
+    """The module and arguments every rank of a training run runs: ``kanscale train ARGS``."""
+    return ["-m", WORKER_MODULE, "train", *args]
 
 
 def free_port() -> int:
@@ -84,10 +84,11 @@ def none_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
     return Launch([python() + worker(train_args)])
 
 
-def torchrun_launch(spec: LaunchSpec, train_args: list[str], command: str = "train") -> Launch:
+def torchrun_launch(spec: LaunchSpec, train_args: list[str], entry: list[str] | None = None) -> Launch:
     """torchrun: ``--standalone`` on one node; c10d rendezvous across nodes. The node that hosts
     the rendezvous store is named explicitly (``is_host``): with every node on one address (two
-    agents on one machine), torchrun cannot tell which should host it and both may wait."""
+    agents on one machine), torchrun cannot tell which should host it and both may wait.
+    ``entry`` is what every rank runs (``-m MODULE ARGS...``); by default ``kanscale train``."""
     cmd = python() + ["-m", "torch.distributed.run", f"--nproc_per_node={spec.nproc_per_node}"]
     if spec.nnodes == 1:
         cmd.append("--standalone")
@@ -96,7 +97,7 @@ def torchrun_launch(spec: LaunchSpec, train_args: list[str], command: str = "tra
                 f"--rdzv_endpoint={spec.master_addr}:{spec.master_port}", f"--rdzv_id={spec.rdzv_id}"]
         if isinstance(spec.node_rank, int):  # nodes with distinct addresses (SLURM) sort this out themselves
             cmd.append(f"--rdzv_conf=is_host={int(spec.node_rank == 0)}")
-    return Launch([cmd + worker(train_args, command)])
+    return Launch([cmd + (entry or worker(train_args))])
 
 
 def accelerate_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:

@@ -1,5 +1,5 @@
 """``kanscale project``: gather a compute profile and a network from the files given, run the
-projection model (analysis/projection.py) and write its tables. Every input problem is a
+projection model (analysis/projection/) and write its tables. Every input problem is a
 ConfigError naming the flag."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from typing import Any, Callable
 import yaml
 
 from analysis import projection as pj
-from strategies.commbench import bench_model_config, model_shape
+from analysis.documents import json_out, write_json_and_markdown
 from kanscale.errors import ConfigError
 from kanscale.files import find_file
+from launchers.zoo import bench_model_config, model_shape
 
 
 @dataclass
@@ -75,6 +76,8 @@ def profiles(request: ProjectionRequest) -> tuple[dict[str, pj.ComputeProfile], 
 
 
 def run_projection(request: ProjectionRequest) -> int:
+    if request.out:
+        json_out(request.out)
     strategies = [s.strip() for s in request.strategies.split(",")] if request.strategies else list(pj.STRATEGIES)
     ranks = checked("--ranks", lambda: [int(r) for r in request.ranks.split(",") if r.strip()])
     if [s for s in strategies if s not in pj.STRATEGIES] or not ranks or min(ranks) < 1:
@@ -93,14 +96,11 @@ def run_projection(request: ProjectionRequest) -> int:
     rows = checked("--cluster" if request.cluster else "--network", pj.project, strategies, shape, found, net, ranks,
                    per_node, **options)
     takeovers = {s: pj.takeover(s, shape, found.get(s) or found["*"], net, per_node, **options)
-                 for s in strategies if s != "single"}
+                 for s in strategies if pj.STRATEGIES[s].multi_rank}
     notes = pj.assumptions(shape, found, net, request.compute_scale, request.contention, request.probe)
     text = pj.markdown(rows, notes, takeovers, pj.search_limit(net, per_node))
     print(text)
     if request.out:
-        out = Path(request.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(pj.document(rows, notes, takeovers), indent=2) + "\n")
-        out.with_suffix(".md").write_text(text)
-        print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
+        twin = write_json_and_markdown(request.out, pj.document(rows, notes, takeovers), text)
+        print(f"wrote {request.out} and {twin}", file=sys.stderr)
     return 0

@@ -28,9 +28,8 @@ def test_speedup_efficiency_and_retention_against_the_same_strategys_one_rank_ru
     d = derived_from(tmp_path, [
         make_record("ddp1", world=1, samples_per_s=1000), make_record("ddp2", world=2, samples_per_s=1800),
         make_record("ddp4", world=4, nodes=2, samples_per_s=3000),
-        make_record("z1", strategy="deepspeed", world=1, samples_per_s=500,
-                    backend_config={"zero_optimization": {"stage": 3}}),
-        make_record("z2", strategy="deepspeed", world=2, samples_per_s=900, backend_config={"zero_optimization": {"stage": 3}}),
+        make_record("z1", strategy="deepspeed", label="zero3", world=1, samples_per_s=500),
+        make_record("z2", strategy="deepspeed", label="zero3", world=2, samples_per_s=900),
         make_record("fsdp2", strategy="fsdp2", world=2, samples_per_s=700),  # no 1-rank run
     ])
     assert d.loc["ddp2", "speedup"] == pytest.approx(1.8) and d.loc["ddp2", "efficiency"] == pytest.approx(0.9)

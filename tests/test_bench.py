@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from kan_models.benchmark import make_plan, measure, saved_bytes
+from launchers.bench import make_plan, measure, saved_bytes
 from launchers.cli import main
 
 
@@ -52,7 +52,7 @@ def test_pykan_is_skipped_on_the_wide_workload_with_the_reason():
     (["--models", "huge"], "--models: unknown name 'huge'; choose from study, wide, tiny"),
     (["--threads", "0"], "--threads: must be at least 1"),
     (["--repeats", "0"], "--repeats: must be at least 1"),
-    (["--out", "table.md"], "--out: table.md would be overwritten"),
+    (["--out", "table.md"], "--out: give a .json file (the Markdown table goes next to it as .md), got table.md"),
 ])
 def test_bad_flags_exit_2_with_one_clean_message(capsys, flags, message):
     assert main(["bench", "--models", "tiny", *flags]) == 2

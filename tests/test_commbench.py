@@ -3,6 +3,7 @@ two-rank run on gloo across two launcher agents (an inter-node link on 127.0.0.1
 
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -10,8 +11,9 @@ import pytest
 
 from analysis.projection import HOST_COPY, MiB, OPS, busbw_factor
 from launchers.cli import main
-from strategies.commbench import BenchOptions, iterations, message_sizes
-from tests.helpers.launch import run
+from launchers.commands import LaunchSpec
+from launchers.commbench import BenchOptions, iterations, message_sizes, rank_command
+from tests.helpers.launch import ROOT, child_env, run
 
 
 def test_bus_bandwidth_factors_are_nccl_tests():
@@ -41,6 +43,27 @@ def test_large_messages_get_fewer_iterations():
     options = BenchOptions(iters=20, warmup=5)
     assert iterations(1024, options) == (5, 20)
     assert iterations(64 * MiB, options) == (1, 3)
+
+
+def test_every_rank_runs_the_commbench_module_with_the_options_as_json():
+    options = BenchOptions(out="x/cb.json", max_bytes=65536, iters=3, warmup=1, device="cpu")
+    assert BenchOptions.from_json(options.to_json()) == options
+    cmd = rank_command(LaunchSpec(nproc_per_node=2), options)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"] and "--nproc_per_node=2" in cmd
+    assert cmd[-3:] == ["-m", "launchers.commbench", options.to_json()]
+    assert "launchers.cli" not in cmd and "--worker" not in cmd
+    assert rank_command(LaunchSpec(nproc_per_node=2), options, debug=True)[-1] == "--debug"
+
+
+def test_a_worker_without_peers_fails_in_one_line_and_exits(tmp_path):
+    """Started by hand (no torchrun) the worker joins a one-rank group, refuses it, and leaves
+    through exit_without_teardown with kanscale's one-line error and exit code 1."""
+    options = BenchOptions(out=str(tmp_path / "cb.json"), device="cpu")
+    proc = subprocess.run([sys.executable, "-m", "launchers.commbench", options.to_json()], capture_output=True,
+                          text=True, timeout=120, cwd=ROOT, env=child_env())
+    assert proc.returncode == 1, proc.stderr
+    assert "kanscale: commbench failed: RuntimeError: commbench needs at least 2 ranks" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "cb.json").exists()
 
 
 def two_agent_commbench(tmp_path_factory) -> Path:
@@ -81,7 +104,13 @@ def test_commbench_over_two_agents_on_gloo(tmp_path_factory):
     (["--out", "bench.md"], "--out: give a .json file"),
     (["--min-bytes", "64", "--max-bytes", "512"], "--max-bytes: must be at least 16 x --min-bytes (1024)"),
     (["--nproc-per-node", "64"], "lower --nproc-per-node"),
+    (["--worker"], "unrecognized arguments: --worker"),  # every rank runs python -m launchers.commbench instead
 ])
 def test_commbench_refuses_bad_flags(argv, message, capsys, in_tmp_cwd):
-    assert main(["commbench", *argv]) == 2
+    try:
+        code = main(["commbench", *argv])
+    except SystemExit as exit:  # argparse's own refusals
+        code = exit.code
+    assert code == 2
     assert message in capsys.readouterr().err
+    assert not list(in_tmp_cwd.iterdir())  # refused before anything is written

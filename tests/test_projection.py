@@ -11,9 +11,11 @@ import yaml
 
 from analysis import projection as pj
 from analysis.records import read_summary
+from kanscale.files import preset_names
 from launchers.cli import main
-from strategies.commbench import model_shape
+from launchers.zoo import model_shape
 from tests.helpers.launch import ROOT, run
+from tests.helpers.records import make_record, write_record
 from tests.test_commbench import two_agent_commbench
 
 US = 1e-6
@@ -62,6 +64,9 @@ def test_comm_volumes_of_ddp_zero_and_fsdp_by_hand():
     ddp = step("ddp", 4, one_node)
     assert ddp.collectives == 1 and ddp.comm_s == pytest.approx(78 * US)
     assert ddp.step_s == pytest.approx(1e-3 + 78 * US) and ddp.exposed_s == pytest.approx(78 * US)
+    # DeepSpeed ZeRO-0: the all-reduce of the gradients only (the norm is all-reduced only when it clips)
+    zero0 = step("zero0", 4, one_node)
+    assert zero0.collectives == 1 and zero0.comm_s == pytest.approx(78 * US)
     # DeepSpeed ZeRO-2: all-reduce of the gradients, of the gradient norm (4 B), all-gather of the parameters
     zero2 = step("zero2", 4, one_node)
     assert zero2.collectives == 3 and zero2.comm_s == pytest.approx((78 + (60 + 0.006) + (30 + 9)) * US)
@@ -101,6 +106,7 @@ def test_model_state_per_rank_by_hand():
     # 3,000 trainable elements (12,000 B), 500 frozen (2,000 B), P = 2; Adam: 8 B per parameter
     expect = {
         "ddp": (14000, 12000, 24000, 0),
+        "zero0": (14000, 12000, 24000, 0),  # stage 0 shards nothing and keeps no master copy
         "zero1": (14000, 6000, 12000, 6000),  # fp32 master partition; the record counts 1/P gradients
         "zero2": (14000, 6000, 12000, 6000),
         "zero3": (7000, 6000, 12000, 6000),  # frozen parameters sharded too
@@ -109,12 +115,29 @@ def test_model_state_per_rank_by_hand():
     for strategy, (params, grads, optimizer, master) in expect.items():
         assert pj.model_state(strategy, SHAPE, 2) == {"params": params, "grads": grads, "optimizer": optimizer,
                                                      "master_params": master}, strategy
-    offload = step("zero3-offload", 2, network(intra=pj.LinkCost(10 * US, 1e-9), host=pj.LinkCost(5 * US, 1e-10)))
+    offload = step("zero3_offload", 2, network(intra=pj.LinkCost(10 * US, 1e-9), host=pj.LinkCost(5 * US, 1e-10)))
     assert offload.host_bytes == 18000 and offload.state_bytes == 31000
+
+
+def test_strategy_labels_are_the_preset_names_and_every_zero_stage_is_there():
+    presets = set(preset_names("strategies"))
+    assert set(pj.STRATEGIES) <= presets, set(pj.STRATEGIES) - presets
+    assert {name for name in presets if name.startswith("zero")} <= set(pj.STRATEGIES)
+    assert {"zero0", "zero1", "zero2", "zero3", "zero3_offload"} <= set(pj.STRATEGIES)
+    # kanscale project --help names every strategy it projects by default, and only those
+    from launchers.cli import build_parser
+
+    project = build_parser()._subparsers._group_actions[0].choices["project"]
+    (flag,) = [a for a in project._actions if "--strategies" in a.option_strings]
+    listed = flag.help.split("default all: ")[1].rstrip(")").split(", ")
+    assert listed == list(pj.STRATEGIES)
 
 
 def test_speedup_efficiency_probe_and_takeover():
     rows = pj.project(["ddp"], SHAPE, {"*": PROFILE}, FLAT, [1, 2], 2)
+    # single combines no gradients: projected at one rank only
+    assert [(r.strategy, r.ranks) for r in pj.project(["single", "ddp"], SHAPE, {"*": PROFILE}, FLAT, [1, 2], 2)] == [
+        ("single", 1), ("ddp", 1), ("ddp", 2)]
     assert rows[0].efficiency == 1.0
     assert rows[1].speedup == pytest.approx(2 * 1e-3 / (1e-3 + 32 * US))  # all-reduce at P=2: 2*10us + 12,000 B * 1 ns
     probed = step("ddp", 2, probe=True)
@@ -145,6 +168,16 @@ def test_the_shipped_cluster_and_the_published_8_gpu_run():
     assert abs(with_probe.efficiency - 0.747) < 0.03
 
 
+def test_profiles_from_runs_fall_back_on_the_one_process_reference(tmp_path):
+    # 1-rank runs of one experiment: the reference (single) and ddp; compute = step x (1 - comm)
+    write_record(tmp_path, make_record("s", strategy="single", comm=0.1))
+    write_record(tmp_path, make_record("d", strategy="ddp", comm=0.3))
+    profiles, model = pj.profiles_from_runs(tmp_path)
+    assert set(profiles) == {"single", "ddp", "*"} and model["widths"] == [2, 8, 1]
+    assert profiles["ddp"].compute_s == pytest.approx(0.007) and profiles["single"].compute_s == pytest.approx(0.009)
+    assert profiles["*"].compute_s == pytest.approx(0.009) and profiles["*"].source.startswith("single's 1-rank runs")
+
+
 def test_bench_profile_and_bad_cli_input(tmp_path, capsys):
     bench = {"environment": {"gpu": None, "cpu": "test CPU", "date": "2026-11-30T00:00:00+00:00"},
              "workloads": {"study": {"widths": [2, 64, 1], "grid": 10, "k": 3, "batch": 512}},
@@ -165,11 +198,14 @@ def test_bench_profile_and_bad_cli_input(tmp_path, capsys):
     assert "**Projected**" in text and "| fsdp2" in text and "| 2x2" in text
     doc = json.loads((tmp_path / "p.json").read_text())
     assert doc["projected"] is True and len(doc["rows"]) == 6 and doc["assumptions"]
+    assert (tmp_path / "p.md").read_text().strip() == text.strip()  # the Markdown twin is the printed table
     for argv, message in [(["--profile", str(tmp_path)], "--profile: "),
                           (["--profile", str(path), "--strategies", "zero9"], "--strategies"),
-                          (["--profile", str(path), "--forward-fraction", "2"], "--forward-fraction")]:
+                          (["--profile", str(path), "--forward-fraction", "2"], "--forward-fraction"),
+                          (["--profile", str(path), "--out", str(tmp_path / "q.md")], "--out: give a .json file")]:
         assert main(["project", *argv, "--cluster", cluster]) == 2
         assert message in capsys.readouterr().err
+    assert not (tmp_path / "q.md").exists()  # refused before anything is written
 
 
 def test_projection_of_a_measured_two_rank_run(tmp_path, tmp_path_factory):
@@ -190,6 +226,8 @@ def test_projection_of_a_measured_two_rank_run(tmp_path, tmp_path_factory):
     records = {r.topology.world_size: (r, p.parent) for p in runs.glob("*/summary.json") for r in [read_summary(p)]}
     (one, one_dir), (two, _) = records[1], records[2]
     profiles, model = pj.profiles_from_runs(one_dir)
+    # no one-process reference (single) among them: the fallback is the median without bookkeeping
+    assert profiles["*"].source.startswith("all 1-rank runs") and profiles["*"].overhead_s == 0.0
     net = pj.network_from_commbench([json.loads(bench.read_text())], str(bench))
     contention = two.timings.compute_s / one.timings.compute_s  # both ranks share the 2 cores (docs/projection.md)
     (projected,) = pj.project(["ddp"], model_shape(model), profiles, net, [2], 1, contention=contention)

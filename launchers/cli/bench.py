@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from kanscale.errors import ConfigError
 from launchers.cli.common import common_options
@@ -29,21 +27,17 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from kan_models import benchmark
+    from analysis.documents import json_out, write_json_and_markdown
+    from launchers import bench
 
     try:
-        plan = benchmark.make_plan(args.models, args.impl, args.threads, args.repeats, args.device)
+        plan = bench.make_plan(args.models, args.impl, args.threads, args.repeats, args.device)
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    if Path(args.out).suffix == ".md":
-        raise ConfigError(f"--out: {args.out} would be overwritten by the Markdown table; give a .json file")
-    doc = benchmark.run(plan, progress=lambda line: print(f"[bench] {line}", file=sys.stderr, flush=True))
-    table = benchmark.markdown(doc)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    out.with_suffix(".md").write_text(table)
+    out = json_out(args.out)
+    doc = bench.run(plan, progress=lambda line: print(f"[bench] {line}", file=sys.stderr, flush=True))
+    table = bench.markdown(doc)
+    twin = write_json_and_markdown(out, doc, table)
     print(table)
-    print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
+    print(f"wrote {out} and {twin}", file=sys.stderr)
     return 0
-

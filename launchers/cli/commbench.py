@@ -1,4 +1,4 @@
-"""``kanscale commbench``."""
+"""``kanscale commbench``: the user's flags; launchers.commbench starts the ranks and runs the benchmark."""
 
 from __future__ import annotations
 
@@ -32,16 +32,14 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     commbench.add_argument("--oversubscribe", action="store_true", help="allow more ranks than CPU cores on this machine")
     commbench.add_argument("--out", default="runs/commbench.json", help="JSON results; the Markdown table goes next to "
                                                                        "it as .md (default runs/commbench.json)")
-    commbench.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # what every rank runs
     commbench.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
-    from launchers.commbench import run_commbench
-    from strategies.commbench import BenchOptions
+    from launchers.commbench import BenchOptions, run_commbench
 
     options = BenchOptions(out=args.out, min_bytes=args.min_bytes, max_bytes=args.max_bytes, iters=args.iters,
                            warmup=args.warmup, device=args.device)
     return run_commbench(options, args.nproc_per_node, args.nnodes, args.node_rank, args.master_addr, args.master_port,
-                         args.oversubscribe, args.worker)
+                         args.oversubscribe, debug=args.debug)
 

@@ -1,12 +1,12 @@
 """What several subcommands share: the options every subcommand takes, the experiment options,
-and how an error becomes a message and an exit code."""
+how an error becomes a message and an exit code, and how a rank of a launch leaves."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from typing import NoReturn
+from typing import Any, Callable, NoReturn
 
 from kanscale.errors import ConfigError
 
@@ -55,3 +55,19 @@ def exit_without_teardown(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def run_rank(env: Any, args: argparse.Namespace, work: Callable[[], int]) -> int:
+    """Run one rank's ``work`` (``env`` a strategies.distributed.DistEnv) and return its exit
+    code. Once the rank has joined a process group, an error becomes a message and a code
+    (exit_code) and the process leaves through exit_without_teardown; before that, errors go on
+    to the caller."""
+    try:
+        code = work()
+    except BaseException as err:  # noqa: BLE001 - exit_code re-raises what it does not handle
+        if not env.joined_process_group:
+            raise
+        code = exit_code(err, args)
+    if env.joined_process_group:
+        exit_without_teardown(code)
+    return code

@@ -24,8 +24,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     network.add_argument("--cluster", metavar="YAML", help="a cluster description, e.g. configs/clusters/a100_ib.yaml")
     project.add_argument("--ranks", default="1,2,4,8", help="comma-separated rank counts (default 1,2,4,8)")
     project.add_argument("--ranks-per-node", type=int, metavar="G", help="ranks per node (default: the network's)")
-    project.add_argument("--strategies", help="comma-separated (default all: single, ddp, zero1, zero2, zero3, "
-                                              "zero3-offload, fsdp1, fsdp2)")
+    project.add_argument("--strategies", help="comma-separated strategy labels, the preset names (default all: "
+                                              "single, ddp, zero0, zero1, zero2, zero3, zero3_offload, fsdp1, fsdp2)")
     per_step = project.add_mutually_exclusive_group()
     per_step.add_argument("--micro-batch", type=float, help="samples per rank per step (default: the profile's)")
     per_step.add_argument("--global-batch", type=float, help="samples per step over all ranks, fixed (strong scaling)")
@@ -37,7 +37,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     project.add_argument("--forward-fraction", type=float, help="forward's share of the profile's compute "
                                                                 "(default: measured by bench, else 1/3)")
     project.add_argument("--probe", action="store_true", help="add the published study's communication probe")
-    project.add_argument("--out", help="also write JSON here (and the Markdown next to it as .md)")
+    project.add_argument("--out", help="also write JSON here, a .json file (and the Markdown next to it as .md)")
     project.set_defaults(func=main)
 
 

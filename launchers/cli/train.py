@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from launchers.cli.common import add_experiment_options, common_options, exit_code, exit_without_teardown
+from launchers.cli.common import add_experiment_options, common_options, run_rank
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -33,17 +33,12 @@ def main(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + ([f"output.dir={args.out}"] if args.out else [])
     cfg = load_experiment(args.config, overrides, strategy=args.strategy)
     env = DistEnv.from_environ(cfg.runtime.device)
-    try:
+
+    def work() -> int:
         result = train(cfg, env, show_progress=args.progress,
                        resume=args.resume if args.resume is True else (Path(args.resume) if args.resume else False))
         if result.is_main:
             print(format_summary(result.record, result.run_dir))
-        code = 0
-    except BaseException as err:  # noqa: BLE001 - exit_code re-raises what it does not handle
-        if not env.joined_process_group:
-            raise
-        code = exit_code(err, args)
-    if env.joined_process_group:
-        exit_without_teardown(code)
-    return code
+        return 0
 
+    return run_rank(env, args, work)

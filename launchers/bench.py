@@ -1,5 +1,6 @@
 """``kanscale bench``: forward, backward and train-step time, throughput and memory of the zoo's
-implementations on standard workloads, all measured in one run on one machine.
+implementations on standard workloads, all measured in one run on one machine: the plan (the
+flags, checked), the measurements, and the Markdown table (docs/performance.md).
 
 Every implementation trains the same batch (inputs uniform on [-1, 1], target sum x_i^2) with
 MSE and Adam (torch's fused kernel, lr 1e-3). Per measurement: ``warmup`` train steps, then
@@ -25,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from analysis.host import cpu_model
+from kan_models import build_model, parse_model_config
 from kan_models.compile import compile_model
-from kan_models.registry import build_model, parse_model_config
 
 PYKAN_TOO_BIG = ("pykan keeps (batch, out, in) activations per layer (4 GiB each here) and its symbolic "
                  "branch loops over every edge in Python: minutes per step")
@@ -212,8 +213,6 @@ def environment(plan: Plan) -> dict[str, Any]:
         "device": plan.device.type, "threads": plan.threads, "torch": torch.__version__, "pykan": pykan,
         "python": platform.python_version(),
     }
-
-
 
 
 def run(plan: Plan, progress: Callable[[str], None] = lambda line: None) -> dict[str, Any]:

@@ -1,0 +1,283 @@
+"""One optimizer step of each strategy at P ranks over N nodes: the collectives the suite's
+presets issue (STRATEGIES), the model state each rank holds, and a two-lane schedule (compute,
+communication) that overlaps them where the strategy and the device allow. Pure functions on
+numbers: nothing here starts a process group. docs/projection.md states the model, its
+assumptions and how far it lands from measured runs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from analysis.projection.collectives import MiB, Network
+from analysis.projection.inputs import ComputeProfile, ModelShape
+
+ADAM_BYTES_PER_PARAM = 8  # two fp32 moments
+DDP_FIRST_BUCKET = 1 * MiB  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES
+DDP_BUCKET = 25 * MiB  # bucket_cap_mb of configs/strategies/ddp.yaml
+TAKEOVER_SEARCH = 4096  # largest rank count the takeover search tries
+
+
+@dataclass(frozen=True)
+class StrategyModel:
+    grads: str  # how gradients are combined: none | ddp_buckets | all_reduce | reduce_scatter (one collective each)
+    gather: str = "none"  # parameter all-gathers: none | after_step | before_forward | per_unit (forward and backward)
+    sharded_state: bool = False  # gradients and optimizer state sharded 1/P
+    sharded_params: str = "none"  # none | trainable (FSDP leaves frozen ones whole) | all (ZeRO-3)
+    master: bool = False  # ZeRO's fp32 master partition
+    norm: bool = False  # DeepSpeed's all-reduce of the gradient norm, one float per step
+    offload: bool = False  # optimizer state and step on the host
+
+    @property
+    def multi_rank(self) -> bool:
+        """Whether it combines gradients over ranks; one that does not (single) runs on one rank only."""
+        return self.grads != "none"
+
+
+# What the suite's presets issue per optimizer step, as counted on 2 ranks (docs/projection.md),
+# keyed by the strategy labels the records carry (the preset names): DDP all-reduces its buckets;
+# DeepSpeed 0.19 (configs/deepspeed: overlap_comm off, 500 MB buckets, so one collective per kind
+# for every zoo model) all-reduces the gradients in stage 0 (its data-parallel fallback; the
+# gradient norm is all-reduced only when it clips, which the presets do not), and in stages 1
+# and 2 (use_multi_rank_bucket_allreduce) also the gradient norm and all-gathers the updated
+# partitions, and in stage 3 gathers every parameter once before forward (one prefetch bucket,
+# kept through backward: stage3_max_reuse_distance) and reduce-scatters the gradients; FSDP
+# gathers each KAN layer before its forward and again before its backward and reduce-scatters
+# its gradients.
+STRATEGIES: dict[str, StrategyModel] = {
+    "single": StrategyModel(grads="none"),
+    "ddp": StrategyModel(grads="ddp_buckets"),
+    "zero0": StrategyModel(grads="all_reduce"),
+    "zero1": StrategyModel(grads="all_reduce", gather="after_step", sharded_state=True, master=True, norm=True),
+    "zero2": StrategyModel(grads="all_reduce", gather="after_step", sharded_state=True, master=True, norm=True),
+    "zero3": StrategyModel(grads="reduce_scatter", gather="before_forward", sharded_state=True, sharded_params="all",
+                           master=True, norm=True),
+    "zero3_offload": StrategyModel(grads="reduce_scatter", gather="before_forward", sharded_state=True,
+                                   sharded_params="all", master=True, norm=True, offload=True),
+    "fsdp1": StrategyModel(grads="reduce_scatter", gather="per_unit", sharded_state=True, sharded_params="trainable"),
+    "fsdp2": StrategyModel(grads="reduce_scatter", gather="per_unit", sharded_state=True, sharded_params="trainable"),
+}
+
+
+def model_state(strategy: str, shape: ModelShape, ranks: int) -> dict[str, float]:
+    """Bytes per rank as the suite's records count them (docs/metrics.md): fp32 parameters,
+    gradients, Adam's two moments, ZeRO's fp32 master partition; padding ignored."""
+    m, b = STRATEGIES[strategy], shape.dtype_bytes
+    trainable, frozen = shape.trainable * b, (shape.params - shape.trainable) * b
+    params = {"none": trainable + frozen, "trainable": trainable / ranks + frozen,
+              "all": (trainable + frozen) / ranks}[m.sharded_params]
+    state_share = 1 / ranks if m.sharded_state else 1.0
+    return {"params": params, "grads": trainable * state_share,
+            "optimizer": ADAM_BYTES_PER_PARAM * shape.trainable * state_share,
+            "master_params": trainable / ranks if m.master else 0.0}
+
+
+def ddp_buckets(tensor_bytes: Sequence[float], cap: float = DDP_BUCKET, first: float = DDP_FIRST_BUCKET) -> list[float]:
+    """DDP's gradient buckets in the order they fill: tensors in reverse registration order, a
+    bucket closes once it reaches its cap (1 MiB for the first, bucket_cap_mb after)."""
+    buckets, current, limit = [], 0.0, min(first, cap)
+    for size in reversed(tensor_bytes):
+        current += size
+        if current >= limit:
+            buckets.append(current)
+            current, limit = 0.0, cap
+    return buckets + ([current] if current else [])
+
+
+class _Schedule:
+    """Tasks on two lanes, compute and communication, each serial, with dependencies. Without
+    overlap both share one lane, so everything adds up."""
+
+    def __init__(self, overlap: bool) -> None:
+        self.overlap, self.done, self.free = overlap, [], {False: 0.0, True: 0.0}
+        self.compute_s = self.comm_s = 0.0
+        self.collectives = 0.0
+
+    def add(self, seconds: float, comm: bool = False, after: Sequence[int] = ()) -> int:
+        lane = comm and self.overlap
+        start = max([self.free[lane], *(self.done[i] for i in after)])
+        self.done.append(start + seconds)
+        self.free[lane] = self.done[-1]
+        if comm:
+            self.comm_s += seconds
+        return len(self.done) - 1
+
+    def compute(self, seconds: float, after: Sequence[int] = ()) -> int:
+        self.compute_s += seconds
+        return self.add(seconds, after=after)
+
+    def collective(self, seconds: float, after: Sequence[int] = ()) -> int:
+        self.collectives += 1
+        return self.add(seconds, comm=True, after=after)
+
+    def everything(self) -> range:
+        return range(len(self.done))
+
+    @property
+    def makespan(self) -> float:
+        return max(self.done, default=0.0)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    ranks: int
+    nodes: int
+    samples_per_rank: float
+    compute_scale: float = 1.0  # multiplies every compute time (another device)
+    contention: float = 1.0  # multiplies compute when P > 1: ranks slowing each other down (CPU ranks sharing cores)
+    probe: bool = False  # the published study's communication probe (see project_step)
+
+
+@dataclass(frozen=True)
+class Projection:
+    strategy: str
+    ranks: int
+    nodes: int
+    samples_per_rank: float
+    step_s: float
+    compute_s: float
+    data_s: float
+    comm_s: float  # collectives and host copies, summed, overlapped or not
+    exposed_s: float  # step - data - compute, as the suite measures it
+    collectives: float  # per step (the probe's come every second step)
+    state: dict[str, float]
+    host_bytes: float  # of the model state, what offload keeps on the host
+    profile: str
+    probe_overhead: float | None = None  # the published metric (t2 - t1) / t2 (project_step)
+    speedup: float = math.nan
+    efficiency: float = math.nan
+
+    @property
+    def comm_fraction(self) -> float:
+        return self.exposed_s / self.step_s if self.step_s else 0.0
+
+    @property
+    def state_bytes(self) -> float:
+        return sum(self.state.values())
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.ranks * self.samples_per_rank / self.step_s
+
+
+def project_step(strategy: str, shape: ModelShape, profile: ComputeProfile, net: Network, sc: Scenario) -> Projection:
+    """One optimizer step of ``strategy`` on one rank, the collectives as in STRATEGIES.
+
+    Compute scales linearly with the rank's samples; backward time is spread over parameters in
+    proportion to their bytes (a DDP bucket or an FSDP layer is ready once its share is done).
+    With overlap (GPUs) DDP's buckets and FSDP's reduce-scatters run beside the rest of backward
+    and FSDP's gathers beside the previous layer's compute (the next one prefetched); DeepSpeed's
+    collectives block (overlap_comm off), as does everything without overlap (CPUs). Offload
+    copies the gradient shard to the host and the updated parameter shard back, and runs the
+    optimizer there. The probe adds, per step on average, one forward (two every second step)
+    and half an all-reduce of every gradient tensor, one collective each, when P > 1; its own
+    metric, (t2 - t1) / t2 with t1 a forward and t2 a forward plus those all-reduces, is returned
+    as probe_overhead."""
+    m, P, b = STRATEGIES[strategy], sc.ranks, shape.dtype_bytes
+    speed = sc.compute_scale * (sc.contention if P > 1 else 1.0)
+    work = profile.compute_s * sc.samples_per_rank / profile.samples * speed
+    forward, backward = profile.forward_fraction * work, (1 - profile.forward_fraction) * work
+    optimizer = profile.optimizer_s * speed / (P if m.sharded_state else 1)
+    if m.offload:
+        optimizer *= net.host_optimizer_slowdown
+
+    def coll(op: str, nbytes: float) -> float:
+        return net.collective_s(op, nbytes, P, sc.nodes)
+
+    s = _Schedule(net.overlap)
+    total = shape.trainable * b
+    if m.gather == "per_unit":
+        units = [u * b for u in shape.units]
+        for size in units:
+            s.compute(forward * size / total, after=[s.collective(coll("all_gather", size))])
+        gather = s.collective(coll("all_gather", units[-1]))
+        for i in reversed(range(len(units))):
+            prefetch = s.collective(coll("all_gather", units[i - 1])) if i else None
+            done = s.compute(backward * units[i] / total, after=[gather])
+            s.collective(coll(m.grads, units[i]), after=[done])
+            gather = prefetch
+    else:
+        gathered = [s.collective(coll("all_gather", shape.params * b))] if m.gather == "before_forward" else []
+        s.compute(forward, after=gathered)
+        if m.grads == "ddp_buckets":
+            for size in ddp_buckets([t * b for t in shape.tensors]):
+                s.collective(coll("all_reduce", size), after=[s.compute(backward * size / total)])
+        else:
+            done = s.compute(backward)
+            if m.grads != "none":
+                s.collective(coll(m.grads, total), after=[done])
+    if m.norm:
+        s.collective(coll("all_reduce", b), after=s.everything())
+    shard = total / P if m.sharded_state else total
+    if m.offload:
+        s.add(net.host_s(shard), comm=True, after=s.everything())
+    updated = s.compute(optimizer, after=s.everything())
+    if m.offload:
+        s.add(net.host_s(shard), comm=True, after=[updated])
+    if m.gather == "after_step":
+        s.collective(coll("all_gather", total), after=[updated])
+    probe_overhead = None
+    if sc.probe and P > 1:
+        reduce_all = sum(coll("all_reduce", t * b) for t in shape.tensors)
+        probe_overhead = reduce_all / (forward + reduce_all)
+        s.compute(forward, after=s.everything())
+        s.add(0.5 * reduce_all, comm=True, after=s.everything())
+        s.collectives += len(shape.tensors) / 2
+    s.add(profile.data_s + profile.overhead_s, after=s.everything())
+    state = model_state(strategy, shape, P)
+    return Projection(
+        strategy=strategy, ranks=P, nodes=sc.nodes, samples_per_rank=sc.samples_per_rank, step_s=s.makespan,
+        compute_s=s.compute_s, data_s=profile.data_s, comm_s=s.comm_s,
+        exposed_s=max(0.0, s.makespan - s.compute_s - profile.data_s), collectives=s.collectives, state=state,
+        host_bytes=state["optimizer"] + state["master_params"] if m.offload else 0.0, profile=profile.source,
+        probe_overhead=probe_overhead)
+
+
+def nodes_for(ranks: int, ranks_per_node: int) -> int:
+    return max(1, math.ceil(ranks / ranks_per_node))
+
+
+def project(strategies: Sequence[str], shape: ModelShape, profiles: dict[str, ComputeProfile], net: Network,
+            ranks: Sequence[int], ranks_per_node: int, *, micro_batch: float | None = None,
+            global_batch: float | None = None, compute_scale: float = 1.0, contention: float = 1.0,
+            probe: bool = False) -> list[Projection]:
+    """Every strategy at every rank count, with speedup and efficiency against the same strategy
+    at one rank. The per-rank batch is fixed (``micro_batch``, default the profile's) unless
+    ``global_batch`` is: then each rank gets global_batch / P samples (strong scaling)."""
+    rows = []
+    for strategy in strategies:
+        profile = profiles.get(strategy) or profiles["*"]
+
+        def one(p: int) -> Projection:
+            per_rank = global_batch / p if global_batch else (micro_batch or profile.samples)
+            return project_step(strategy, shape, profile, net,
+                                Scenario(p, nodes_for(p, ranks_per_node), per_rank, compute_scale, contention, probe))
+
+        base = one(1)
+        for p in ranks if STRATEGIES[strategy].multi_rank else [1]:
+            r = one(p)
+            speedup = r.samples_per_s / base.samples_per_s
+            rows.append(replace(r, speedup=speedup, efficiency=speedup / p))
+    return rows
+
+
+def search_limit(net: Network, ranks_per_node: int) -> int:
+    """The most ranks the takeover search tries: one node's without an inter-node link."""
+    return TAKEOVER_SEARCH if net.has("inter") else ranks_per_node
+
+
+def takeover(strategy: str, shape: ModelShape, profile: ComputeProfile, net: Network, ranks_per_node: int, *,
+             micro_batch: float | None = None, global_batch: float | None = None, compute_scale: float = 1.0,
+             contention: float = 1.0, probe: bool = False) -> int | None:
+    """The smallest power-of-two rank count (up to search_limit) at which projected exposed
+    communication exceeds projected compute; None if none does. With a fixed per-rank batch and no
+    bookkeeping this is also where efficiency falls below 50%."""
+    p = 2
+    while p <= search_limit(net, ranks_per_node):
+        (r,) = project([strategy], shape, {"*": profile}, net, [p], ranks_per_node, micro_batch=micro_batch,
+                       global_batch=global_batch, compute_scale=compute_scale, contention=contention, probe=probe)
+        if r.exposed_s > r.compute_s:
+            return p
+        p *= 2
+    return None
