@@ -19,14 +19,14 @@ from pathlib import Path
 
 import torch
 
+from kanscale.errors import ConfigError
+from kanscale.files import find_file, read_mapping
 from launchers.commands import LAUNCHERS, Launch, LaunchSpec
 from launchers.hostfile import Host, hostfile_text, parse_hostfile
 from launchers.slurm import SlurmOptions, slurm_launch
-from kanscale.errors import ConfigError
-from kanscale.files import find_file, read_mapping
+from strategies.accelerate import launch_config_conflicts
 from strategies.experiment import ExperimentConfig, load_experiment
 from strategies.failures import raise_on_sigterm
-from strategies.accelerate import launch_config_conflicts
 from strategies.preflight import preflight
 
 LAUNCHER_PACKAGES = {"torchrun": "torch", "accelerate": "accelerate", "deepspeed": "deepspeed"}

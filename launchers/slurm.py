@@ -17,8 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from launchers.commands import LAUNCHERS, Launch, LaunchSpec, shell_join
 from kanscale.errors import ConfigError
+from launchers.commands import LAUNCHERS, Launch, LaunchSpec, shell_join
 
 HEAD, NODE_RANK, JOB_ID = "$head_node", "$SLURM_NODEID", "$SLURM_JOB_ID"
 

@@ -21,12 +21,12 @@ from tqdm import tqdm
 
 from analysis.records import RecordError, read_summary
 from analysis.schema import RunRecord
+from kanscale.errors import ConfigError
 from launchers.commands import LaunchSpec, free_port
 from launchers.run import RunRequest, execute, plan
 from launchers.slurm import write_script
 from launchers.study import Point, StudyConfig, axis_label, expand, load_study, strategy_config
 from strategies.checkpoint import latest_checkpoint
-from kanscale.errors import ConfigError
 
 # Two names for this machine: the deepspeed launcher needs one distinct host name per node.
 LOCAL_HOSTS = ["localhost", "127.0.0.1"]

@@ -25,12 +25,12 @@ from kanscale.errors import ConfigError
 from kanscale.files import find_file, read_mapping
 from strategies.config import StrategyConfig, TrainingConfig
 from strategies.ddp import DDPEngine
+from strategies.deepspeed import DeepSpeedEngine, fill_training_keys, prepare_import, suite_owned_flags
 from strategies.distributed import DistEnv
 from strategies.engine import Engine
 from strategies.fsdp1 import FSDP1Engine
 from strategies.fsdp2 import FSDP2Engine
 from strategies.optim import build_optimizer
-from strategies.deepspeed import DeepSpeedEngine, fill_training_keys, prepare_import, suite_owned_flags
 
 GPU_ONLY_MESSAGE = "accelerate + FSDP needs CUDA devices here (Accelerate's FSDP plugin does not run on CPUs); use strategy fsdp2 or fsdp1 on CPU"
 

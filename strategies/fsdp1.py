@@ -14,8 +14,8 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from kanscale.errors import ConfigError
 from strategies.config import StrategyConfig, TrainingConfig
-from strategies.distributed import DistEnv
 from strategies.dcp import ShardedCheckpoints
+from strategies.distributed import DistEnv
 from strategies.engine import AveragingEngine, Engine, detached_copy, frozen_parameters
 from strategies.optim import build_optimizer
 

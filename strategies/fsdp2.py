@@ -16,8 +16,8 @@ from torch.distributed.tensor import DTensor, Shard
 
 from kanscale.errors import ConfigError
 from strategies.config import StrategyConfig, TrainingConfig
-from strategies.distributed import DistEnv
 from strategies.dcp import ShardedCheckpoints
+from strategies.distributed import DistEnv
 from strategies.engine import AveragingEngine, Engine, detached_copy, frozen_parameters
 from strategies.optim import build_optimizer
 
@@ -39,7 +39,8 @@ class FSDP2Engine(ShardedCheckpoints, AveragingEngine):
         yield
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return detached_copy({k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in self.model.state_dict().items()})
+        state = self.model.state_dict()
+        return detached_copy({k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()})
 
     @torch.no_grad()
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:

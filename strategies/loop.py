@@ -4,6 +4,10 @@ Every rank runs this same code. Only rank 0 writes the record while things go we
 takes part in the few collectives that turn per-rank measurements into the run's numbers, and
 those happen outside the timed windows.
 
+The loop never writes a loss formula (the task does) and never runs the model itself (the
+engine does: ``forward_backward``, ``step``, ``evaluate``); it shards data by the data-parallel
+position of :class:`DistEnv`, so a backend that splits a model over ranks fits unchanged.
+
 Exposed communication is measured the same way for every strategy, without touching the
 training: before training, each rank times its own per-step work (forward, backward and
 optimizer step over the same micro-batches) on an unwrapped replica of the model, with no
@@ -27,10 +31,9 @@ from analysis.records import RunWriter, read_steps, read_summary
 from analysis.schema import RunRecord, StepRecord
 from kan_models import build_model, count_parameters
 from kan_models.compile import compile_model
-from strategies.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from kanscale.errors import ConfigError
+from strategies.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
 from strategies.data import rank_micro_batches
-from strategies.preflight import preflight
 from strategies.distributed import DistEnv
 from strategies.engine import Batch, Engine
 from strategies.experiment import ExperimentConfig, dump_yaml
@@ -39,12 +42,12 @@ from strategies.failures import (
 )
 from strategies.measure import reset_peak_rss
 from strategies.optim import build_optimizer
+from strategies.preflight import preflight
 from strategies.probes import build_probe
 from strategies.progress import Progress
 from strategies.recording import (
     StepSample, batch_info, combine_steps, initial_record, new_run_id, now_iso, results,
 )
-
 
 
 def load_exported(path: str, cfg: ExperimentConfig) -> dict[str, torch.Tensor]:

@@ -12,8 +12,8 @@ from pydantic import Field
 
 from strategies.accelerate import AccelerateConfig
 from strategies.config import StrategyConfig
-from strategies.ddp import DDPConfig
 from strategies.dcp import ShardedCheckpoints
+from strategies.ddp import DDPConfig
 from strategies.deepspeed import DeepSpeedConfig, DeepSpeedEngine
 from strategies.engine import Engine
 from strategies.fsdp1 import FSDP1Config
