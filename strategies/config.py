@@ -127,6 +127,11 @@ class StrategyConfig(Section):
         some of them (DeepSpeed's JSON): what the run's record and config.yaml store."""
         return self
 
+    def backend_config_preview(self, training: TrainingConfig, world_size: int) -> tuple[str, dict] | None:
+        """What the backend will be given, for ``--dry-run`` (a title and the config), where the
+        strategy merges one from several sources; None where it does not."""
+        return None
+
     def launch_config(self) -> str | None:
         """The launcher config file this strategy is meant to run under, where it has one."""
         return None

@@ -41,8 +41,11 @@ OPTION_KEYS: dict[str, tuple[str, ...]] = {
     "allgather_bucket_size": ("zero_optimization", "allgather_bucket_size"),
     "param_persistence_threshold": ("zero_optimization", "stage3_param_persistence_threshold"),
 }
-# blocks the suite owns because it passes its own optimizer object
-FORBIDDEN_BLOCKS = {"optimizer": "training.optimizer", "scheduler": "training (the suite uses a constant learning rate)"}
+# blocks the suite owns because it passes its own optimizer object: what to set instead
+FORBIDDEN_BLOCKS = {
+    "optimizer": "set training.optimizer, training.lr, training.betas, training.eps and training.weight_decay instead",
+    "scheduler": "the suite trains with a constant learning rate, training.lr",
+}
 
 
 def accelerator_env(device_type: str) -> dict[str, str]:
@@ -57,6 +60,12 @@ def prepare_import(device_type: str) -> None:
     """Set :func:`accelerator_env` in this process (where not already set), before deepspeed is imported."""
     for key, value in accelerator_env(device_type).items():
         os.environ.setdefault(key, value)
+
+
+def native_file_section(path: str) -> dict[str, str]:
+    """The strategy section that trains with DeepSpeed from the native JSON at ``path``
+    (``--deepspeed-config``)."""
+    return {"name": "deepspeed", "config": path}
 
 
 def zero_label(stage: int, offloaded: bool) -> str:
@@ -159,7 +168,7 @@ class DeepSpeedConfig(StrategyConfig):
         """The DeepSpeed config this run uses, or a ConfigError naming every conflict."""
         resolved = self.native()
         source = self.config or "the DeepSpeed config"
-        conflicts = [f"{block} (the suite passes {owner}; remove it)" for block, owner in FORBIDDEN_BLOCKS.items() if block in resolved]
+        conflicts = [f"remove its {block} block ({advice})" for block, advice in FORBIDDEN_BLOCKS.items() if block in resolved]
         for option, value in self.option_values().items():
             path = OPTION_KEYS[option]
             native = get_path(resolved, path)
@@ -186,6 +195,9 @@ class DeepSpeedConfig(StrategyConfig):
             raise ConfigError("strategy.offload_param: parameter offload needs ZeRO stage 3; set strategy.zero_stage=3 "
                               "or offload_param=false")
 
+    def backend_config_preview(self, training: TrainingConfig, world_size: int) -> tuple[str, dict[str, Any]]:
+        return "the DeepSpeed config every rank passes to deepspeed.initialize", self.resolve(training, world_size)
+
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError("strategy.name: deepspeed is not installed; pip install deepspeed (or pick another strategy)")
@@ -194,6 +206,10 @@ class DeepSpeedConfig(StrategyConfig):
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
         ds_config = self.resolve(training, env.world_size)
         prepare_import(env.device.type)
+        # DeepSpeed reads the rank from the environment every launcher exports; a process started
+        # by hand (a one-rank group, the baseline of a scaling curve) exports none.
+        for key, value in {"LOCAL_RANK": env.local_rank, "RANK": env.rank, "WORLD_SIZE": env.world_size}.items():
+            os.environ.setdefault(key, str(value))
         import deepspeed
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)

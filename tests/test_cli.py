@@ -1,6 +1,7 @@
 """The kanscale CLI as a user runs it."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,23 @@ def test_schema_prints_json_schema(capsys):
     assert main(["schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert {"RunRecord", "StepRecord"} <= set(schema["$defs"])
+
+
+def test_a_native_deepspeed_json_from_the_command_line(tmp_path, capsys):
+    """``--deepspeed-config FILE``: the dry run shows the merged config, the ranks get the file,
+    and a real run records what the file decided (stage 3)."""
+    native = tmp_path / "ds.json"
+    native.write_text(json.dumps({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}))
+    assert main(["run", QUICKSTART, "--deepspeed-config", str(native), "--nproc-per-node", "2", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "# the DeepSpeed config every rank passes to deepspeed.initialize:" in out
+    assert '#       "stage": 3,' in out and '"train_batch_size": 512' in out and str(native) in out.splitlines()[-1]
+    assert main(["run", QUICKSTART, "--deepspeed-config", str(native), "--strategy", "ddp", "--dry-run"]) == 2
+    assert "cannot be combined with --strategy" in capsys.readouterr().err
+    proc = subprocess.run([sys.executable, "-m", "launchers.cli", "train", QUICKSTART, "--deepspeed_config", str(native),
+                           "--no-progress", "--set", "training.steps=6", "--set", "training.warmup_steps=1",
+                           "--set", "measurement.baseline_steps=1", "--out", str(tmp_path / "runs")],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = read_summary(only_run(tmp_path / "runs"))
+    assert (record.strategy.label, record.strategy.options["zero_stage"]) == ("zero3", 3)

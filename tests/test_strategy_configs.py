@@ -48,8 +48,9 @@ def test_the_experiment_fills_every_training_value_explicitly(tmp_path):
 @pytest.mark.parametrize("native,message", [
     ({"gradient_clipping": 1.0}, "gradient_clipping=1.0 but the experiment implies 0.0"),
     ({"train_micro_batch_size_per_gpu": 16}, "train_micro_batch_size_per_gpu=16 but the experiment implies 512"),
-    ({"optimizer": {"type": "AdamW"}}, "optimizer (the suite passes training.optimizer; remove it)"),
-    ({"scheduler": {"type": "WarmupLR"}}, "scheduler"),
+    ({"optimizer": {"type": "AdamW"}}, "remove its optimizer block (set training.optimizer, training.lr, training.betas"),
+    ({"scheduler": {"type": "WarmupLR"}}, "remove its scheduler block (the suite trains with a constant learning rate, "
+                                          "training.lr)"),
     ({"bf16": {"enabled": True}}, "bf16.enabled=True but the experiment implies False"),
 ])
 def test_a_native_file_that_contradicts_the_experiment_is_refused(tmp_path, native, message):

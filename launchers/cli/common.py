@@ -4,6 +4,7 @@ how an error becomes a message and an exit code, and how a rank of a launch leav
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any, Callable, NoReturn
@@ -24,7 +25,23 @@ def add_experiment_options(parser: argparse.ArgumentParser) -> None:
                         help="override a config field, e.g. --set training.lr=0.01 --set model.widths=[2,32,1] (repeatable)")
     parser.add_argument("--strategy", metavar="PRESET", help="replace the experiment's strategy section with a preset from "
                         "configs/strategies/ (single, ddp, fsdp1, fsdp2, zero0-3, zero3_offload, accelerate, ...) or a YAML file")
+    parser.add_argument("--deepspeed-config", "--deepspeed_config", dest="deepspeed_config", metavar="FILE",
+                        help="train with DeepSpeed from this native DeepSpeed JSON (replaces the strategy section; "
+                             "the experiment still owns batch sizes, clipping and precision)")
     parser.add_argument("--out", help="results directory (overrides output.dir)")
+
+
+def experiment_overrides(args: argparse.Namespace) -> list[str]:
+    """The ``--set`` overrides, with ``--deepspeed-config`` as the strategy section it stands for
+    (carried to every rank as an override, like any other)."""
+    if args.deepspeed_config is None:
+        return list(args.overrides)
+    if args.strategy is not None:
+        raise ConfigError("--deepspeed-config replaces the strategy section, so it cannot be combined with --strategy; "
+                          "drop one (a DeepSpeed preset names its JSON in its config key)")
+    from strategies.deepspeed import native_file_section
+
+    return [f"strategy={json.dumps(native_file_section(args.deepspeed_config))}", *args.overrides]
 
 
 def exit_code(err: BaseException, args: argparse.Namespace) -> int:

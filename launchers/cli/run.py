@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from launchers.cli.common import add_experiment_options, common_options
+from launchers.cli.common import add_experiment_options, common_options, experiment_overrides
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -47,18 +48,23 @@ def main(args: argparse.Namespace) -> int:
     from launchers.slurm import SlurmOptions, write_script
     from strategies.experiment import load_experiment
 
-    out = args.out or load_experiment(args.config, args.overrides, strategy=args.strategy).output.dir
+    overrides = experiment_overrides(args)
+    out = args.out or load_experiment(args.config, overrides, strategy=args.strategy).output.dir
     spec = LaunchSpec(launcher=args.launcher, nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                       node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
                       rdzv_id=args.rdzv_id, hostfile=args.hostfile, no_ssh=args.no_ssh,
                       accelerate_config=args.accelerate_config)
-    request = RunRequest(config=args.config, out=out, spec=spec, overrides=args.overrides, strategy=args.strategy,
+    request = RunRequest(config=args.config, out=out, spec=spec, overrides=overrides, strategy=args.strategy,
                          hosts=[h for h in (args.hosts or "").split(",") if h], oversubscribe=args.oversubscribe,
                          slurm=SlurmOptions(inner=args.inner_launcher, time=args.time, partition=args.partition,
                                             account=args.account),
                          job_name=f"kanscale-{Path(args.config).stem}")
     cfg, request, launch = plan(request)
     if args.dry_run:
+        preview = cfg.strategy.backend_config_preview(cfg.training, request.spec.world_size)
+        if preview is not None:
+            title, config = preview
+            print(f"# {title}:\n" + "".join(f"#   {line}\n" for line in json.dumps(config, indent=2).splitlines()), end="")
         print(launch.render())
         return 0
     if request.spec.launcher == "slurm":

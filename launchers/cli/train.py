@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from launchers.cli.common import add_experiment_options, common_options, run_rank
+from launchers.cli.common import add_experiment_options, common_options, experiment_overrides, run_rank
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -30,7 +30,7 @@ def main(args: argparse.Namespace) -> int:
     from strategies.experiment import load_experiment
     from strategies.loop import train
 
-    overrides = list(args.overrides) + ([f"output.dir={args.out}"] if args.out else [])
+    overrides = experiment_overrides(args) + ([f"output.dir={args.out}"] if args.out else [])
     cfg = load_experiment(args.config, overrides, strategy=args.strategy)
     env = DistEnv.from_environ(cfg.runtime.device)
 
