@@ -116,7 +116,7 @@ def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
     if starts_accelerate(request):
         path = spec.accelerate_config  # found by resolve()
         settings = read_mapping(path, "--accelerate-config", what="an accelerate launch config (a mapping)")
-        problems = launch_config_conflicts(settings, cfg.training, spec.device)
+        problems = launch_config_conflicts(settings, cfg.training, spec.device, spec.world_size)
         if problems:
             raise ConfigError(f"--accelerate-config: {path}: " + "; ".join(problems))
 

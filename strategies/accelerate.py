@@ -44,11 +44,17 @@ def requested_plugin() -> str | None:
     return None
 
 
-def launch_config_conflicts(launch: dict[str, Any], training: TrainingConfig, device_type: str) -> list[str]:
+def launch_config_conflicts(launch: dict[str, Any], training: TrainingConfig, device_type: str,
+                            world_size: int = 1) -> list[str]:
     """What an accelerate launch config says that the experiment contradicts or that cannot
-    run on ``device_type``."""
+    run ``world_size`` ranks on ``device_type``."""
     problems = []
     kind = launch.get("distributed_type")
+    if kind == "NO" and world_size > 1:
+        # `accelerate config default` writes this; Accelerate then starts one process and exits 0.
+        multi = "MULTI_GPU" if device_type == "cuda" else "MULTI_CPU"
+        problems.append(f"distributed_type: NO starts one process, but {world_size} ranks were asked for; "
+                        f"set distributed_type: {multi} (or another multi-process type)")
     if kind == "FSDP" and device_type != "cuda":
         problems.append(GPU_ONLY_MESSAGE)
     precision = launch.get("mixed_precision", "no")
@@ -78,7 +84,7 @@ class AccelerateConfig(StrategyConfig):
         if self.config_file is None:
             return
         path = find_file(self.config_file, "strategy.config_file", "accelerate config")
-        problems = launch_config_conflicts(read_mapping(path, "strategy.config_file"), training, device_type)
+        problems = launch_config_conflicts(read_mapping(path, "strategy.config_file"), training, device_type, world_size)
         if problems:
             raise ConfigError(f"strategy.config_file: {path}: " + "; ".join(problems))
 

@@ -206,6 +206,22 @@ def test_accelerate_fsdp_is_refused_at_run_time_on_cpu(monkeypatch):
         AccelerateConfig(name="accelerate").apply(kan_model(), TrainingConfig(), DistEnv(world_size=2))
 
 
+def test_an_accelerate_config_that_starts_one_process_is_refused_for_two_ranks(tmp_path):
+    """`accelerate config default` writes distributed_type: NO; launched with 2 ranks Accelerate
+    would start one process and exit 0. Refused before launch, naming the key."""
+    default = tmp_path / "default_config.yaml"
+    default.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: 'no'\n"
+                       "num_processes: 1\nuse_cpu: true\n")
+    from launchers.cli import main
+
+    assert main(["run", "quickstart", "--strategy", "accelerate", "--launcher", "accelerate", "--accelerate-config",
+                 str(default), "--nproc-per-node", "2", "--dry-run"]) == 2
+    assert launch_config_conflicts({"distributed_type": "NO"}, TrainingConfig(), "cpu", 2) == [
+        "distributed_type: NO starts one process, but 2 ranks were asked for; set distributed_type: MULTI_CPU "
+        "(or another multi-process type)"]
+    assert launch_config_conflicts({"distributed_type": "NO"}, TrainingConfig(), "cpu", 1) == []
+
+
 def test_accelerate_launch_config_conflicts():
     launch = {"distributed_type": "DEEPSPEED", "mixed_precision": "bf16",
               "deepspeed_config": {"gradient_accumulation_steps": 4, "gradient_clipping": 1.0}}
