@@ -28,8 +28,6 @@ from torch.distributed.tensor import DTensor
 
 from analysis.schema import ModelStateBytes
 from strategies.config import TrainingConfig
-from strategies.distributed import DistEnv
-
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs and targets of one micro-batch
 # A task's loss summed over a batch's samples, or its additive test statistics.
