@@ -5,18 +5,15 @@ ConfigError naming the flag."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
 from analysis import projection as pj
 from analysis.documents import json_out, write_json_and_markdown
 from kanscale.errors import ConfigError
-from kanscale.files import find_file
+from kanscale.files import find_file, read_json, read_mapping
 from launchers.zoo import bench_model_config, model_shape
 
 
@@ -41,16 +38,16 @@ class ProjectionRequest:
 def checked(flag: str, load: Callable, *inputs: Any, **options: Any) -> Any:
     try:
         return load(*inputs, **options)
-    except (ValueError, KeyError, OSError, yaml.YAMLError) as err:
+    except (ValueError, KeyError, OSError) as err:
         raise ConfigError(f"{flag}: {err}") from None
 
 
 def network(request: ProjectionRequest) -> pj.Network:
     if request.cluster:
         path = find_file(request.cluster, "--cluster", "cluster file")
-        return checked("--cluster", lambda: pj.network_from_cluster(yaml.safe_load(path.read_text()) or {}, str(path)))
-    return checked("--network", lambda: pj.network_from_commbench(
-        [json.loads(Path(p).read_text()) for p in request.network], ", ".join(request.network)))
+        return checked("--cluster", pj.network_from_cluster, read_mapping(path, "--cluster"), str(path))
+    docs = [read_json(p, "--network") for p in request.network]
+    return checked("--network", pj.network_from_commbench, docs, ", ".join(request.network))
 
 
 def profiles(request: ProjectionRequest) -> tuple[dict[str, pj.ComputeProfile], dict[str, Any]]:
@@ -62,7 +59,7 @@ def profiles(request: ProjectionRequest) -> tuple[dict[str, pj.ComputeProfile], 
         raise ConfigError(f"--profile: {request.profile} does not exist; give 1-rank run(s) of one experiment (a run "
                           "directory or a directory of runs), a kanscale bench JSON, or paper")
     elif Path(request.profile).is_file():
-        doc = checked("--profile", lambda: json.loads(Path(request.profile).read_text()))
+        doc = read_json(request.profile, "--profile")
         profile, workload, impl = checked("--profile", pj.profile_from_bench, doc, request.row)
         found, model = {"*": profile}, bench_model_config(doc, workload, impl)
     else:
