@@ -5,7 +5,9 @@ chosen here but by the accelerate launch config the run was started with
 (``accelerate launch --config_file configs/accelerate/<x>.yaml``); the engine records what
 Accelerate reports. Two silent failure modes of Accelerate are refused instead of recorded:
 several ranks that each train alone (distributed type NO: Accelerate's FSDP plugin does this on
-machines without GPUs), and a requested plugin that Accelerate quietly replaced.
+machines without GPUs), and a requested plugin that Accelerate quietly replaced. A DeepSpeed
+JSON the launch config names (``deepspeed_config_file``) gets the direct route's checks, before
+launch, and its ``"auto"`` values are filled by the same function inside the rank.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from analysis.schema import ModelStateBytes
+from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, read_mapping
 from strategies.config import StrategyConfig, TrainingConfig
 from strategies.ddp import DDPEngine
-from strategies.deepspeed import DeepSpeedEngine, fill_training_keys, prepare_import, suite_owned_flags
+from strategies.deepspeed import DeepSpeedEngine, prepare_import
+from strategies.deepspeed_native import hidden_size, resolve_native, warn_unchecked
 from strategies.distributed import DistEnv
 from strategies.engine import Engine
 from strategies.fsdp1 import FSDP1Engine
@@ -45,9 +49,10 @@ def requested_plugin() -> str | None:
 
 
 def launch_config_conflicts(launch: dict[str, Any], training: TrainingConfig, device_type: str,
-                            world_size: int = 1) -> list[str]:
+                            world_size: int = 1, *, model: ModelConfig) -> list[str]:
     """What an accelerate launch config says that the experiment contradicts or that cannot
-    run ``world_size`` ranks on ``device_type``."""
+    run ``world_size`` ranks on ``device_type``; the DeepSpeed JSON it names is checked as the
+    deepspeed strategy checks its own (and its unchecked keys are warned about)."""
     problems = []
     kind = launch.get("distributed_type")
     if kind == "NO" and world_size > 1:
@@ -57,14 +62,51 @@ def launch_config_conflicts(launch: dict[str, Any], training: TrainingConfig, de
                         f"set distributed_type: {multi} (or another multi-process type)")
     if kind == "FSDP" and device_type != "cuda":
         problems.append(GPU_ONLY_MESSAGE)
+    ds = launch.get("deepspeed_config") or {}
+    if kind == "DEEPSPEED" and ds.get("deepspeed_config_file"):
+        return problems + deepspeed_file_problems(launch, training, world_size, model)
     precision = launch.get("mixed_precision", "no")
     if precision not in (None, "no"):
         problems.append(f"mixed_precision={precision!r} but training.dtype is {training.dtype}; set mixed_precision: 'no'")
-    ds = launch.get("deepspeed_config") or {}
     owned = {"gradient_accumulation_steps": training.grad_accum, "gradient_clipping": training.grad_clip}
     for key, value in owned.items():
         if ds.get(key) not in (None, "auto") and float(ds[key]) != float(value):
             problems.append(f"deepspeed_config.{key}={ds[key]!r} but the experiment sets {value!r}")
+    return problems
+
+
+# Launch config keys Accelerate refuses beside a deepspeed_config_file, after launch
+# (DeepSpeedPlugin._deepspeed_config_checks): the JSON decides them.
+DECIDED_BY_THE_FILE = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", "offload_optimizer_device",
+                       "offload_param_device", "offload_param_nvme_path", "offload_optimizer_nvme_path",
+                       "zero3_save_16bit_model")
+
+
+def deepspeed_file_problems(launch: dict[str, Any], training: TrainingConfig, world_size: int,
+                            model: ModelConfig) -> list[str]:
+    """An accelerate launch config's ``deepspeed_config_file`` and what Accelerate requires beside it."""
+    path = Path(str(launch["deepspeed_config"]["deepspeed_config_file"]))
+    problems = []
+    if launch.get("mixed_precision") is not None:
+        problems.append(f"remove mixed_precision: Accelerate refuses it beside deepspeed_config.deepspeed_config_file "
+                        f"(the precision comes from the fp16/bf16 blocks of {path}, which the experiment's "
+                        f"training.dtype={training.dtype} fills when they are \"auto\" or absent)")
+    problems += [f"remove deepspeed_config.{key}: Accelerate refuses it beside deepspeed_config_file; set it in "
+                 f"{path} (\"auto\" takes the experiment's value)"
+                 for key in DECIDED_BY_THE_FILE if key in launch["deepspeed_config"]]
+    if not path.is_file():
+        # accelerate launch reads it relative to its working directory, which kanscale run shares
+        return problems + [f"deepspeed_config.deepspeed_config_file: {path} does not exist in {Path.cwd()}, the "
+                           "directory accelerate launch reads it from (the one kanscale run is started in); give a "
+                           "path relative to it, or an absolute path"]
+    native = read_mapping(path, "deepspeed_config.deepspeed_config_file", what="a JSON object")
+    if not isinstance(native.get("zero_optimization"), dict):
+        problems.append(f"{path} has no zero_optimization block, which Accelerate requires; add one, e.g. "
+                        '"zero_optimization": {"stage": 2}')
+    resolution = resolve_native(native, training, world_size, hidden_size(model), str(path))
+    warn_unchecked(resolution, str(path))
+    if resolution.problems:
+        problems.append(f"deepspeed_config_file {path}: " + "; ".join(resolution.problems))
     return problems
 
 
@@ -84,7 +126,8 @@ class AccelerateConfig(StrategyConfig):
         if self.config_file is None:
             return
         path = find_file(self.config_file, "strategy.config_file", "accelerate config")
-        problems = launch_config_conflicts(read_mapping(path, "strategy.config_file"), training, device_type, world_size)
+        problems = launch_config_conflicts(read_mapping(path, "strategy.config_file"), training, device_type, world_size,
+                                           model=self.resolved_model())
         if problems:
             raise ConfigError(f"strategy.config_file: {path}: " + "; ".join(problems))
 
@@ -123,13 +166,20 @@ class AccelerateConfig(StrategyConfig):
                      else Engine(wrapped, optimizer, training))
         return AccelerateEngine(accelerator, inner, optimizer, training, env.world_size)
 
-    @staticmethod
-    def _prepare_deepspeed(accelerator: Any, model: nn.Module, training: TrainingConfig, env: DistEnv) -> tuple[Engine, Any]:
+    def _prepare_deepspeed(self, accelerator: Any, model: nn.Module, training: TrainingConfig,
+                           env: DistEnv) -> tuple[Engine, Any]:
+        # Resolved here, before prepare: Accelerate would fill the model-sized "auto"s only from a
+        # model.config.hidden_size, which a KAN has not, and would leave the experiment's to defaults.
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
-        conflicts = fill_training_keys(ds_config, training, env.world_size)
-        if conflicts:
-            raise ConfigError("accelerate: the DeepSpeed plugin config contradicts the experiment: " + "; ".join(conflicts))
-        ds_config.update(suite_owned_flags())
+        source = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
+        source = "the accelerate launch config's deepspeed_config" if source == "none" else source
+        resolution = resolve_native(ds_config, training, env.world_size, hidden_size(self.resolved_model()), source)
+        if resolution.problems:
+            raise ConfigError(f"accelerate: the DeepSpeed plugin config ({source}) cannot run as given: "
+                              + "; ".join(resolution.problems))
+        warn_unchecked(resolution, source)
+        ds_config.clear()
+        ds_config.update(resolution.config)  # in place: the plugin's own dict is what Accelerate prepares with
         _, optimizer = accelerator.prepare(model, build_optimizer(model.parameters(), training))
         return DeepSpeedEngine(accelerator.deepspeed_engine_wrapped.engine, training, env.world_size, ds_config), optimizer
 

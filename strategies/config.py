@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from kanscale.errors import ConfigError
 
 if TYPE_CHECKING:
     from torch import nn
+
+    from kan_models.base import ModelConfig
 
     from strategies.distributed import DistEnv
     from strategies.engine import Engine
@@ -115,6 +117,8 @@ class StrategyConfig(Section):
     preferred_launcher: ClassVar[str | None] = None
     # measurement.comm_probe values this strategy supports besides ``none``.
     probes: ClassVar[frozenset[str]] = frozenset()
+    # The experiment's model, set by resolved(): a backend may size its config by it (DeepSpeed's "auto").
+    _model: ModelConfig | None = PrivateAttr(None)
 
     def label(self) -> str:
         """The strategy's short name in records, tables, plots and projections: the name plus
@@ -122,10 +126,18 @@ class StrategyConfig(Section):
         named by their label."""
         return self.name
 
-    def resolved(self) -> StrategyConfig:
-        """These options as the backend will run them, where a native config file can decide
-        some of them (DeepSpeed's JSON): what the run's record and config.yaml store."""
-        return self
+    def resolved(self, model: ModelConfig) -> StrategyConfig:
+        """These options as the backend will run them for ``model``, where a native config file
+        can decide some of them (DeepSpeed's JSON): what the run's record and config.yaml store."""
+        resolved = self.model_copy()
+        resolved._model = model
+        return resolved
+
+    def resolved_model(self) -> ModelConfig:
+        """The experiment's model these options were resolved for (:meth:`resolved`)."""
+        if self._model is None:
+            raise RuntimeError("the strategy was not resolved for a model; use strategy.resolved(cfg.model)")
+        return self._model
 
     def backend_config_preview(self, training: TrainingConfig, world_size: int) -> tuple[str, dict] | None:
         """What the backend will be given, for ``--dry-run`` (a title and the config), where the

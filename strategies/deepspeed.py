@@ -4,9 +4,8 @@ The DeepSpeed config is assembled from three sources, in this order: a native De
 file (``strategy.config``, optional), the strategy's own options (ZeRO stage, offload, buckets),
 and the experiment's training section (batch sizes, gradient clipping, precision). The suite's
 optimizer is passed in as an object, so DeepSpeed's own optimizer and scheduler blocks are not
-used. A value the native file sets that contradicts the experiment is refused, naming the keys:
-DeepSpeed 0.19, for one, defaults ``gradient_clipping`` to 1.0, which would silently change the
-training unless the suite sets it.
+used. Checking the merged file against the experiment and filling its ``"auto"`` values is
+:mod:`strategies.deepspeed_native`'s job, shared with Accelerate's DeepSpeed plugin.
 """
 
 from __future__ import annotations
@@ -23,9 +22,13 @@ from pydantic import Field
 from torch import nn
 
 from analysis.schema import ModelStateBytes
+from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, read_mapping
 from strategies.config import StrategyConfig, TrainingConfig
+from strategies.deepspeed_native import (
+    AUTO, Resolution, get_path, hidden_size, hidden_size_values, resolve_native, set_path, warn_unchecked,
+)
 from strategies.distributed import DistEnv
 from strategies.engine import Engine, detached_copy, optimizer_state_tensors, tensor_bytes
 from strategies.optim import build_optimizer
@@ -40,11 +43,6 @@ OPTION_KEYS: dict[str, tuple[str, ...]] = {
     "reduce_bucket_size": ("zero_optimization", "reduce_bucket_size"),
     "allgather_bucket_size": ("zero_optimization", "allgather_bucket_size"),
     "param_persistence_threshold": ("zero_optimization", "stage3_param_persistence_threshold"),
-}
-# blocks the suite owns because it passes its own optimizer object: what to set instead
-FORBIDDEN_BLOCKS = {
-    "optimizer": "set training.optimizer, training.lr, training.betas, training.eps and training.weight_decay instead",
-    "scheduler": "the suite trains with a constant learning rate, training.lr",
 }
 
 
@@ -72,52 +70,6 @@ def zero_label(stage: int, offloaded: bool) -> str:
     return f"zero{stage}" + ("_offload" if offloaded else "")
 
 
-def get_path(tree: dict[str, Any], path: tuple[str, ...]) -> Any:
-    for key in path:
-        if not isinstance(tree, dict) or key not in tree:
-            return None
-        tree = tree[key]
-    return tree
-
-
-def set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    for key in path[:-1]:
-        tree = tree.setdefault(key, {})
-    tree[path[-1]] = value
-
-
-def suite_owned_flags() -> dict[str, Any]:
-    """Settings every suite-built DeepSpeed config carries: the suite's own (torch) optimizer is
-    allowed under ZeRO and under offload, and DeepSpeed's periodic console output is off."""
-    return dict(zero_allow_untested_optimizer=True, zero_force_ds_cpu_optimizer=False,
-                steps_per_print=2**31 - 1, wall_clock_breakdown=False)
-
-
-def fill_training_keys(ds_config: dict[str, Any], training: TrainingConfig, world_size: int) -> list[str]:
-    """Write the experiment's values into ``ds_config``; return the conflicts with values it
-    already had (``"auto"`` counts as unset, as in Accelerate's configs)."""
-    conflicts = []
-    for path, value in training_keys(training, world_size).items():
-        native = get_path(ds_config, path)
-        if native not in (None, "auto") and native != value:
-            conflicts.append(f"{'.'.join(path)}={native!r} but the experiment implies {value!r}")
-        set_path(ds_config, path, value)
-    return conflicts
-
-
-def training_keys(training: TrainingConfig, world_size: int) -> dict[tuple[str, ...], Any]:
-    """DeepSpeed keys whose values the experiment owns."""
-    micro = training.micro_batch_for(world_size)
-    return {
-        ("train_micro_batch_size_per_gpu",): micro,
-        ("gradient_accumulation_steps",): training.grad_accum,
-        ("train_batch_size",): micro * training.grad_accum * world_size,
-        ("gradient_clipping",): training.grad_clip,
-        ("fp16", "enabled"): False,
-        ("bf16", "enabled"): False,
-    }
-
-
 class DeepSpeedConfig(StrategyConfig):
     """DeepSpeed ZeRO stage 0-3 with optional CPU offload."""
 
@@ -140,14 +92,21 @@ class DeepSpeedConfig(StrategyConfig):
         return read_mapping(find_file(self.config, "strategy.config", "DeepSpeed config"), "strategy.config",
                             what="a JSON object")
 
-    def resolved(self) -> "DeepSpeedConfig":
+    def resolved(self, model: ModelConfig) -> "DeepSpeedConfig":
         """These options with what the native file sets filled in, so that what the run records
-        is what DeepSpeed runs (a ``zero3`` preset records ``zero_stage: 3``). Where the file and
-        an option given in the strategy section disagree, :meth:`resolve` refuses the run."""
+        is what DeepSpeed runs (a ``zero3`` preset records ``zero_stage: 3``; an ``"auto"``
+        bucket size records the number it becomes for ``model``). Where the file and an option
+        given in the strategy section disagree, :meth:`resolution` refuses the run."""
         native = self.native()
-        from_file = {option: self._from_native(option, get_path(native, path)) for option, path in OPTION_KEYS.items()
-                     if option not in self.model_fields_set and get_path(native, path) not in (None, "auto")}
-        return type(self).model_validate({**self.model_dump(exclude_unset=True), "name": self.name, **from_file})
+        sized = hidden_size_values(hidden_size(model))
+        from_file = {}
+        for option, path in OPTION_KEYS.items():
+            value = get_path(native, path)
+            value = sized.get(path) if value == AUTO else value  # Accelerate's value for this model, where it has one
+            if option not in self.model_fields_set and value is not None:
+                from_file[option] = self._from_native(option, value)
+        merged = type(self).model_validate({**self.model_dump(exclude_unset=True), "name": self.name, **from_file})
+        return StrategyConfig.resolved(merged, model)
 
     @staticmethod
     def _from_native(option: str, value: Any) -> Any:
@@ -164,26 +123,31 @@ class DeepSpeedConfig(StrategyConfig):
             values[option] = "cpu" if values[option] else "none"
         return values
 
-    def resolve(self, training: TrainingConfig, world_size: int) -> dict[str, Any]:
-        """The DeepSpeed config this run uses, or a ConfigError naming every conflict."""
-        resolved = self.native()
+    def resolution(self, training: TrainingConfig, world_size: int) -> Resolution:
+        """The native file with the strategy options merged in, checked and resolved for this
+        experiment; a ConfigError names every problem."""
+        merged = self.native()
         source = self.config or "the DeepSpeed config"
-        conflicts = [f"remove its {block} block ({advice})" for block, advice in FORBIDDEN_BLOCKS.items() if block in resolved]
+        conflicts = []
         for option, value in self.option_values().items():
             path = OPTION_KEYS[option]
-            native = get_path(resolved, path)
-            if native in (None, "auto"):
-                set_path(resolved, path, value)  # the file is silent: the strategy option (or its default) decides
+            native = get_path(merged, path)
+            if native in (None, AUTO):
+                set_path(merged, path, value)  # the file leaves it open: the strategy option (or its default) decides
             elif option in self.model_fields_set and self._from_native(option, native) != getattr(self, option):
                 conflicts.append(f"{'.'.join(path)}={native!r} but strategy.{option}={value!r}")
             # otherwise the file decides what the strategy section left at its default
-        conflicts += fill_training_keys(resolved, training, world_size)
-        if conflicts:
-            raise ConfigError(f"strategy.config: {source} contradicts the experiment: " + "; ".join(conflicts)
-                              + ". The experiment config is the single source of these values.")
-        resolved.update(suite_owned_flags())
-        self._check_stage(resolved)
-        return resolved
+        resolution = resolve_native(merged, training, world_size, hidden_size(self.resolved_model()), source)
+        problems = conflicts + resolution.problems
+        if problems:
+            raise ConfigError(f"strategy.config: {source} cannot run as given: " + "; ".join(problems)
+                              + ". The experiment config is the single source of the training values.")
+        self._check_stage(resolution.config)
+        return resolution
+
+    def resolve(self, training: TrainingConfig, world_size: int) -> dict[str, Any]:
+        """The DeepSpeed config this run uses, or a ConfigError naming every problem."""
+        return self.resolution(training, world_size).config
 
     @staticmethod
     def _check_stage(resolved: dict[str, Any]) -> None:
@@ -201,7 +165,7 @@ class DeepSpeedConfig(StrategyConfig):
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError("strategy.name: deepspeed is not installed; pip install deepspeed (or pick another strategy)")
-        self.resolve(training, world_size)
+        warn_unchecked(self.resolution(training, world_size), f"strategy.config: {self.config}")
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
         ds_config = self.resolve(training, env.world_size)

@@ -49,9 +49,9 @@ class ExperimentConfig(Section):
     @model_validator(mode="after")
     def _strategy_as_it_runs(self) -> "ExperimentConfig":
         # A native backend file may decide options the strategy section leaves out (the zero3
-        # preset's stage lives in its DeepSpeed JSON); fill them in, so that config.yaml and the
-        # run record say what runs.
-        self.strategy = self.strategy.resolved()
+        # preset's stage lives in its DeepSpeed JSON, an "auto" bucket size is sized by the
+        # model); fill them in, so that config.yaml and the run record say what runs.
+        self.strategy = self.strategy.resolved(self.model)
         return self
 
     def resolved(self) -> dict[str, Any]:

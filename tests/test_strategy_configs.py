@@ -18,19 +18,22 @@ from strategies.experiment import load_experiment
 from strategies.accelerate import AccelerateConfig, launch_config_conflicts
 from strategies.preflight import preflight
 from strategies.registry import STRATEGIES
-from strategies.deepspeed import DeepSpeedConfig, fill_training_keys
+from strategies.deepspeed import DeepSpeedConfig
+from strategies.deepspeed_native import resolve_native
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs/experiments/quickstart.yaml"
 ACCELERATE = ROOT / "configs/accelerate"
+MODEL = parse_model_config({"family": "bspline", "widths": [2, 16, 1]})
 
 
 def deepspeed(tmp_path, native: dict | None = None, **options) -> DeepSpeedConfig:
+    """The strategy section, resolved for MODEL as the experiment resolves it."""
     if native is not None:
         path = tmp_path / "ds.json"
         path.write_text(json.dumps(native))
         options["config"] = str(path)
-    return DeepSpeedConfig(name="deepspeed", **options)
+    return DeepSpeedConfig(name="deepspeed", **options).resolved(MODEL)
 
 
 # ------------------------------------------------------------------------------- DeepSpeed
@@ -46,15 +49,15 @@ def test_the_experiment_fills_every_training_value_explicitly(tmp_path):
 
 
 @pytest.mark.parametrize("native,message", [
-    ({"gradient_clipping": 1.0}, "gradient_clipping=1.0 but the experiment implies 0.0"),
-    ({"train_micro_batch_size_per_gpu": 16}, "train_micro_batch_size_per_gpu=16 but the experiment implies 512"),
+    ({"gradient_clipping": 1.0}, 'gradient_clipping=1.0, but training.grad_clip implies 0.0: set it to 0.0 or "auto" in'),
+    ({"train_micro_batch_size_per_gpu": 16}, "train_micro_batch_size_per_gpu=16, but training.micro_batch implies 512"),
     ({"optimizer": {"type": "AdamW"}}, "remove its optimizer block (set training.optimizer, training.lr, training.betas"),
     ({"scheduler": {"type": "WarmupLR"}}, "remove its scheduler block (the suite trains with a constant learning rate, "
                                           "training.lr)"),
-    ({"bf16": {"enabled": True}}, "bf16.enabled=True but the experiment implies False"),
+    ({"bf16": {"enabled": True}}, "bf16.enabled=true, but training.dtype=float32 implies false"),
 ])
 def test_a_native_file_that_contradicts_the_experiment_is_refused(tmp_path, native, message):
-    with pytest.raises(ConfigError, match="contradicts the experiment") as err:
+    with pytest.raises(ConfigError, match="cannot run as given") as err:
         deepspeed(tmp_path, native).resolve(TrainingConfig(), world_size=2)
     assert message in str(err.value)
 
@@ -78,7 +81,7 @@ def test_offload_without_the_zero_stage_it_needs(tmp_path, options, message):
 def test_shipped_deepspeed_files_resolve():
     for path in sorted((ROOT / "configs/deepspeed").glob("*.json")):
         stage = json.loads(path.read_text())["zero_optimization"]["stage"]
-        resolved = DeepSpeedConfig(name="deepspeed", config=str(path)).resolve(TrainingConfig(), 2)
+        resolved = DeepSpeedConfig(name="deepspeed", config=str(path)).resolved(MODEL).resolve(TrainingConfig(), 2)
         assert resolved["zero_optimization"]["stage"] == stage
 
 
@@ -136,8 +139,8 @@ def test_every_strategy_preset_validates_and_passes_preflight_on_cpu():
 
 def accelerate_launch_env(config: Path) -> dict[str, str]:
     """The environment `accelerate launch --config_file CONFIG` gives its processes, built by
-    Accelerate's own launch code."""
-    args = launch_command_parser().parse_args(["--config_file", str(config), "train.py"])
+    Accelerate's own launch code; the shipped configs leave the process count to the command line."""
+    args = launch_command_parser().parse_args(["--config_file", str(config), "--num_processes", "2", "train.py"])
     args, defaults, _ = _validate_launch_command(args)
     if defaults.distributed_type.name == "DEEPSPEED":
         args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
@@ -184,10 +187,12 @@ def test_deepspeed_plugin_gets_the_experiments_values(monkeypatch, stage):
     plugin = DeepSpeedPlugin()
     assert plugin.deepspeed_config["zero_optimization"]["stage"] == stage
     training = TrainingConfig(micro_batch=64, grad_accum=2, grad_clip=0.5)
-    assert fill_training_keys(plugin.deepspeed_config, training, world_size=2) == []
-    assert plugin.deepspeed_config["gradient_clipping"] == 0.5 and plugin.deepspeed_config["train_batch_size"] == 256
+    resolution = resolve_native(plugin.deepspeed_config, training, world_size=2, hidden=16, source="the plugin")
+    assert resolution.problems == [] and resolution.unchecked == []
+    assert resolution.config["gradient_clipping"] == 0.5 and resolution.config["train_batch_size"] == 256
     plugin.deepspeed_config["gradient_clipping"] = 1.0
-    assert fill_training_keys(plugin.deepspeed_config, training, 2) == ["gradient_clipping=1.0 but the experiment implies 0.5"]
+    assert resolve_native(plugin.deepspeed_config, training, 2, 16, "the plugin").problems == [
+        'gradient_clipping=1.0, but training.grad_clip implies 0.5: set it to 0.5 or "auto" in the plugin']
 
 
 def test_accelerate_fsdp_is_refused_on_cpu_before_launch():
@@ -216,16 +221,16 @@ def test_an_accelerate_config_that_starts_one_process_is_refused_for_two_ranks(t
 
     assert main(["run", "quickstart", "--strategy", "accelerate", "--launcher", "accelerate", "--accelerate-config",
                  str(default), "--nproc-per-node", "2", "--dry-run"]) == 2
-    assert launch_config_conflicts({"distributed_type": "NO"}, TrainingConfig(), "cpu", 2) == [
+    assert launch_config_conflicts({"distributed_type": "NO"}, TrainingConfig(), "cpu", 2, model=MODEL) == [
         "distributed_type: NO starts one process, but 2 ranks were asked for; set distributed_type: MULTI_CPU "
         "(or another multi-process type)"]
-    assert launch_config_conflicts({"distributed_type": "NO"}, TrainingConfig(), "cpu", 1) == []
+    assert launch_config_conflicts({"distributed_type": "NO"}, TrainingConfig(), "cpu", 1, model=MODEL) == []
 
 
 def test_accelerate_launch_config_conflicts():
     launch = {"distributed_type": "DEEPSPEED", "mixed_precision": "bf16",
               "deepspeed_config": {"gradient_accumulation_steps": 4, "gradient_clipping": 1.0}}
-    problems = launch_config_conflicts(launch, TrainingConfig(grad_accum=2), "cuda")
+    problems = launch_config_conflicts(launch, TrainingConfig(grad_accum=2), "cuda", model=MODEL)
     assert problems == ["mixed_precision='bf16' but training.dtype is float32; set mixed_precision: 'no'",
                         "deepspeed_config.gradient_accumulation_steps=4 but the experiment sets 2",
                         "deepspeed_config.gradient_clipping=1.0 but the experiment sets 0.0"]
