@@ -107,6 +107,10 @@ def raise_on_sigterm() -> None:
     Only the main thread can install handlers; elsewhere this does nothing."""
 
     def handler(signum: int, frame: object) -> None:
+        # Once is enough: launchers often send several (under SLURM both slurmstepd and the
+        # deepspeed launcher do, milliseconds apart), and a second Terminated raised inside the
+        # first one's failure report would stop it before the run record is rewritten.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated("terminated by SIGTERM (the launcher stops every rank when one fails)")
 
     try:

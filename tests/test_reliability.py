@@ -195,3 +195,19 @@ def test_a_sweep_resumes_an_interrupted_point_from_its_checkpoint(tmp_path, caps
     assert record.status == "ok" and record.resumed_at_steps == [8] and len(read_steps(run_dir.parent)) == 12
     statuses = [json.loads(line)["status"] for line in (out / "sweep.jsonl").read_text().splitlines()]
     assert statuses == ["failed", "ok"]
+
+
+def test_a_second_sigterm_does_not_cut_the_failure_report_short(tmp_path):
+    """Launchers often signal a rank twice (slurmstepd and the deepspeed launcher, milliseconds
+    apart): the first SIGTERM becomes Terminated, and the report it triggers must still finish."""
+    done = tmp_path / "reported"
+    script = ("import sys, time\nfrom strategies.failures import Terminated, raise_on_sigterm\nraise_on_sigterm()\n"
+              "print('ready', flush=True)\ntry:\n    time.sleep(60)\nexcept Terminated:\n    time.sleep(1.0)\n"
+              f"    open({str(done)!r}, 'w').write('done')\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)  # while the first one's report is being written
+    proc.wait(timeout=30)
+    assert done.read_text() == "done"
