@@ -39,7 +39,8 @@ from analysis.format import human_bytes
 from analysis.projection import DDP_BUCKET, HOST_COPY, MiB, OPS, LinkCost, busbw_factor, fit_alpha_beta
 from analysis.tables import markdown
 from kanscale.errors import ConfigError
-from launchers.commands import Launch, LaunchSpec, free_port, torchrun_launch
+from launchers.commands import Launch, LaunchSpec, torchrun_launch
+from launchers.ports import rendezvous_port
 from launchers.run import check_capacity, execute
 from launchers.zoo import model_shape
 from strategies.distributed import DistEnv, device_name
@@ -274,8 +275,9 @@ def run_commbench(options: BenchOptions, nproc_per_node: int, nnodes: int, node_
     local = master_addr in ("127.0.0.1", "localhost")  # then every node starts here
     device = "cuda" if options.device == "cuda" or (options.device == "auto" and torch.cuda.is_available()) else "cpu"
     check_capacity(device, nproc_per_node * (nnodes if local else 1), oversubscribe)
-    spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, master_addr=master_addr,
-                      master_port=master_port or (free_port() if local else 29500), rdzv_id="kanscale-commbench")
+    port = master_port or rendezvous_port(every_node_here=local)[0]
+    spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, master_addr=master_addr, master_port=port,
+                      rdzv_id="kanscale-commbench")
     commands = [rank_command(dataclasses.replace(spec, node_rank=r), options, debug)
                 for r in (range(nnodes) if local else [node_rank])]
     code = execute(Launch(commands))

@@ -1,14 +1,19 @@
-"""DeepSpeed/MPI-style hostfiles: one ``host slots=N`` line per node."""
+"""DeepSpeed/MPI-style hostfiles: one ``host slots=N`` line per node.
+
+A hostfile is read by DeepSpeed's own parser, so that what ``kanscale run`` accepts is exactly
+what the deepspeed launcher will accept (``worker-0.svc slots=2 max_slots=2`` is fine,
+``node0 slots = 2`` is not). The suite adds the checks of its own: every node has at least one
+slot, and the same number (the record's ranks per node).
+"""
 
 from __future__ import annotations
 
-import re
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from kanscale.errors import ConfigError
-
-LINE = re.compile(r"^(?P<host>[A-Za-z0-9_.:-]+)\s+slots\s*=\s*(?P<slots>\d+)\s*$")
+from strategies.deepspeed import prepare_import
 
 
 @dataclass(frozen=True)
@@ -17,28 +22,32 @@ class Host:
     slots: int
 
 
-def parse_hostfile(path: str | Path) -> list[Host]:
-    """Read a hostfile; blank lines and ``#`` comments are allowed. Any other malformed line,
-    a repeated host or a file without hosts is an error naming the line."""
+def parse_hostfile(path: str | Path, device_type: str = "cpu") -> list[Host]:
+    """Read a hostfile as DeepSpeed does (``device_type`` is where the ranks run: DeepSpeed picks
+    its accelerator on import); an error names the file, the line DeepSpeed refused and the fix."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--hostfile: {path} does not exist; write one 'host slots=N' line per node")
-    hosts: list[Host] = []
-    for number, raw in enumerate(path.read_text().splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        match = LINE.match(line)
-        if not match:
-            raise ConfigError(f"--hostfile: {path}:{number}: {raw.strip()!r} is not 'host slots=N'")
-        host = Host(match["host"], int(match["slots"]))
+    prepare_import(device_type)
+    from deepspeed.launcher.runner import fetch_hostfile
+    from deepspeed.utils import logger
+
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)  # it logs the whole file before raising; the error below says it better
+    try:
+        pool = fetch_hostfile(str(path))
+    except ValueError as err:
+        raise ConfigError(f"--hostfile: {path}: DeepSpeed refuses it: {str(err).rstrip('.')}; write one 'host slots=N' line per node "
+                          "('#' starts a comment line)") from None
+    finally:
+        logger.setLevel(level)
+    hosts = [Host(name, slots) for name, slots in pool.items()]
+    for host in hosts:
         if host.slots < 1:
-            raise ConfigError(f"--hostfile: {path}:{number}: slots must be at least 1")
-        if any(h.name == host.name for h in hosts):
-            raise ConfigError(f"--hostfile: {path}:{number}: host {host.name} is listed twice")
-        hosts.append(host)
-    if not hosts:
-        raise ConfigError(f"--hostfile: {path} lists no hosts; write one 'host slots=N' line per node")
+            raise ConfigError(f"--hostfile: {path}: host {host.name} has slots={host.slots}; every node needs at least one")
+    slots = sorted({h.slots for h in hosts})
+    if len(slots) > 1:
+        raise ConfigError(f"--hostfile: {path}: every host needs the same number of slots (ranks per node), got {slots}")
     return hosts
 
 

@@ -40,7 +40,7 @@ def test_deepspeed_launcher(tmp_path):
                                                            ("deepspeed_zero2.yaml", "DEEPSPEED", "accelerate_zero2")])
 def test_accelerate_launch(tmp_path, config, distributed_type, label):
     accelerate = [sys.executable, "-m", "accelerate.commands.launch"]
-    run([*accelerate, "--config_file", str(ROOT / "configs/accelerate" / config), *TRAIN, "--out", str(tmp_path),
+    run([*accelerate, "--config_file", str(ROOT / "configs/accelerate" / config), "--num_processes=2", *TRAIN, "--out", str(tmp_path),
          "--set", "strategy.name=accelerate"])
     record = only_record(tmp_path)
     assert (record.status, record.topology.world_size, record.topology.launcher) == ("ok", 2, "accelerate")

@@ -22,8 +22,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     commbench.add_argument("--node-rank", type=int, default=0, metavar="R",
                            help="this node, when --master-addr is another host (start the command on every node)")
     commbench.add_argument("--master-addr", default="127.0.0.1", metavar="A", help="address of node 0")
-    commbench.add_argument("--master-port", type=int, metavar="P", help="rendezvous port (default: a free one here, "
-                                                                        "29500 across hosts)")
+    commbench.add_argument("--master-port", type=int, metavar="P", help="rendezvous port (default: MASTER_PORT if "
+                           "exported, else a free one here, 29500 across hosts)")
     commbench.add_argument("--min-bytes", type=int, default=4, help="smallest message (default 4)")
     commbench.add_argument("--max-bytes", type=int, help="largest message (default: the 20M-parameter model's gradients)")
     commbench.add_argument("--iters", type=int, default=20, help="timed iterations per size, fewer above 4 MiB (default 20)")
