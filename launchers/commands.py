@@ -7,8 +7,8 @@ differ only in how they start it and what they tell it through the environment.
 
 from __future__ import annotations
 
+import os
 import shlex
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +30,14 @@ class LaunchSpec:
     # an int, or a shell expression (e.g. "$SLURM_NODEID") when the command goes into a script
     node_rank: int | str = 0
     master_addr: str = "127.0.0.1"
-    master_port: int = 29500
+    # None until resolved (launchers.ports); a shell expression ("$MASTER_PORT") in a script
+    master_port: int | str | None = None
     rdzv_id: str = "kanscale"
     hostfile: str | None = None
     no_ssh: bool = False
+    ssh_port: int | None = None  # deepspeed over ssh (pdsh): the nodes' sshd port
+    ssh_key: str | None = None  # deepspeed over ssh: the identity file
+    deepspeed_env_file: str | None = None  # deepspeed over ssh: what every remote rank exports
     accelerate_config: str | None = None
     device: Literal["cpu", "cuda"] = "cpu"
 
@@ -73,13 +77,6 @@ def worker(args: list[str]) -> list[str]:
     return ["-m", WORKER_MODULE, "train", *args]
 
 
-def free_port() -> int:
-    """A TCP port nothing on this machine listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def none_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
     return Launch([python() + worker(train_args)])
 
@@ -111,15 +108,25 @@ def accelerate_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
 
 def deepspeed_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
     """The deepspeed launcher: ``--num_gpus`` on one node; a hostfile across nodes, with
-    ``--no_ssh --node_rank`` where nodes are started one by one instead of over ssh."""
+    ``--no_ssh --node_rank`` where nodes are started one by one, else over ssh with pdsh.
+    Over ssh the remote ranks see only what DeepSpeed exports: its own prefixes and the
+    variables of an env file (``DS_ENV_FILE``). Its ssh check is skipped because kanscale run
+    made the same check, with the key, before launch (launchers.ssh)."""
     cmd = python() + ["-m", "deepspeed.launcher.runner"]
+    env = accelerator_env(spec.device)
     if spec.hostfile is None:
         cmd += [f"--num_gpus={spec.nproc_per_node}", f"--master_port={spec.master_port}"]
     else:
         cmd += [f"--hostfile={spec.hostfile}", f"--master_addr={spec.master_addr}", f"--master_port={spec.master_port}"]
         if spec.no_ssh:
             cmd += ["--no_ssh", f"--node_rank={spec.node_rank}"]
-    return Launch([cmd + ["--module", WORKER_MODULE, "train", *train_args]], env=accelerator_env(spec.device))
+        else:
+            cmd += ["--no_ssh_check"] + ([f"--ssh_port={spec.ssh_port}"] if spec.ssh_port else [])
+            if spec.ssh_key:  # pdsh splits these on spaces and hands them to ssh; DeepSpeed appends -p PORT itself
+                env["PDSH_SSH_ARGS_APPEND"] = f"{os.environ.get('PDSH_SSH_ARGS_APPEND', '')} -i {spec.ssh_key}".strip()
+            if spec.deepspeed_env_file:
+                env["DS_ENV_FILE"] = spec.deepspeed_env_file
+    return Launch([cmd + ["--module", WORKER_MODULE, "train", *train_args]], env=env)
 
 
 LAUNCHERS = {
