@@ -123,6 +123,7 @@ class Environment(Record):
     platform: str
     hosts: list[str]
     gpu_model: str | None = None
+    slurm_job_id: str | None = Field(None, description="the SLURM job the run ran in, if any")
 
 
 class RunError(Record):

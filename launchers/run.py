@@ -14,87 +14,25 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from kanscale.errors import ConfigError
-from kanscale.files import find_file, read_mapping
-from launchers.commands import LAUNCHERS, Launch, LaunchSpec
-from launchers.hostfile import Host, hostfile_text, parse_hostfile
-from launchers.slurm import SlurmOptions, slurm_launch
+from kanscale.files import read_mapping
+from launchers.commands import LAUNCHERS, Launch
+from launchers.hostfile import Host, hostfile_text
+from launchers.ports import check_port_free
+from launchers.request import RunRequest
+from launchers.resolve import hostnames, resolve
+from launchers.slurm import slurm_launch
+from launchers.ssh import check_ssh_path, deepspeed_env_text
 from strategies.accelerate import launch_config_conflicts
-from strategies.experiment import ExperimentConfig, load_experiment
+from strategies.experiment import ExperimentConfig
 from strategies.failures import raise_on_sigterm
 from strategies.preflight import preflight
 
 LAUNCHER_PACKAGES = {"torchrun": "torch", "accelerate": "accelerate", "deepspeed": "deepspeed"}
-
-
-@dataclass
-class RunRequest:
-    """One experiment and how to launch it, as ``kanscale run`` or a sweep point asks for it."""
-
-    config: str
-    out: str
-    spec: LaunchSpec = field(default_factory=LaunchSpec)
-    overrides: list[str] = field(default_factory=list)
-    strategy: str | None = None
-    slurm: SlurmOptions = field(default_factory=SlurmOptions)  # how the sbatch script asks for the job (--launcher slurm)
-    job_name: str | None = None  # the SLURM job's name; default kanscale-<experiment name>
-    hosts: list[str] = field(default_factory=list)  # write a hostfile for these nodes
-    oversubscribe: bool = False
-    all_nodes_here: bool = False  # start every node on this machine (multi-node without a cluster)
-    progress: bool = True
-    resume: str | None = None  # a run directory to continue from its latest checkpoint
-
-    def train_args(self) -> list[str]:
-        """What every rank's ``kanscale train`` gets: the same config, preset and overrides."""
-        args = [self.config] + (["--strategy", self.strategy] if self.strategy else [])
-        for override in self.overrides:
-            args += ["--set", override]
-        args += ["--resume", self.resume] if self.resume else []
-        return args + ["--out", self.out] + ([] if self.progress else ["--no-progress"])
-
-    def load(self) -> ExperimentConfig:
-        return load_experiment(self.config, [*self.overrides, f"output.dir={self.out}"], strategy=self.strategy)
-
-
-def target_device(cfg: ExperimentConfig, launcher: str) -> str:
-    """Where the ranks will run: SLURM jobs go to GPU nodes unless the config says cpu."""
-    if cfg.runtime.device != "auto":
-        return cfg.runtime.device
-    return "cuda" if torch.cuda.is_available() or launcher == "slurm" else "cpu"
-
-
-def resolve(request: RunRequest, cfg: ExperimentConfig) -> RunRequest:
-    """Fill in what the request leaves to the experiment and the hosts: the device, the
-    accelerate config, the node count and ranks per node a host list implies."""
-    spec = dataclasses.replace(request.spec, device=target_device(cfg, request.spec.launcher))
-    if starts_accelerate(request):
-        default = f"configs/accelerate/{'ddp' if spec.device == 'cuda' else 'ddp_cpu'}.yaml"
-        sources = [("--accelerate-config", spec.accelerate_config), ("strategy", cfg.strategy.launch_config()),
-                   ("--accelerate-config", default)]
-        source, chosen = next((name, path) for name, path in sources if path)
-        # accelerate launch reads the file from its own working directory: hand it the file found here
-        spec = dataclasses.replace(spec, accelerate_config=str(find_file(chosen, source, "accelerate config")))
-    hosts = parse_hostfile(spec.hostfile) if spec.hostfile else [Host(h, spec.nproc_per_node) for h in request.hosts]
-    if hosts:
-        if spec.launcher != "deepspeed":
-            raise ConfigError("--hostfile/--hosts: host lists are for the deepspeed launcher; torchrun and accelerate "
-                              "take --nnodes, --node-rank and --master-addr")
-        slots = sorted({h.slots for h in hosts})
-        if len(slots) > 1:
-            raise ConfigError(f"--hostfile: every host needs the same number of slots (ranks per node), got {slots}")
-        spec = dataclasses.replace(spec, nnodes=len(hosts), nproc_per_node=slots[0])
-    return dataclasses.replace(request, spec=spec)
-
-
-def starts_accelerate(request: RunRequest) -> bool:
-    """Whether ``accelerate launch`` starts the ranks: here, or on each node of a SLURM job."""
-    spec = request.spec
-    return spec.launcher == "accelerate" or (spec.launcher == "slurm" and request.slurm.inner == "accelerate")
 
 
 def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
@@ -105,6 +43,9 @@ def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
                           f"{spec.world_size} ranks")
     if not 0 <= spec.node_rank < spec.nnodes:
         raise ConfigError(f"--node-rank: {spec.node_rank} is not between 0 and --nnodes - 1 ({spec.nnodes - 1})")
+    if (spec.ssh_port or spec.ssh_key) and not request.over_ssh:
+        raise ConfigError("--ssh-port/--ssh-key: ssh starts the nodes only with --launcher deepspeed and a hostfile "
+                          "(--hostfile or --hosts) without --no-ssh")
     package = LAUNCHER_PACKAGES.get(spec.launcher)
     if package and importlib.util.find_spec(package) is None:
         raise ConfigError(f"--launcher {spec.launcher}: {package} is not installed here; pip install {package} or pick "
@@ -113,12 +54,25 @@ def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
     if spec.launcher != "slurm":
         check_capacity(spec.device, spec.nproc_per_node * (spec.nnodes if request.all_nodes_here else 1),
                        request.oversubscribe)
-    if starts_accelerate(request):
+    if hosts_rendezvous_here(request):
+        check_port_free(spec.master_port, request.port_source)
+    if request.over_ssh:
+        check_ssh_path(hostnames(spec, request), spec.ssh_port, spec.ssh_key)
+    if request.starts_accelerate:
         path = spec.accelerate_config  # found by resolve()
         settings = read_mapping(path, "--accelerate-config", what="an accelerate launch config (a mapping)")
-        problems = launch_config_conflicts(settings, cfg.training, spec.device, spec.world_size)
+        problems = launch_config_conflicts(settings, cfg.training, spec.device, spec.world_size, model=cfg.model)
         if problems:
             raise ConfigError(f"--accelerate-config: {path}: " + "; ".join(problems))
+
+
+def hosts_rendezvous_here(request: RunRequest) -> bool:
+    """Whether a process started from here listens on the master port on this machine (node 0
+    of a launch that uses the port; torchrun on one node picks its own)."""
+    spec = request.spec
+    if spec.launcher in ("slurm", "none") or request.over_ssh or (spec.launcher == "torchrun" and spec.nnodes == 1):
+        return False
+    return spec.node_rank == 0 or request.all_nodes_here
 
 
 def check_capacity(device: str, ranks_here: int, oversubscribe: bool = False) -> None:
@@ -132,17 +86,23 @@ def check_capacity(device: str, ranks_here: int, oversubscribe: bool = False) ->
 
 
 def build_launch(request: RunRequest, cfg: ExperimentConfig) -> Launch:
-    spec, train_args = request.spec, request.train_args()
+    spec = request.spec
     if spec.launcher == "slurm":
-        return slurm_launch(spec, request.slurm, train_args, job_name=request.job_name or f"kanscale-{cfg.name}",
-                            log_dir=Path(request.out) / "slurm")
+        # SLURM resolves #SBATCH paths before the script's cd, from wherever sbatch ran: absolute paths only
+        request = dataclasses.replace(request, out=str(Path(request.out).resolve()),
+                                      config=str(Path(request.config).resolve()) if Path(request.config).is_file() else request.config)
+        job_name = request.job_name or f"kanscale-{cfg.name}-{cfg.strategy.label()}"
+        return slurm_launch(spec, request.slurm, request.train_args(), job_name=job_name,
+                            log_dir=Path(request.out) / "slurm", cpus_per_task=spec.nproc_per_node * (cfg.runtime.threads or 1))
     files = {}
     if request.hosts:
-        hostfile = Path(request.out) / "hostfile"
-        files[hostfile] = hostfile_text([Host(h, spec.nproc_per_node) for h in request.hosts])
-        spec = dataclasses.replace(spec, hostfile=str(hostfile))
+        files[Path(spec.hostfile)] = hostfile_text([Host(h, spec.nproc_per_node) for h in request.hosts])
+    if request.over_ssh:
+        env_file = Path(request.out).resolve() / ".deepspeed_env"
+        files[env_file] = deepspeed_env_text(spec.device)
+        spec = dataclasses.replace(spec, deepspeed_env_file=str(env_file))
     ranks = range(spec.nnodes) if request.all_nodes_here else [spec.node_rank]
-    launches = [LAUNCHERS[spec.launcher](dataclasses.replace(spec, node_rank=r), train_args) for r in ranks]
+    launches = [LAUNCHERS[spec.launcher](dataclasses.replace(spec, node_rank=r), request.train_args()) for r in ranks]
     return Launch(commands=[c for launch in launches for c in launch.commands], env=launches[0].env, files=files)
 
 

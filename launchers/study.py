@@ -4,6 +4,7 @@
     preset: cpu
     experiment: configs/experiments/paper_kan64.yaml
     launcher: torchrun            # accelerate presets are always started by accelerate launch
+    slurm: {device: cuda, inner: torchrun, time: "01:00:00"}   # launcher: slurm only
     set: {training.epochs: 1}     # overrides for every point
     per_rank: {task.n_train: 4096}  # multiplied by the point's world size (weak scaling)
     matrix:

@@ -4,7 +4,9 @@ Each point's output goes to ``OUT/logs/<point>.log``; what became of each point 
 ``OUT/sweep.jsonl``. With ``--resume`` a point whose run record in OUT is complete (status ok)
 for the same resolved config is skipped. Points whose world spans several nodes are started on
 this machine as that many nodes (127.0.0.1), unless the study's launcher is SLURM, which writes
-one sbatch script per point instead.
+one sbatch script per point instead; with ``--submit`` it submits them, and with ``--wait`` it
+follows the jobs until each has ended and logs the point's final status from its run record.
+``--resume`` does not submit again a point whose job from an earlier submission still lives.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from tqdm import tqdm
 from analysis.records import RecordError, read_summary
 from analysis.schema import RunRecord
 from kanscale.errors import ConfigError
-from launchers.commands import LaunchSpec, free_port
-from launchers.run import RunRequest, execute, plan
+from launchers.commands import LaunchSpec
+from launchers.request import RunRequest
+from launchers.run import execute, plan
 from launchers.slurm import write_script
+from launchers.slurm_jobs import follow, is_active, job_id, job_state
 from launchers.study import Point, StudyConfig, axis_label, expand, load_study, strategy_config
 from strategies.checkpoint import latest_checkpoint
 
@@ -39,6 +43,7 @@ class PointResult:
     seconds: float = 0.0
     run_id: str | None = None
     detail: str = ""
+    job_id: str | None = None  # the SLURM job of a submitted point
 
 
 RunKey = tuple[str, int, int]
@@ -53,12 +58,8 @@ def runs_by_point(out: Path, finished: bool) -> dict[RunKey, list[RunRecord]]:
     """Run records under OUT by point, oldest first: the complete ones (``finished``), or the
     unfinished ones that have a checkpoint to resume from."""
     found: dict[RunKey, list[RunRecord]] = {}
-    for summary in sorted(out.glob("*/summary.json")):
-        try:
-            record = read_summary(summary)
-        except RecordError:
-            continue
-        if (record.status == "ok") == finished and (finished or latest_checkpoint(summary.parent) is not None):
+    for record in records_under(out):
+        if (record.status == "ok") == finished and (finished or latest_checkpoint(out / record.run_id) is not None):
             t = record.topology
             found.setdefault(run_key(record.config_digest, t.nodes, t.procs_per_node), []).append(record)
     return found
@@ -80,8 +81,9 @@ def point_request(study: StudyConfig, point: Point, out: Path) -> RunRequest:
         raise ConfigError(f"topology {point.nodes}x{point.procs_per_node}: the deepspeed launcher can start at most "
                           f"{len(LOCAL_HOSTS)} nodes on one machine")
     spec = LaunchSpec(launcher=launcher, nproc_per_node=point.procs_per_node, nnodes=point.nodes,
-                      master_port=free_port(), rdzv_id=f"kanscale-{point.key}", no_ssh=True)
-    return RunRequest(config=study.experiment, out=str(out), spec=spec, overrides=point.overrides, strategy=point.strategy,
+                      rdzv_id=f"kanscale-{point.key}", no_ssh=True)
+    return RunRequest(config=study.experiment, out=str(out), spec=spec, given=frozenset({"nproc_per_node", "nnodes"}),
+                      overrides=point.overrides, strategy=point.strategy,
                       slurm=study.slurm, job_name=f"kanscale-{study.study}-{point.key}"[:64], all_nodes_here=local_multinode,
                       hosts=LOCAL_HOSTS[: point.nodes] if local_multinode and launcher == "deepspeed" else [],
                       progress=False)
@@ -100,11 +102,17 @@ def matches(point: Point, only: list[str]) -> bool:
 
 
 def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = False, only: list[str] = (),
-              submit_jobs: bool = False, progress: bool | None = None) -> list[PointResult]:
+              submit_jobs: bool = False, wait: bool = False, progress: bool | None = None) -> list[PointResult]:
     study = load_study(study_path)
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out: {out_dir} is a file; give a directory for the sweep's runs")
+    if submit_jobs and study.launcher != "slurm":
+        raise ConfigError(f"--submit: {study_path} has launcher: {study.launcher}, so its points train here, one after "
+                          "another, and there is nothing to submit; set launcher: slurm in the study to write and submit "
+                          "sbatch scripts, or drop --submit")
+    if wait and not submit_jobs:
+        raise ConfigError("--wait follows the SLURM jobs a sweep submits; add --submit (and launcher: slurm in the study)")
     points, notes = expand(study)
     points = [p for p in points if matches(p, list(only))]
     if not points:
@@ -113,13 +121,18 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
         print(f"[sweep] not run: {note}", file=sys.stderr)
     done = runs_by_point(out_dir, finished=True) if resume else {}
     resumable = runs_by_point(out_dir, finished=False) if resume else {}
+    alive = live_submissions(out_dir) if resume and submit_jobs else {}
     results: list[PointResult] = []
     interactive = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(points, unit="point", disable=dry_run or not interactive, file=sys.stderr, dynamic_ncols=True)
     start = time.monotonic()
     for n, point in enumerate(bar, start=1):
         bar.set_description(point.key[:60])
-        result = run_point(study, point, out_dir, done, resumable, dry_run, submit_jobs)
+        if point.key in alive:
+            result = PointResult(point.key, "submitted", job_id=alive[point.key],
+                                 detail=f"job {alive[point.key]} of an earlier submission still lives; not submitted again")
+        else:
+            result = run_point(study, point, out_dir, done, resumable, dry_run, submit_jobs)
         results.append(result)
         if dry_run:
             continue
@@ -128,7 +141,55 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
         bar.write(f"[sweep] {n}/{len(points)} {result.status:9s} {point.key} ({result.seconds:.1f} s"
                   + ("" if interactive else f", eta {eta:.0f} s") + ")" + (f" {result.detail}" if result.detail else ""),
                   file=sys.stderr)
+    if wait:
+        results = follow_submitted(out_dir, study, results, bar.write)
     return results
+
+
+def live_submissions(out: Path) -> dict[str, str]:
+    """Points whose latest entry in OUT/sweep.jsonl is a submitted job that is still queued or
+    running: point -> job id."""
+    latest: dict[str, dict] = {}
+    log = out / "sweep.jsonl"
+    for line in log.read_text().splitlines() if log.is_file() else []:
+        entry = json.loads(line)
+        latest[entry["point"]] = entry
+    return {point: entry["job_id"] for point, entry in latest.items()
+            if entry["status"] == "submitted" and entry.get("job_id") and is_active(job_state(entry["job_id"]))}
+
+
+def follow_submitted(out: Path, study: StudyConfig, results: list[PointResult], say) -> list[PointResult]:
+    """Wait for every submitted point's job; replace its result with the final one, from the
+    run record the job wrote (found by the job id it records)."""
+    index = {r.job_id: n for n, r in enumerate(results) if r.status == "submitted" and r.job_id}
+
+    def ended(job: str, state: str | None) -> None:
+        submitted = results[index[job]]
+        record = next((r for r in records_under(out) if r.environment.slurm_job_id == job), None)
+        if record is not None and record.status == "ok":
+            final = PointResult(submitted.point, "ok", run_id=record.run_id, job_id=job)
+        else:
+            reason = (f"{record.error.type}: {record.error.message}".splitlines()[0] if record and record.error
+                      else f"job {job} ended ({state or 'its state is no longer known'}) without a complete run record")
+            final = PointResult(submitted.point, "failed", run_id=record.run_id if record else None, job_id=job,
+                                detail=f"{reason}; see {out / 'slurm'}")
+        results[index[job]] = final
+        log_result(out, study, final)
+        say(f"[sweep] job {job} {final.status:9s} {final.point}" + (f" {final.detail}" if final.detail else ""),
+            file=sys.stderr)
+
+    follow(list(index), ended)
+    return results
+
+
+def records_under(out: Path) -> list[RunRecord]:
+    records = []
+    for summary in sorted(out.glob("*/summary.json")):
+        try:
+            records.append(read_summary(summary))
+        except RecordError:
+            continue
+    return records
 
 
 def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, list[RunRecord]],
@@ -154,7 +215,8 @@ def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, li
         return PointResult(point.key, "planned")
     if request.spec.launcher == "slurm":
         script, reply = write_script(launch, submit_jobs)
-        return PointResult(point.key, "submitted" if submit_jobs else "written", detail=reply or f"sbatch {script}")
+        return PointResult(point.key, "submitted" if submit_jobs else "written", detail=reply or f"sbatch {script}",
+                           job_id=job_id(reply or ""))
     log = out / "logs" / f"{point.key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("*/summary.json"))

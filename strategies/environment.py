@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from importlib import metadata
 
@@ -29,4 +30,5 @@ def environment_info(env: DistEnv) -> Environment:
         platform=platform.platform(),
         hosts=sorted(set(env.gather_strings(hostname()))),
         gpu_model=torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else None,
+        slurm_job_id=os.environ.get("SLURM_JOB_ID"),
     )

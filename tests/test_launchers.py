@@ -10,7 +10,8 @@ from launchers import run as run_module
 from launchers.cli import main
 from launchers.commands import LaunchSpec, deepspeed_launch, torchrun_launch
 from launchers.hostfile import parse_hostfile
-from launchers.run import RunRequest, plan
+from launchers.request import RunRequest
+from launchers.run import plan
 from launchers.slurm import SlurmOptions, sbatch_script
 from kanscale.errors import ConfigError
 
@@ -52,22 +53,24 @@ def test_accelerate_command_fills_in_the_sizes(tmp_path):
 def test_sbatch_script_is_valid_bash_with_one_launcher_per_node(tmp_path, inner):
     spec = LaunchSpec(launcher="slurm", nproc_per_node=2, nnodes=4, device="cuda", accelerate_config="configs/accelerate/ddp.yaml")
     text = sbatch_script(spec, SlurmOptions(inner=inner, time="01:00:00", partition="gpu"), ["cfg.yaml", "--out", "o"],
-                         job_name="kan")
+                         job_name="kan", log_dir=str(tmp_path), cpus_per_task=4)
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     subprocess.run(["bash", "-n", str(script)], check=True)
     for line in ("#SBATCH --job-name=kan", "#SBATCH --nodes=4", "#SBATCH --gpus-per-node=2", "#SBATCH --time=01:00:00",
-                 "#SBATCH --partition=gpu", "#SBATCH --ntasks-per-node=1", "export head_node=${nodes[0]}", "export KANSCALE_LAUNCHER=slurm"):
+                 "#SBATCH --partition=gpu", "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=4",
+                 f"#SBATCH --output={tmp_path}/%x-%j.out", "export head_node=${nodes[0]}", "export KANSCALE_LAUNCHER=slurm",
+                 "export MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"):
         assert line in text
     srun = next(line for line in text.splitlines() if line.startswith("srun"))
-    assert srun.startswith("srun --kill-on-bad-exit=1 --nodes=4 --ntasks-per-node=1 bash -c '")
-    assert "$SLURM_NODEID" in srun and "$head_node" in srun and "launchers.cli train cfg.yaml" in srun
+    assert srun.startswith("srun --kill-on-bad-exit=1 --nodes=4 --ntasks-per-node=1 --cpus-per-task=4 bash -c '")
+    assert "$SLURM_NODEID" in srun and "$head_addr" in srun and "$MASTER_PORT" in srun and "launchers.cli train cfg.yaml" in srun
     if inner == "deepspeed":
         assert 'printf "%s slots=2\\n" "${nodes[@]}" > "$hostfile"' in text and "--no_ssh" in srun
 
 
 def test_run_slurm_writes_the_script_and_explains_how_to_submit(tmp_path, capsys):
-    code = main(["run", PAPER, "--strategy", "zero3", "--launcher", "slurm", "--nnodes", "4", "--nproc-per-node", "2",
+    code = main(["run", PAPER, "--strategy", "zero3", "--launcher", "slurm", "--slurm-device", "cuda", "--nnodes", "4", "--nproc-per-node", "2",
                  "--out", str(tmp_path)])
     assert code == 0
     (script,) = (tmp_path / "slurm").glob("*.sbatch")
@@ -83,10 +86,12 @@ def test_dry_run_prints_commands_and_starts_nothing(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("lines,message", [
-    ("node1 slots=2\nnode2 slotz=2\n", ":2: 'node2 slotz=2' is not 'host slots=N'"),
-    ("node1 slots=2\nnode1 slots=2\n", "host node1 is listed twice"),
-    ("# only a comment\n", "lists no hosts"),
-    ("node1 slots=0\n", "slots must be at least 1"),
+    ("node1 slots=2\nnode2 slotz=2\n", "DeepSpeed refuses it: Hostfile contains a bad entry: node2 slotz=2"),
+    ("node0 slots = 2\n", "DeepSpeed refuses it: Hostfile contains a bad entry: node0 slots = 2"),
+    ("node1 slots=2\nnode1 slots=2\n", "multiple entries for node1"),
+    ("# only a comment\n", "Hostfile is empty"),
+    ("node1 slots=0\n", "host node1 has slots=0; every node needs at least one"),
+    ("node1 slots=1\nnode2 slots=2\n", "every host needs the same number of slots"),
 ])
 def test_malformed_hostfiles(tmp_path, lines, message):
     path = tmp_path / "hostfile"
@@ -98,7 +103,8 @@ def test_malformed_hostfiles(tmp_path, lines, message):
 
 def test_hostfile_sets_nodes_and_ranks(tmp_path):
     path = tmp_path / "hostfile"
-    path.write_text("localhost slots=1  # node 0\n\n127.0.0.1 slots=1\n")
+    path.write_text("# DeepSpeed's format: comments on their own lines, anything after the slots ignored\n"
+                    "localhost slots=1 max_slots=1\n\n127.0.0.1 slots=1\n")
     assert [(h.name, h.slots) for h in parse_hostfile(path)] == [("localhost", 1), ("127.0.0.1", 1)]
     _, resolved, launch = plan(request(tmp_path, launcher="deepspeed", hostfile=str(path), no_ssh=True, node_rank=1))
     assert (resolved.spec.nnodes, resolved.spec.nproc_per_node, resolved.spec.world_size) == (2, 1, 2)
@@ -106,7 +112,7 @@ def test_hostfile_sets_nodes_and_ranks(tmp_path):
 
 
 def test_hosts_write_a_hostfile(tmp_path):
-    _, resolved, launch = plan(dataclasses.replace(request(tmp_path, launcher="deepspeed"), hosts=["n1", "n2"]))
+    _, resolved, launch = plan(dataclasses.replace(request(tmp_path, launcher="deepspeed", no_ssh=True), hosts=["n1", "n2"]))
     assert launch.files == {tmp_path / "hostfile": "n1 slots=1\nn2 slots=1\n"}
     assert resolved.spec.world_size == 2
 

@@ -100,6 +100,7 @@ def as_v1(record: RunRecord, backend_config: dict | None, name: str, options: di
     data = json.loads(record.model_dump_json())
     data["schema_version"] = 1
     data["test_mse"] = data.pop("test_metrics")["mse"]
+    data["environment"].pop("slurm_job_id")  # recorded since 0.2
     data["strategy"] = {"name": name, "options": options, "distributed_type": None, "backend_config": backend_config}
     return data
 

@@ -20,6 +20,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                        help="run only matching points, e.g. --only strategy=zero3 --only topology=1x2 (repeatable)")
     sweep.add_argument("--dry-run", action="store_true", help="print every point's commands, run nothing")
     sweep.add_argument("--submit", action="store_true", help="slurm studies: submit each script with sbatch")
+    sweep.add_argument("--wait", action="store_true", help="with --submit: follow the jobs (squeue, sacct, scontrol) until "
+                                                           "each has ended and log every point's final status")
     sweep.set_defaults(func=main)
 
 
@@ -29,7 +31,7 @@ def main(args: argparse.Namespace) -> int:
     from launchers.sweep import run_sweep
 
     results = run_sweep(args.study, args.out, resume=args.resume, dry_run=args.dry_run, only=args.only,
-                        submit_jobs=args.submit)
+                        submit_jobs=args.submit, wait=args.wait)
     if args.dry_run:
         return 0
     counts = {status: sum(r.status == status for r in results) for status in dict.fromkeys(r.status for r in results)}
@@ -43,7 +45,9 @@ def main(args: argparse.Namespace) -> int:
         print("\n" + markdown(quick_comparison(runs[runs["run_id"].isin(run_ids)])))
     written = [r for r in results if r.status in ("written", "submitted")]
     if written:
-        print(f"\n{len(written)} sbatch script(s) under {Path(args.out) / 'slurm'}" + ("" if args.submit else "; submit each with sbatch, or rerun with --submit"))
+        advice = "" if args.submit else "; submit each with sbatch, or rerun with --submit"
+        advice = advice if args.wait or not args.submit else "; follow them with --resume --submit --wait"
+        print(f"\n{len(written)} sbatch script(s) under {Path(args.out) / 'slurm'}{advice}")
     print(f"\nnext: kanscale analyze {args.out}")
     return 1 if counts.get("failed") else 0
 
