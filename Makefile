@@ -1,7 +1,9 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   create .venv, install, train the quickstart under every CPU strategy, print the
 #               comparison and write the HTML report
-#   make test   create .venv, install, run the test suite
+#   make test   create .venv, install, run the test suite (all but tests/cluster)
+#   make test-cluster   tests against real SLURM (munge, slurmctld, 2 slurmd) and sshd + pdsh
+#               daemons they start on 127.0.0.1; installs the Debian packages when root, else skips
 #
 # TORCH_SPEC picks the torch build. The default is the CPU wheel that lies on this project's
 # machines; on a GPU machine install your own CUDA build, e.g. `make test TORCH_SPEC=torch`.
@@ -11,7 +13,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test test-cluster install clean
 
 install: $(STAMP)
 
@@ -28,7 +30,11 @@ demo: $(STAMP)
 	$(BIN)/kanscale analyze runs/demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests --ignore=tests/cluster
+
+test-cluster: $(STAMP)
+	bash scripts/cluster_packages.sh
+	KANSCALE_CLUSTER_TESTS=1 $(BIN)/python -m pytest -q tests/cluster
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
