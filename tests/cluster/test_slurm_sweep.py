@@ -67,3 +67,22 @@ def test_submit_refuses_a_study_whose_launcher_is_not_slurm(slurm_cluster, tmp_p
     assert "Traceback" not in done.stderr, explain(done)
     assert not records(out) and not (out / "logs").exists(), "the sweep ran something before refusing --submit"
     assert not slurm_cluster.active_jobs()
+
+
+def test_resume_follows_the_jobs_of_an_earlier_submission_without_resubmitting(slurm_cluster, tmp_path):
+    """Submit without waiting, then ``--resume --submit --wait``: the points whose jobs still live
+    are followed, not submitted again, and the log ends with their final statuses."""
+    study = write_study(tmp_path / "study.yaml", "slurm", ["2x1", "1x1"])
+    out = tmp_path / "sweep"
+    env = cli_env(**slurm_cluster.env)
+    first = kanscale("sweep", str(study), "--out", str(out), "--submit", env=env, timeout=300)
+    assert first.returncode == 0, explain(first)
+    submitted = {e["point"]: e["job_id"] for e in map(json.loads, (out / "sweep.jsonl").read_text().splitlines())}
+    assert len(submitted) == 2 and all(submitted.values()), (out / "sweep.jsonl").read_text()
+    assert slurm_cluster.active_jobs(), "both jobs ended before the resume could follow one; the test proves nothing"
+    second = kanscale("sweep", str(study), "--out", str(out), "--resume", "--submit", "--wait", env=env, timeout=600)
+    assert second.returncode == 0, explain(second)
+    assert "still lives; not submitted again" in second.stderr, explain(second)
+    assert set(final_statuses(out).values()) == {"ok"}, (out / "sweep.jsonl").read_text()
+    found = records(out)
+    assert len(found) == 2 and {r.environment.slurm_job_id for r in found} == set(submitted.values())
