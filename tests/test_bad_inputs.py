@@ -9,7 +9,8 @@ import yaml
 from launchers.cli import main
 
 BAD = Path(__file__).resolve().parent / "bad_inputs"
-CASES = yaml.safe_load((BAD / "cases.yaml").read_text())
+# cases.yaml and any cases_<topic>.yaml beside it
+CASES = [case for path in sorted(BAD.glob("cases*.yaml")) for case in yaml.safe_load(path.read_text())]
 
 
 def test_the_corpus_is_large_enough():
