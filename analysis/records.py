@@ -5,20 +5,22 @@ A run directory holds ``summary.json`` (the :class:`RunRecord`), ``steps.jsonl``
 experiment). The summary is replaced atomically (temp file + rename), so a reader sees either
 the previous complete version or the new one, never half a file. A run writes its summary with
 status ``incomplete`` before the first step, so a process that is killed leaves a record that
-says so.
+says so. Every file is created as ``open`` creates one (mode 0666 less the umask), so one policy,
+the umask, decides who may read a run.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from analysis.migrate import migrate
 from analysis.schema import RunRecord, StepRecord
+from kanscale.files import not_utf8
 
 SUMMARY_FILE = "summary.json"
 STEPS_FILE = "steps.jsonl"
@@ -29,11 +31,26 @@ class RecordError(ValueError):
     """A run record that cannot be read or does not follow the schema."""
 
 
+def _new_temp_file(path: Path) -> tuple[int, Path]:
+    """A new, empty temporary file beside ``path``. Created with mode 0666 like every other file a
+    run writes (``open``, ``torch.save``), so the umask (or the directory's default ACL) sets its
+    permissions: a group sharing a results directory reads all of it. ``tempfile.mkstemp`` would
+    make it 0600, whatever the umask."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue  # 48 random bits taken: draw again
+
+
 def atomic_write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically: a reader sees the old file or the new one."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _new_temp_file(path)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -81,8 +98,11 @@ def read_summary(path: Path) -> RunRecord:
         path = path / SUMMARY_FILE
     if not path.exists():
         raise RecordError(f"{path}: no run summary here")
+    raw = path.read_bytes()
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:  # a damaged file, or not one the suite wrote
+        raise RecordError(f"{path}: not a run summary: {not_utf8(raw, err)} (the suite writes UTF-8)") from None
     except json.JSONDecodeError as err:
         raise RecordError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
     if not isinstance(data, dict):

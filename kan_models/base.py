@@ -24,7 +24,8 @@ class ModelConfig(BaseModel):
     """Fields every family has. A family subclasses this, narrows ``family`` to a literal,
     adds its own options and implements :meth:`build`."""
 
-    model_config = ConfigDict(extra="forbid")
+    # no infinite or NaN floats (YAML's .inf, .nan): no option of a model means them
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     family: str
     widths: list[int] = Field(description="layer widths including input and output, e.g. [2, 64, 1]")
@@ -42,6 +43,14 @@ class ModelConfig(BaseModel):
 
     def build(self) -> nn.Module:
         raise NotImplementedError
+
+    def parameter_count(self) -> ParamCount:
+        """The model's parameter count without allocating it: the model is built on the meta
+        device, whose tensors have shapes but no storage, so a model far too large for this
+        machine is counted in milliseconds (for the memory check before launch)."""
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            torch.manual_seed(0)  # some constructors read the seed (pykan)
+            return count_parameters(self.build())
 
     def describe(self) -> str:
         """One line naming the model, e.g. ``bspline [2, 64, 1] grid=10 k=3``."""

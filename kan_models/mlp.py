@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 from torch import nn
 
-from kan_models.base import LayerStack, ModelConfig, count_parameters
+from kan_models.base import LayerStack, ModelConfig, ParamCount, count_parameters
 
 ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
 
@@ -68,6 +68,14 @@ class MLPConfig(ModelConfig):
             return list(self.widths)
         target = count_parameters(self.matched_config().build()).trainable
         return scale_hidden_widths(self.widths, target)
+
+    def parameter_count(self) -> ParamCount:
+        if self.match is None:
+            return super().parameter_count()
+        # the matched KAN is counted, not built, so a huge one is not allocated (nor a pykan one
+        # built on the meta device, where it cannot be)
+        widths = scale_hidden_widths(self.widths, self.matched_config().parameter_count().trainable)
+        return self.model_copy(update={"widths": widths, "match": None}).parameter_count()
 
     def build(self) -> LayerStack:
         widths = self.resolved_widths()

@@ -19,7 +19,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from kan_models.base import ModelConfig
+from kan_models.base import ModelConfig, ParamCount
 
 
 class PyKANModel(nn.Module):
@@ -63,6 +63,15 @@ class PyKANConfig(ModelConfig):
     grid_range: tuple[float, float] = (-1.0, 1.0)
     symbolic_enabled: bool = Field(True, description="pykan default; the symbolic branch costs time")
     save_act: bool = Field(True, description="pykan default; keeps activations for plotting")
+
+    def parameter_count(self) -> ParamCount:
+        # pykan fits its initial splines by least squares while it builds, which the meta device
+        # cannot run. Its layer holds a B-spline layer's parameters and more (the symbolic
+        # branch, node scales): the B-spline count is a lower bound, enough to refuse a model
+        # that cannot fit.
+        from kan_models.bspline import BSplineConfig  # pykan's layer is this one's superset
+
+        return BSplineConfig(family="bspline", widths=self.widths, grid=self.grid, k=self.k).parameter_count()
 
     def build(self) -> PyKANModel:
         seed = self.seed if self.seed is not None else torch.initial_seed()

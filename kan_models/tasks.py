@@ -43,7 +43,8 @@ class TaskData:
 
 
 class TaskConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # no infinite or NaN floats (YAML's .inf, .nan): no noise level or input range means them
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str
     n_train: int = Field(10_000, ge=1, description="training samples")

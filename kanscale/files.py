@@ -5,11 +5,16 @@ so presets resolve the same way from a checkout, an editable install and a plain
 ``pip install``. A path a config names is looked up as given (absolute, or relative to the
 working directory), then among the shipped configs: ``configs/deepspeed/zero3.json`` works from
 any directory.
+
+Every file a user names is read the same way: as UTF-8 text (a non-UTF-8 file is refused naming
+the byte and the fix), and with duplicate keys refused, in YAML (a second ``training:`` section
+would otherwise silently replace the first) as in JSON.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -53,24 +58,139 @@ def find_preset(name: str, kind: str, field: str) -> Path:
     return path
 
 
+# Values a YAML document may stand for once its aliases are written out: far above any real
+# config, far below what an alias bomb ("billion laughs") expands to.
+MAX_YAML_VALUES = 100_000
+
+
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A YAML mapping that names one key twice."""
+
+
+class AliasBombError(yaml.composer.ComposerError):
+    """A YAML document whose aliases expand to more values than any config holds."""
+
+
+def expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values ``node`` stands for with every alias written out (memoised per node; a
+    node met again while it is being counted, a cyclic alias, counts as too many)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = MAX_YAML_VALUES + 1
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [child for pair in node.value for child in pair]
+    else:
+        children = []
+    size = 1
+    for child in children:
+        size += expanded_size(child, sizes)
+        if size > MAX_YAML_VALUES:
+            break
+    sizes[id(node)] = min(size, MAX_YAML_VALUES + 1)
+    return sizes[id(node)]
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, but a key given twice in one mapping is an error: PyYAML keeps the
+    last value, so a repeated section silently resets what the first one set. Keys a merge
+    (``<<: *base``) brings in may be overridden, as YAML intends. A document whose aliases
+    expand beyond :data:`MAX_YAML_VALUES` is refused before it is built."""
+
+    def compose_document(self) -> yaml.Node:
+        node = super().compose_document()
+        if node is not None and expanded_size(node, {}) > MAX_YAML_VALUES:
+            raise AliasBombError(None, None, f"its aliases (*name) expand to more than {MAX_YAML_VALUES} values (an alias "
+                                 "bomb?); write the values out", node.start_mark)
+        return node
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:
+                    continue  # unhashable: the base class refuses it with its own message
+                if first is not key_node.start_mark:
+                    raise DuplicateKeyError(None, None, f"duplicate key {key!r} ({_places(first, key_node.start_mark)}); "
+                                            "keep one: the second would silently replace the first",
+                                            key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _places(first: yaml.Mark, second: yaml.Mark) -> str:
+    if first.line == second.line:
+        return f"line {first.line + 1}, columns {first.column + 1} and {second.column + 1}"
+    return f"lines {first.line + 1} and {second.line + 1}"
+
+
+def parse_yaml_text(text: str) -> Any:
+    """YAML text as the suite reads every YAML: safe types only, duplicate keys refused
+    (:class:`DuplicateKeyError`, a ``yaml.YAMLError``)."""
+    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - _StrictLoader is a SafeLoader
+
+
+def parse_yaml_value(text: str, field: str) -> Any:
+    """A value typed on the command line (``--set key=VALUE``), read as YAML so ``[2, 32, 1]`` and
+    ``null`` work; text that is not YAML is taken as the string it is, but a mapping with a
+    duplicate key is refused as in a file."""
+    try:
+        return parse_yaml_text(text)
+    except (DuplicateKeyError, AliasBombError) as err:
+        raise ConfigError(f"{field}: {err.problem}") from None
+    except yaml.YAMLError:
+        return text
+
+
 def read_yaml(path: str | Path, field: str | None = None) -> Any:
     """Parse a YAML file, or raise a ConfigError naming the file (and ``field``) and the place."""
     text = _read(path, field)
     try:
-        return yaml.safe_load(text)
+        return parse_yaml_text(text)
+    except (DuplicateKeyError, AliasBombError) as err:
+        raise ConfigError(f"{_prefix(field)}{path}: {err.problem}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{_prefix(field)}{path} is not valid YAML{where}: {getattr(err, 'problem', err)}") from None
 
 
+class _DuplicateJSONKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: an object that names a key twice is refused (json keeps the last)."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateJSONKey(key)
+        obj[key] = value
+    return obj
+
+
 def read_json(path: str | Path, field: str | None = None) -> Any:
     """Parse a JSON file, or raise a ConfigError naming the file (and ``field``) and the place."""
     text = _read(path, field)
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_pairs)
     except json.JSONDecodeError as err:
         raise ConfigError(f"{_prefix(field)}{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+    except _DuplicateJSONKey as err:
+        # json does not say where an object's keys are; the lines that name the key as a key
+        # (those of other objects included) point the reader there
+        pattern = re.compile(re.escape(json.dumps(err.key)) + r"\s*:")
+        lines = [str(n) for n, line in enumerate(text.splitlines(), start=1) if pattern.search(line)]
+        where = f" (it is named on lines {', '.join(lines)})" if len(lines) > 1 else ""
+        raise ConfigError(f"{_prefix(field)}{path}: duplicate key {json.dumps(err.key)} in one object{where}; "
+                          "keep one: the second would silently replace the first") from None
 
 
 def read_mapping(path: str | Path, field: str | None = None, what: str = "a mapping") -> dict[str, Any]:
@@ -83,13 +203,25 @@ def read_mapping(path: str | Path, field: str | None = None, what: str = "a mapp
     return data
 
 
+def not_utf8(data: bytes, err: UnicodeDecodeError) -> str:
+    """Where ``data`` stops being UTF-8, for a message: ``byte 0xe9 at line 3, column 7``."""
+    line = data.count(b"\n", 0, err.start) + 1
+    column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+    return f"byte 0x{data[err.start]:02x} at line {line}, column {column} is not UTF-8"
+
+
 def _read(path: str | Path, field: str | None) -> str:
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{_prefix(field)}config file {path} does not exist")
     if path.is_dir():
         raise ConfigError(f"{_prefix(field)}{path} is a directory; give a file")
-    return path.read_text()
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")  # a leading byte-order mark, as some editors write, is dropped
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{_prefix(field)}{path} is not UTF-8 text ({not_utf8(data, err)}); save it as UTF-8, e.g. "
+                          f"iconv -f LATIN1 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}") from None
 
 
 def _prefix(field: str | None) -> str:

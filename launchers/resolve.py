@@ -17,7 +17,7 @@ import torch
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, read_mapping
 from launchers.commands import LaunchSpec
-from launchers.hostfile import Host, parse_hostfile
+from launchers.hostfile import Host, check_host_name, parse_hostfile
 from launchers.ports import rendezvous_port
 from launchers.request import RunRequest
 from launchers.slurm import cluster_device
@@ -116,6 +116,8 @@ def with_hosts(request: RunRequest) -> RunRequest:
     if spec.hostfile:
         hosts = parse_hostfile(spec.hostfile, spec.device)
     else:
+        for name in request.hosts:
+            check_host_name(name, "--hosts")
         hosts = [Host(h, spec.nproc_per_node) for h in request.hosts]
     if not hosts:
         return request

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import ipaddress
 import os
 import signal
 import subprocess
@@ -20,17 +21,18 @@ import torch
 
 from kanscale.errors import ConfigError
 from kanscale.files import read_mapping
+from launchers.cli.common import PORTS
 from launchers.commands import LAUNCHERS, Launch
 from launchers.hostfile import Host, hostfile_text
 from launchers.ports import check_port_free
 from launchers.request import RunRequest
-from launchers.resolve import hostnames, resolve
+from launchers.resolve import ACCELERATE_KEYS, hostnames, resolve
 from launchers.slurm import slurm_launch
 from launchers.ssh import check_ssh_path, deepspeed_env_text
 from strategies.accelerate import launch_config_conflicts
 from strategies.experiment import ExperimentConfig
 from strategies.failures import raise_on_sigterm
-from strategies.preflight import preflight
+from strategies.preflight import Machines, check_device, preflight
 
 LAUNCHER_PACKAGES = {"torchrun": "torch", "accelerate": "accelerate", "deepspeed": "deepspeed"}
 
@@ -41,29 +43,85 @@ def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
     if spec.launcher == "none" and spec.world_size > 1:
         raise ConfigError(f"--launcher none starts one process; use torchrun, accelerate, deepspeed or slurm for "
                           f"{spec.world_size} ranks")
+    check_sizes_and_port(request)
     if not 0 <= spec.node_rank < spec.nnodes:
         raise ConfigError(f"--node-rank: {spec.node_rank} is not between 0 and --nnodes - 1 ({spec.nnodes - 1})")
     if (spec.ssh_port or spec.ssh_key) and not request.over_ssh:
         raise ConfigError("--ssh-port/--ssh-key: ssh starts the nodes only with --launcher deepspeed and a hostfile "
                           "(--hostfile or --hosts) without --no-ssh")
+    # found by resolve(); read here for what it says about the launch
+    settings = (read_mapping(spec.accelerate_config, "--accelerate-config", what="an accelerate launch config (a mapping)")
+                if request.starts_accelerate else {})
+    check_master_addr(request, settings)
     package = LAUNCHER_PACKAGES.get(spec.launcher)
     if package and importlib.util.find_spec(package) is None:
         raise ConfigError(f"--launcher {spec.launcher}: {package} is not installed here; pip install {package} or pick "
                           "another launcher")
-    preflight(cfg, spec.device, spec.world_size)
-    if spec.launcher != "slurm":
-        check_capacity(spec.device, spec.nproc_per_node * (spec.nnodes if request.all_nodes_here else 1),
-                       request.oversubscribe)
+    machines = launch_machines(request)
+    check_device(cfg, spec.device)  # before the GPU count: the plainer message
+    if machines.like_this_one:
+        check_capacity(spec.device, machines.ranks_here, request.oversubscribe)
+    preflight(cfg, spec.device, spec.world_size, machines)
     if hosts_rendezvous_here(request):
         check_port_free(spec.master_port, request.port_source)
     if request.over_ssh:
         check_ssh_path(hostnames(spec, request), spec.ssh_port, spec.ssh_key)
     if request.starts_accelerate:
-        path = spec.accelerate_config  # found by resolve()
-        settings = read_mapping(path, "--accelerate-config", what="an accelerate launch config (a mapping)")
         problems = launch_config_conflicts(settings, cfg.training, spec.device, spec.world_size, model=cfg.model)
         if problems:
-            raise ConfigError(f"--accelerate-config: {path}: " + "; ".join(problems))
+            raise ConfigError(f"--accelerate-config: {spec.accelerate_config}: " + "; ".join(problems))
+
+
+def check_sizes_and_port(request: RunRequest) -> None:
+    """The sizes and the port as resolved, wherever they came from (the command line checks its
+    own; an accelerate config or MASTER_PORT may say 0 processes or port 70000)."""
+    spec = request.spec
+    for name in ("nproc_per_node", "nnodes"):
+        value = getattr(spec, name)
+        if value < 1:
+            option, key = ACCELERATE_KEYS[name]
+            source = option if name in request.given else f"{key} in the accelerate config {spec.accelerate_config}"
+            raise ConfigError(f"{option}: {value} (from {source}) leaves no ranks to start; give at least 1")
+    if isinstance(spec.master_port, int) and spec.master_port not in PORTS:
+        raise ConfigError(f"--master-port: {spec.master_port} (from {request.port_source or '--master-port'}) is not a "
+                          "port number; give one from 1 to 65535")
+
+
+def check_master_addr(request: RunRequest, accelerate_settings: dict) -> None:
+    """Refuse a launch over several nodes that nothing tells where node 0 is. Without an address
+    every node waits on its own 127.0.0.1 for a rendezvous that never comes. SLURM, ssh from a
+    hostfile, and a sweep that starts every node here decide the address themselves."""
+    spec = request.spec
+    if (spec.nnodes == 1 or spec.launcher in ("slurm", "none") or request.all_nodes_here or request.over_ssh
+            or "master_addr" in request.given or accelerate_settings.get("main_process_ip")):
+        return
+    first = hostnames(spec, request)[0] if spec.hostfile else None
+    if first is not None and is_loopback(first):
+        return  # every node of the host list is this machine: 127.0.0.1 is node 0
+    example = first or "NODE0"
+    raise ConfigError(f"--master-addr: {spec.nnodes} nodes meet at node 0's address, and none was given, so every node "
+                      f"would wait on its own 127.0.0.1 for the others; give --master-addr {example} (node 0's host name "
+                      "or address, the same on every node), or let --launcher slurm or a deepspeed hostfile over ssh "
+                      "place the nodes")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def launch_machines(request: RunRequest) -> Machines:
+    """Where the launch's ranks run, for the memory and core checks."""
+    spec = request.spec
+    if spec.launcher == "slurm":
+        return Machines(spec.nnodes, spec.nproc_per_node, like_this_one=False)
+    if request.all_nodes_here:
+        return Machines(1, spec.world_size)
+    return Machines(spec.nnodes, spec.nproc_per_node)
 
 
 def hosts_rendezvous_here(request: RunRequest) -> bool:

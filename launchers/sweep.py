@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -31,9 +32,12 @@ from launchers.slurm import write_script
 from launchers.slurm_jobs import follow, is_active, job_id, job_state
 from launchers.study import Point, StudyConfig, axis_label, expand, load_study, strategy_config
 from strategies.checkpoint import latest_checkpoint
+from strategies.preflight import check_output_dir
 
 # Two names for this machine: the deepspeed launcher needs one distinct host name per node.
 LOCAL_HOSTS = ["localhost", "127.0.0.1"]
+# the most of a failed point's reason that is shown and logged
+REASON_CHARS = 2000
 
 
 @dataclass
@@ -105,8 +109,7 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
               submit_jobs: bool = False, wait: bool = False, progress: bool | None = None) -> list[PointResult]:
     study = load_study(study_path)
     out_dir = Path(out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"--out: {out_dir} is a file; give a directory for the sweep's runs")
+    check_output_dir(out_dir, "--out", "for the sweep's runs")
     if submit_jobs and study.launcher != "slurm":
         raise ConfigError(f"--submit: {study_path} has launcher: {study.launcher}, so its points train here, one after "
                           "another, and there is nothing to submit; set launcher: slurm in the study to write and submit "
@@ -135,6 +138,8 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
             result = run_point(study, point, out_dir, done, resumable, dry_run, submit_jobs)
         results.append(result)
         if dry_run:
+            if result.status == "failed":  # the point's commands are not printed: say why
+                print(f"[sweep] cannot plan {point.key}: {result.detail}", file=sys.stderr)
             continue
         log_result(out_dir, study, result)
         eta = (time.monotonic() - start) / n * (len(points) - n)
@@ -169,7 +174,7 @@ def follow_submitted(out: Path, study: StudyConfig, results: list[PointResult], 
         if record is not None and record.status == "ok":
             final = PointResult(submitted.point, "ok", run_id=record.run_id, job_id=job)
         else:
-            reason = (f"{record.error.type}: {record.error.message}".splitlines()[0] if record and record.error
+            reason = (one_line(f"{record.error.type}: {record.error.message}") if record and record.error
                       else f"job {job} ended ({state or 'its state is no longer known'}) without a complete run record")
             final = PointResult(submitted.point, "failed", run_id=record.run_id if record else None, job_id=job,
                                 detail=f"{reason}; see {out / 'slurm'}")
@@ -207,7 +212,7 @@ def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, li
             request.resume = str(out / resumable[key].pop(0).run_id)
             cfg, request, launch = plan(request)
     except ConfigError as err:
-        return PointResult(point.key, "failed", detail=str(err).splitlines()[0])
+        return PointResult(point.key, "failed", detail=one_line(str(err)))
     if len(finished) > point.repeat:
         return PointResult(point.key, "skipped", run_id=finished[point.repeat].run_id, detail="complete record exists")
     if dry_run:
@@ -215,7 +220,7 @@ def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, li
         return PointResult(point.key, "planned")
     if request.spec.launcher == "slurm":
         script, reply = write_script(launch, submit_jobs)
-        return PointResult(point.key, "submitted" if submit_jobs else "written", detail=reply or f"sbatch {script}",
+        return PointResult(point.key, "submitted" if submit_jobs else "written", detail=reply or f"sbatch {shlex.quote(str(script))}",
                            job_id=job_id(reply or ""))
     log = out / "logs" / f"{point.key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -228,7 +233,17 @@ def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, li
         return PointResult(point.key, "ok", seconds, record.run_id)
     reason = f"{record.error.type}: {record.error.message}" if record and record.error else f"exit code {code}"
     return PointResult(point.key, "failed", seconds, run_id=record.run_id if record else None,
-                       detail=f"{reason.splitlines()[0]}; see {log}")
+                       detail=f"{one_line(reason)}; see {log}")
+
+
+def one_line(message: str) -> str:
+    """A failure's whole message on one line, for the progress lines, the summary and
+    sweep.jsonl: a config's problems come one per line after a first line that only names the
+    file, so the first line alone would hide them. Cut at REASON_CHARS."""
+    text = " ".join(line.strip() for line in message[: REASON_CHARS + 1].splitlines() if line.strip())
+    if len(message) <= REASON_CHARS:
+        return text
+    return f"{text[:REASON_CHARS]}... ({len(message) - REASON_CHARS} more characters)"
 
 
 def log_result(out: Path, study: StudyConfig, result: PointResult) -> None:

@@ -13,6 +13,8 @@ launch, and its ``"auto"`` values are filled by the same function inside the ran
 from __future__ import annotations
 
 import contextlib
+import difflib
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -48,12 +50,49 @@ def requested_plugin() -> str | None:
     return None
 
 
+# Keys accelerate still reads and converts (BaseConfig.process_config), though its config
+# classes no longer have them
+LEGACY_LAUNCH_KEYS = frozenset({"fp16", "dynamo_backend"})
+# accelerate launch copies these sections' keys onto its command-line options, prefixing some
+# (accelerate.commands.launch._validate_launch_command), and ignores a key that is no option.
+# fp8_config is not among them: `accelerate config` writes keys there that are no launch option.
+SECTION_PREFIXES = {"deepspeed_config": "", "fsdp_config": "fsdp_", "dynamo_config": "dynamo_",
+                    "megatron_lm_config": "", "parallelism_config": "", "mpirun_config": ""}
+
+
+def unknown_launch_keys(launch: dict[str, Any]) -> list[str]:
+    """An accelerate launch config's keys that accelerate does not know, each with the closest
+    known key where one is close: a top-level one makes ``accelerate launch`` fail after it
+    started, one inside a plugin section (``deepspeed_config.zero_stgae``) is silently ignored."""
+    if importlib.util.find_spec("accelerate") is None:
+        return []  # not installed: the launch is refused for that
+    from accelerate.commands.config.config_args import ClusterConfig, SageMakerConfig
+    from accelerate.commands.launch import launch_command_parser
+
+    kind = SageMakerConfig if launch.get("compute_environment") == "AMAZON_SAGEMAKER" else ClusterConfig
+    known = sorted(set(kind.__dataclass_fields__) | LEGACY_LAUNCH_KEYS)
+    options = sorted({action.dest for action in launch_command_parser()._actions})
+    problems = [describe_unknown(key, key, known, "accelerate launch refuses it") for key in launch if key not in known]
+    for section, prefix in SECTION_PREFIXES.items():
+        for key in launch[section] if isinstance(launch.get(section), dict) else {}:
+            option = key if key.startswith(prefix) else prefix + key
+            if option not in options:
+                problems.append(describe_unknown(f"{section}.{key}", option, options, "accelerate launch ignores it"))
+    return problems
+
+
+def describe_unknown(shown: str, key: str, known: list[str], consequence: str) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {close[0]}?" if close else "remove it"
+    return f"{shown}: not a key accelerate knows ({consequence}); {hint}"
+
+
 def launch_config_conflicts(launch: dict[str, Any], training: TrainingConfig, device_type: str,
                             world_size: int = 1, *, model: ModelConfig) -> list[str]:
     """What an accelerate launch config says that the experiment contradicts or that cannot
     run ``world_size`` ranks on ``device_type``; the DeepSpeed JSON it names is checked as the
     deepspeed strategy checks its own (and its unchecked keys are warned about)."""
-    problems = []
+    problems = unknown_launch_keys(launch)
     kind = launch.get("distributed_type")
     if kind == "NO" and world_size > 1:
         # `accelerate config default` writes this; Accelerate then starts one process and exits 0.

@@ -8,6 +8,12 @@ atomic: every rank writes into ``step-NNNNNN.tmp``; once all have finished, rank
 suffix and with ``meta.json`` is complete; anything else (a crash mid-save) is ignored and
 cleaned up by the next save. Only the newest ``keep`` complete checkpoints are kept.
 
+``meta.json`` is the checkpoint's manifest: besides the step, format and world size it holds the
+sha256 of every file in the directory (``files``), computed by rank 0 once every rank has written.
+A resume verifies them before it changes anything (:func:`usable_checkpoint`) and falls back to
+the newest checkpoint that verifies. Checkpoints written before the manifest had checksums are
+used unverified, as they were before: they were written as atomically as today's.
+
 A run's state between steps is the model and optimizer state, the step count (the data order
 is a function of the seed and the step), and each rank's random generator state, saved as
 ``rng-rank<R>.pt`` beside the backend's files.
@@ -15,6 +21,7 @@ is a function of the seed and the step), and each rank's random generator state,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -39,19 +46,35 @@ class Checkpoint:
     def step(self) -> int:
         return int(self.meta["step"])
 
+    @property
+    def verifiable(self) -> bool:
+        """Whether its manifest has checksums (checkpoints written before they existed have none)."""
+        return isinstance(self.meta.get("files"), dict)
+
 
 def checkpoints_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
-def complete_checkpoints(run_dir: Path) -> list[Checkpoint]:
-    """Complete checkpoints of a run, oldest first."""
-    found = []
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """A checkpoint directory's manifest, or None where it is missing or unreadable."""
+    try:
+        meta = json.loads((Path(path) / META_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and isinstance(meta.get("step"), int) else None
+
+
+def _step_dirs(run_dir: Path) -> list[Path]:
+    """The checkpoint directories a save completed (named step-N, with a manifest), oldest first."""
     root = checkpoints_dir(run_dir)
-    for path in sorted(root.iterdir()) if root.is_dir() else []:
-        if STEP_DIR.match(path.name) and (path / META_FILE).is_file():
-            found.append(Checkpoint(path, json.loads((path / META_FILE).read_text())))
-    return sorted(found, key=lambda c: c.step)
+    found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / META_FILE).is_file()] if root.is_dir() else []
+    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+
+
+def complete_checkpoints(run_dir: Path) -> list[Checkpoint]:
+    """Complete checkpoints of a run, oldest first (one whose manifest cannot be read is not)."""
+    return [Checkpoint(path, meta) for path in _step_dirs(run_dir) if (meta := read_meta(path)) is not None]
 
 
 def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
@@ -83,12 +106,80 @@ def save_checkpoint(engine: Any, env: DistEnv, run_dir: Path, step: int, meta: d
     env.barrier()
     if env.is_main:
         (tmp / META_FILE).write_text(json.dumps({**meta, "step": step, "format": engine.checkpoint_format,
-                                                 "world_size": env.world_size}, indent=2, default=str))
+                                                 "world_size": env.world_size, "files": file_digests(tmp)},
+                                                indent=2, default=str))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         prune(run_dir, keep)
     env.barrier()
     return final
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_digests(directory: Path) -> dict[str, str]:
+    """The sha256 of every file under a checkpoint directory but its manifest, by relative path."""
+    return {p.relative_to(directory).as_posix(): _sha256(p) for p in sorted(Path(directory).rglob("*"))
+            if p.is_file() and p.relative_to(directory).as_posix() != META_FILE}
+
+
+def verify(checkpoint: Checkpoint) -> str | None:
+    """Why a complete checkpoint cannot be trusted, or None: its manifest names another step than
+    its directory, or a file it lists is missing or differs from its checksum. Files the manifest
+    does not list are not looked at. A checkpoint without checksums passes (see the docstring)."""
+    if checkpoint.path.name != f"step-{checkpoint.step:06d}":
+        return f"its {META_FILE} says step {checkpoint.step}"
+    for name, expected in (checkpoint.meta["files"] if checkpoint.verifiable else {}).items():
+        path = checkpoint.path / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if _sha256(path) != expected:
+            return f"{name} does not match its checksum (truncated or altered since it was saved)"
+    return None
+
+
+@dataclass(frozen=True)
+class PassedOver:
+    """A complete checkpoint a resume did not use, and why."""
+
+    path: Path
+    why: str
+    corrupt: bool  # it failed verification (else it is sound, but its steps' records are missing)
+
+
+def usable_checkpoint(run_dir: Path, steps_recorded: int) -> tuple[Checkpoint | None, list[PassedOver]]:
+    """The newest complete checkpoint that verifies and whose steps are all in steps.jsonl (a
+    resume keeps the records of the steps before it), and each newer one passed over."""
+    passed_over = []
+    for path in reversed(_step_dirs(run_dir)):
+        meta = read_meta(path)
+        checkpoint = Checkpoint(path, meta) if meta is not None else None
+        problem = f"its {META_FILE} cannot be read" if checkpoint is None else verify(checkpoint)
+        if problem is not None:
+            passed_over.append(PassedOver(path, problem, corrupt=True))
+        elif checkpoint.step > steps_recorded:
+            passed_over.append(PassedOver(path, f"steps.jsonl holds only {steps_recorded} of its {checkpoint.step} steps",
+                                          corrupt=False))
+        else:
+            return checkpoint, passed_over
+    return None, passed_over
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a corrupt checkpoint to ``step-N.corrupt`` (``.corrupt-2``, ... if taken): no longer a
+    checkpoint anything reads or prunes, and still there to look at."""
+    target, n = path.with_name(path.name + ".corrupt"), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.corrupt-{n}")
+    path.rename(target)
+    return target
 
 
 def prune(run_dir: Path, keep: int) -> None:

@@ -20,7 +20,10 @@ if TYPE_CHECKING:
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Unknown keys are refused (a misspelling would otherwise be ignored), and so are infinite
+    # and NaN floats (YAML's .inf, .nan): every bound a field declares holds for them or not by
+    # accident (lr: .inf is "greater than 0"), and no hyperparameter, timeout or size means them.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class TrainingConfig(Section):

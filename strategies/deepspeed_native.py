@@ -15,6 +15,7 @@ the model's hidden size; an ``"auto"`` it cannot fill is refused, naming the key
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import os
 import warnings
@@ -46,6 +47,17 @@ KNOWN_ZERO = frozenset({
     "stage3_gather_16bit_weights_on_model_save", "stage3_max_live_parameters", "stage3_max_reuse_distance",
     "sub_group_size", "allgather_partitions", "reduce_scatter", "round_robin_gradients",
 })
+# ZeRO keys DeepSpeed accepts (its aliases and older names among them) that lie close enough to
+# a key above to be taken for a misspelling of it; they are passed on unchecked, like any other
+# key DeepSpeed knows (tests check this list against DeepSpeed's own ZeRO config model).
+OTHER_ZERO = frozenset({
+    "cpu_offload_param", "gather_16bit_weights_on_model_save", "max_live_parameters", "max_reuse_distance",
+    "param_persistence_threshold", "prefetch_bucket_size", "stage3_gather_fp16_weights_on_model_save",
+    "stage3_model_persistence_threshold",
+})
+# How alike (difflib's ratio) an unknown key and a known one must be for the unknown one to be
+# refused as its misspelling: zero_optimisation and stgae are; activation_checkpointing is not.
+MISSPELLING_CUTOFF = 0.8
 # "auto" values that depend on neither the experiment nor the model, as Accelerate fills them:
 # the suite saves DeepSpeed checkpoints and consolidates them itself, so no 16-bit copy.
 FIXED_AUTOS: dict[KeyPath, Any] = {("zero_optimization", "stage3_gather_16bit_weights_on_model_save"): False}
@@ -132,6 +144,19 @@ def unknown_keys(config: dict[str, Any]) -> list[str]:
             + [f"zero_optimization.{key}" for key in (zero if isinstance(zero, dict) else {}) if key not in KNOWN_ZERO])
 
 
+def misspelled(dotted: str) -> str | None:
+    """The known key an unknown one (dotted, as :func:`unknown_keys` names it) misspells, if any.
+    DeepSpeed ignores a top-level key it does not know, so a misspelled block would silently
+    fall back to its defaults."""
+    section, _, key = dotted.rpartition(".")
+    if section:
+        known, other = KNOWN_ZERO, OTHER_ZERO
+    else:  # a forbidden block is no fix to suggest
+        known, other = KNOWN_TOP_LEVEL - set(FORBIDDEN_BLOCKS), frozenset()
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=MISSPELLING_CUTOFF)
+    return f"{section + '.' if section else ''}{close[0]}" if close and key not in other else None
+
+
 def as_json(value: Any) -> str:
     return json.dumps(value)
 
@@ -157,8 +182,11 @@ def resolve_native(native: dict[str, Any], training: TrainingConfig, world_size:
                         "(\"auto\" is filled for batch sizes, accumulation, clipping, fp16/bf16.enabled, "
                         "reduce_bucket_size, stage3_prefetch_bucket_size, stage3_param_persistence_threshold and "
                         "stage3_gather_16bit_weights_on_model_save)")
+    unknown = unknown_keys(native)
+    fixes = {key: fix for key in unknown if (fix := misspelled(key))}
+    problems += [f"{key} is not a DeepSpeed key; did you mean {fix}? (rename it in {source})" for key, fix in fixes.items()]
     config.update(suite_owned_flags())
-    return Resolution(config, problems, unknown_keys(native))
+    return Resolution(config, problems, [key for key in unknown if key not in fixes])
 
 
 def warn_unchecked(resolution: Resolution, source: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import reprlib
 from pathlib import Path
 from typing import Any, get_args
 
@@ -18,7 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from kan_models import AnyModelConfig, AnyTaskConfig
 from kanscale.errors import ConfigError
-from kanscale.files import find_file, find_preset, read_mapping
+from kanscale.files import find_file, find_preset, parse_yaml_value, read_mapping
 from strategies.config import FaultConfig, MeasurementConfig, OutputConfig, RuntimeConfig, Section, TrainingConfig
 from strategies.registry import AnyStrategyConfig
 
@@ -101,8 +102,7 @@ def parse_experiment(data: dict[str, Any], overrides: list[str] = (), source: st
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
-        lines = [describe_error(e, data) for e in err.errors()]
-        raise ConfigError(f"{source} is invalid:\n" + "\n".join(f"  - {line}" for line in lines)) from None
+        raise ConfigError(f"{source} is invalid:\n" + error_lines([describe_error(e, data) for e in err.errors()])) from None
 
 
 def apply_override(data: dict[str, Any], override: str) -> None:
@@ -111,10 +111,7 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     key, sep, raw = override.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set {override!r}: expected key.path=value, e.g. --set training.lr=0.01")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        value = raw
+    value = parse_yaml_value(raw, f"--set {override!r}")
     node = data
     parts = key.strip().split(".")
     for i, part in enumerate(parts[:-1]):
@@ -143,8 +140,28 @@ def describe_error(error: dict[str, Any], data: dict[str, Any], root: type[BaseM
     if kind == "missing":
         return f"{path}: required field is missing"
     msg = msg.removeprefix("Value error, ")
-    shown = "" if isinstance(given, dict) else f" (given: {given!r})"
+    shown = "" if isinstance(given, dict) else f" (given: {short_repr(given)})"
     return f"{path}: {msg}{shown}" if path else f"{msg}{shown}"
+
+
+# A value in a message is cut short, and so is the list of errors: a YAML alias bomb (anchors
+# nested nine deep) is a few lines of text that expands to 10^8 values.
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict, _SHORT.maxset = 2, 4, 4, 4, 4
+_SHORT.maxstring, _SHORT.maxother = 80, 80
+MAX_ERROR_LINES, MAX_LINE = 20, 500
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to a line, in time independent of the value's size."""
+    return _SHORT.repr(value)
+
+
+def error_lines(lines: list[str]) -> str:
+    """A message's list of problems: the first MAX_ERROR_LINES, each cut to MAX_LINE characters."""
+    shown = [line if len(line) <= MAX_LINE else line[:MAX_LINE] + "..." for line in lines[:MAX_ERROR_LINES]]
+    more = [f"... and {len(lines) - MAX_ERROR_LINES} more"] if len(lines) > MAX_ERROR_LINES else []
+    return "\n".join(f"  - {line}" for line in shown + more)
 
 
 def _field_path(loc: tuple, data: dict[str, Any]) -> tuple[str, Any]:

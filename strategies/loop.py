@@ -1,7 +1,8 @@
 """The strategy-agnostic training loop: data, model and engine in; a run record out.
 
-Every rank runs this same code. Only rank 0 writes the record while things go well; every rank
-takes part in the few collectives that turn per-rank measurements into the run's numbers, and
+Every rank runs this same code. Only rank 0 writes the record while things go well (and holds
+the run directory's lock, strategies/resume.py); every rank takes part in the few collectives
+that turn per-rank measurements into the run's numbers (after each step, and at the end), and
 those happen outside the timed windows.
 
 The loop never writes a loss formula (the task does) and never runs the model itself (the
@@ -27,18 +28,20 @@ from pathlib import Path
 
 import torch
 
-from analysis.records import RunWriter, read_steps, read_summary
+from analysis.records import RunWriter
 from analysis.schema import RunRecord, StepRecord
 from kan_models import build_model, count_parameters
 from kan_models.compile import compile_model
 from kanscale.errors import ConfigError
-from strategies.checkpoint import Checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
+from strategies.checkpoint import load_checkpoint, save_checkpoint
 from strategies.data import rank_micro_batches
 from strategies.distributed import DistEnv
 from strategies.engine import Batch, Engine
 from strategies.experiment import ExperimentConfig, dump_yaml
+from strategies.export import read_export
 from strategies.failures import (
-    FailureReport, check_finite, inject_fault, raise_on_sigterm, read_reports, root_cause, write_report,
+    STOPPED, FailureReport, check_finite, inject_fault, raise_on_sigterm, read_reports, reporting_failure, reports_dir,
+    reports_locked, root_cause, write_report,
 )
 from strategies.measure import reset_peak_rss
 from strategies.optim import build_optimizer
@@ -48,31 +51,18 @@ from strategies.progress import Progress
 from strategies.recording import (
     StepSample, batch_info, combine_steps, initial_record, new_run_id, now_iso, results,
 )
+from strategies.resume import find_resumable, open_attempt
 
 
 def load_exported(path: str, cfg: ExperimentConfig) -> dict[str, torch.Tensor]:
     """The weights of a ``kanscale export`` file, after checking they are for this model."""
-    exported = torch.load(path, map_location="cpu", weights_only=False)
+    exported = read_export(path, "training.init_from")
     theirs, ours = exported["model"], cfg.model.model_dump(mode="json")
     differ = [k for k in ("family", "widths", "grid", "k", "degree") if theirs.get(k) != ours.get(k)]
     if differ:
         raise ConfigError(f"training.init_from: {path} holds a {theirs['family']} {theirs['widths']} model, which differs "
                           f"from this experiment's in {', '.join(differ)}; use an export of the same model")
     return exported["model_state"]
-
-
-def find_resumable(cfg: ExperimentConfig, world_size: int) -> Path:
-    """The newest unfinished run of this experiment in output.dir that has a complete checkpoint."""
-    candidates = []
-    for summary in Path(cfg.output.dir).glob("*/summary.json"):
-        record = read_summary(summary)
-        if (record.config_digest == cfg.digest() and record.topology.world_size == world_size and record.status != "ok"
-                and latest_checkpoint(summary.parent) is not None):
-            candidates.append((record.started_at, summary.parent))
-    if not candidates:
-        raise ConfigError(f"--resume: no unfinished run of this experiment with a checkpoint under {cfg.output.dir} "
-                          f"(at world size {world_size}); give the run directory, or set training.checkpoint_every")
-    return max(candidates)[1]
 
 
 class Trainer:
@@ -100,32 +90,23 @@ class Trainer:
         self.grid_template = copy.deepcopy(self.model) if t.grid_update_every else None
         self.show_progress = show_progress
         self.samples: list[StepSample] = []  # this process's steps
-        self.combined: list[StepRecord] = []  # the run's steps, from before a resume too
         self.compute_s = 0.0
-        self.checkpoint: Checkpoint | None = None
         self.probe = build_probe(cfg.measurement.comm_probe, env)
-        if resume is None:
-            self.run_dir = Path(cfg.output.dir) / env.broadcast_string(new_run_id(cfg, env.world_size))
-            self.record = initial_record(cfg, env, self.run_dir.name, self.params, self._batch_info(0))
-        else:
-            self._prepare_resume(Path(env.broadcast_string(str(resume))))
+        run_dir = Path(env.broadcast_string(str(resume) if resume is not None else
+                                            str(Path(cfg.output.dir) / new_run_id(cfg, env.world_size))))
+        # From here rank 0 holds the run directory's lock, until run() has written the last record.
+        self.attempt = open_attempt(cfg, env, run_dir, resume=resume is not None)
+        self.run_dir, self.checkpoint = run_dir, self.attempt.checkpoint
+        self.combined: list[StepRecord] = self.attempt.steps  # the run's steps, from before a resume too
         self.start_step = len(self.combined)
         self.steps_done = self.start_step
+        self.written = self.start_step  # of self.combined, the steps in steps.jsonl
+        self.record = initial_record(cfg, env, run_dir.name, self.params, self._batch_info(self.start_step))
+        if self.attempt.previous is not None:
+            self.record = self.record.model_copy(update={
+                "started_at": self.attempt.previous.started_at,
+                "resumed_at_steps": [*self.attempt.previous.resumed_at_steps, self.checkpoint.step]})
         self.writer: RunWriter | None = None
-
-    def _prepare_resume(self, run_dir: Path) -> None:
-        previous = read_summary(run_dir)
-        if previous.config_digest != self.cfg.digest() or previous.topology.world_size != self.env.world_size:
-            raise ConfigError(f"--resume: {run_dir} is a different experiment or world size ({previous.topology.world_size} "
-                              "ranks); resume with the config and launch it was started with")
-        self.checkpoint = latest_checkpoint(run_dir)
-        if self.checkpoint is None:
-            raise ConfigError(f"--resume: {run_dir} has no complete checkpoint to resume from")
-        self.run_dir = run_dir
-        self.combined = read_steps(run_dir)[: self.checkpoint.step]
-        fresh = initial_record(self.cfg, self.env, run_dir.name, self.params, self._batch_info(self.checkpoint.step))
-        self.record = fresh.model_copy(update={"started_at": previous.started_at,
-                                               "resumed_at_steps": [*previous.resumed_at_steps, self.checkpoint.step]})
 
     def _batch_info(self, steps_done: int):
         return batch_info(self.cfg, self.plan, self.micro_batch, steps_done)
@@ -139,6 +120,12 @@ class Trainer:
     def run(self) -> RunRecord:
         """Write an ``incomplete`` record, train, evaluate, write the final record. Whatever goes
         wrong after the record exists (the backend failing to start included) is written into it."""
+        try:
+            return self._run()
+        finally:
+            self.attempt.release()  # the record is final: the directory is free for a resume
+
+    def _run(self) -> RunRecord:
         if self.env.is_main:
             self.writer = RunWriter(self.run_dir)
             self.writer.write_config(dump_yaml(self.cfg.resolved()))
@@ -222,15 +209,19 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(env.device)
         for step in range(self.start_step, self.plan.total_steps):
             self.samples.append(self._timed_step(step))
+            # Combined across ranks (a collective, outside the timed window) after every step, so
+            # that when a rank fails rank 0 holds the record of every step all ranks completed
+            # and can write them without the collective that may no longer be possible.
+            self.combined += combine_steps(env, step, self.samples[-1:], self.compute_s, t.warmup_steps)
             self.steps_done = step + 1
             checkpoint_due = t.checkpoint_every and self.steps_done % t.checkpoint_every == 0
             if self.progress.due(self.steps_done) or checkpoint_due:
-                self._flush_steps()
+                self._write_steps()
             if checkpoint_due:
                 save_checkpoint(self.engine, env, self.run_dir, self.steps_done,
                                 {"run_id": self.run_dir.name, "config": self.cfg.resolved(), "strategy": self.record.strategy.label},
                                 keep=t.keep_checkpoints)
-        self._flush_steps()
+        self._write_steps()
 
     def _grid_update_due(self, step: int) -> bool:
         t = self.cfg.training
@@ -272,16 +263,14 @@ class Trainer:
         self.env.broadcast_tensors(list(state.values()))
         self.engine.load_full_state_dict(state)
 
-    def _flush_steps(self) -> None:
-        """Combine the pending per-rank step samples across ranks and append them to steps.jsonl."""
-        first = len(self.combined)
-        pending = self.samples[first - self.start_step:]
-        if not pending:
+    def _write_steps(self) -> None:
+        """Append the combined step records not yet in steps.jsonl (rank 0 writes; no collective)."""
+        records = self.combined[self.written:]
+        if not records:
             return
-        records = combine_steps(self.env, first, pending, self.compute_s, self.cfg.training.warmup_steps)
-        self.combined.extend(records)
         if self.writer is not None:
             self.writer.append_steps(records)
+        self.written = len(self.combined)
         last = records[-1]
         self.progress.update(self.steps_done, loss=last.loss, samples_per_s=last.samples / max(last.time_s_max, 1e-12))
 
@@ -300,16 +289,25 @@ class Trainer:
         return task.metrics(dict(zip(names, totals.cpu().tolist())), n_test)
 
     def _fail(self, exc: BaseException) -> None:
-        """Report this rank's failure and rewrite the record from every rank's reports so far
-        (any rank may be the last one able to). Ctrl-C leaves the run ``incomplete``."""
-        report = FailureReport(rank=self.env.rank, step=self.steps_done, type=type(exc).__name__,
-                               message=str(exc) or type(exc).__name__, time=time.time())
-        write_report(self.run_dir, report)
-        error = root_cause(read_reports(self.run_dir), self.env.world_size)
-        status = "incomplete" if isinstance(exc, KeyboardInterrupt) else "failed"
-        self.record = self.record.model_copy(update=dict(status=status, error=error, finished_at=now_iso(),
-                                                         batch=self._batch_info(error.step or 0)))
-        (self.writer or RunWriter(self.run_dir)).write_summary(self.record)
+        """Write the completed steps not yet written, report this rank's failure and rewrite the
+        record from this attempt's reports so far (any rank may be the last one able to). Ctrl-C,
+        or a SIGTERM no rank's failure preceded, leaves the run ``incomplete``: stopped, not failed."""
+        with reporting_failure():
+            if self.writer is not None:
+                try:
+                    self._write_steps()
+                except OSError:
+                    pass  # the disk may be what failed; the record below matters more
+            report = FailureReport(rank=self.env.rank, step=self.steps_done, type=type(exc).__name__,
+                                   message=str(exc) or type(exc).__name__, time=time.time())
+            folder = reports_dir(self.run_dir, self.attempt.number)
+            with reports_locked(folder):
+                write_report(folder, report)
+                error = root_cause(read_reports(folder), self.env.world_size)
+                status = "incomplete" if isinstance(exc, KeyboardInterrupt) or error.type == STOPPED else "failed"
+                self.record = self.record.model_copy(update=dict(status=status, error=error, finished_at=now_iso(),
+                                                                 batch=self._batch_info(error.step or 0)))
+                (self.writer or RunWriter(self.run_dir)).write_summary(self.record)
 
 
 @dataclass(frozen=True)

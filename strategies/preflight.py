@@ -3,25 +3,52 @@ calls this for the world size it is about to launch; every rank calls it again a
 
 from __future__ import annotations
 
+import os
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from kanscale.errors import ConfigError
+from strategies.config import TrainingConfig
 from strategies.data import BatchPlan
 from strategies.experiment import ExperimentConfig
 from strategies.probes import PROBES
 from strategies.registry import STRATEGIES
 
 
-def preflight(cfg: ExperimentConfig, device_type: str, world_size: int) -> BatchPlan:
+class ThreadsBeyondCores(UserWarning):
+    """More torch threads on a machine than it has cores: the ranks compete for them."""
+
+
+@dataclass(frozen=True)
+class Machines:
+    """Where a launch's ranks run: ``count`` machines, ``ranks_here`` ranks on each. Their memory
+    and cores are checked as this machine's unless ``like_this_one`` is false (a SLURM launch,
+    checked on a login node; every rank checks again on its own node)."""
+
+    count: int
+    ranks_here: int
+    like_this_one: bool = True
+
+    @classmethod
+    def from_environ(cls, world_size: int) -> Machines:
+        """A rank's view: torchrun, accelerate and deepspeed export LOCAL_WORLD_SIZE (the ranks
+        on this machine); a process started by hand is alone."""
+        ranks_here = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+        return cls(count=max(1, world_size // ranks_here), ranks_here=ranks_here)
+
+
+def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines: Machines | None = None) -> BatchPlan:
     """Every problem that can be found before a process starts: the strategy's own checks, the
-    batch split at this world size, the step count, the output directory, files it needs."""
-    if device_type == "cuda" and not torch.cuda.is_available() and cfg.runtime.device == "cuda":
-        raise ConfigError("runtime.device: cuda was asked for but this machine has no CUDA device; set runtime.device=cpu or auto")
+    batch split at this world size, the step count, the model's memory, the output directory,
+    files it needs. ``machines``: where the ranks run (default: :meth:`Machines.from_environ`)."""
+    check_device(cfg, device_type)
     cfg.strategy.preflight(cfg.training, device_type, world_size)
     t = cfg.training
     plan = BatchPlan(cfg.task.n_train, t.micro_batch_for(world_size) * t.grad_accum * world_size, t.seed, t.epochs, t.steps)
+    check_batch_fits_data(t, cfg.task.n_train, world_size, plan.global_batch)
     if plan.total_steps <= t.warmup_steps:
         raise ConfigError(
             f"training.warmup_steps: {t.warmup_steps} warm-up steps leave none of the {plan.total_steps} steps to time; "
@@ -33,7 +60,102 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int) -> Batch
                           f"({PROBES[probe]}); use strategy {supporting} or set measurement.comm_probe=none")
     if t.init_from is not None and not Path(t.init_from).is_file():
         raise ConfigError(f"training.init_from: {t.init_from} does not exist; give a file written by kanscale export")
-    out = Path(cfg.output.dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"output.dir: {out} is a file; give a directory for the run records")
+    check_output_dir(cfg.output.dir, "output.dir", "for the run records")
+    machines = machines or Machines.from_environ(world_size)
+    if machines.like_this_one:
+        check_memory(cfg, device_type, machines.count)
+        check_threads(cfg.runtime.threads, machines.ranks_here)
     return plan
+
+
+def check_device(cfg: ExperimentConfig, device_type: str) -> None:
+    if device_type == "cuda" and not torch.cuda.is_available() and cfg.runtime.device == "cuda":
+        raise ConfigError("runtime.device: cuda was asked for but this machine has no CUDA device; set runtime.device=cpu or auto")
+
+
+def check_batch_fits_data(t: TrainingConfig, n_train: int, world_size: int, step: int) -> None:
+    """Refuse a step (``step`` samples over all ranks) larger than the training set: it would
+    train on the whole set while the record reported the larger batch."""
+    accum_x_ranks = t.grad_accum * world_size
+    if step <= n_train:
+        return
+    sizes = (f"a step takes {t.micro_batch_for(world_size)} samples per rank x grad_accum {t.grad_accum} x {world_size} "
+             f"rank(s) = {step}, but task.n_train has {n_train}")
+    if n_train < accum_x_ranks:
+        raise ConfigError(f"task.n_train: {sizes}, fewer than one per rank and micro-step; raise task.n_train to at "
+                          f"least {accum_x_ranks}")
+    field, most = (("training.micro_batch", n_train // accum_x_ranks) if t.micro_batch is not None
+                   else ("training.global_batch", n_train // accum_x_ranks * accum_x_ranks))
+    raise ConfigError(f"{field}: {sizes}; lower {field} to at most {most} or raise task.n_train")
+
+
+def optimizer_state_tensors(t: TrainingConfig) -> int:
+    """State tensors the optimizer keeps per parameter: Adam and AdamW two moments, SGD one
+    momentum buffer when momentum is on."""
+    return 2 if t.optimizer in ("adam", "adamw") else int(t.momentum > 0)
+
+
+def training_state_bytes(cfg: ExperimentConfig) -> int:
+    """One copy of what training holds: parameters and buffers, a gradient per trainable
+    parameter, the optimizer's state. Sharding strategies spread this one copy over the ranks;
+    none makes it smaller (activations come on top)."""
+    count = cfg.model.parameter_count()
+    element = torch.finfo(getattr(torch, cfg.training.dtype)).bits // 8
+    return element * (count.total + count.trainable * (1 + optimizer_state_tensors(cfg.training)))
+
+
+def machine_memory_bytes(device_type: str) -> int:
+    """This machine's memory: its RAM, plus its GPUs' where the ranks run on them."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return ram
+    return ram + sum(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+
+
+def check_memory(cfg: ExperimentConfig, device_type: str, machines: int) -> None:
+    """Refuse a model whose training state exceeds the memory of every machine of the launch
+    together (each taken to be like this one): it cannot run under any strategy."""
+    need, have = training_state_bytes(cfg), machine_memory_bytes(device_type) * machines
+    if need <= have:
+        return
+    count = cfg.model.parameter_count()
+    where = "this machine" if machines == 1 else f"{machines} machines like this one"
+    raise ConfigError(
+        f"model.widths: {cfg.model.family} {cfg.model.widths} has {count.trainable:,} trainable parameters; training "
+        f"it needs about {gib(need)} (the {cfg.training.dtype} parameters, their gradients and "
+        f"{cfg.training.optimizer}'s {optimizer_state_tensors(cfg.training)} state tensor(s) per parameter), more than "
+        f"the {gib(have)} of memory of {where}; use smaller model.widths (or model.grid), or more machines")
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_threads(threads: int | None, ranks_here: int) -> None:
+    """Warn (once, not from every rank) when the ranks on this machine ask for more threads
+    than it has cores: they would compete for cores and the timings would mean little."""
+    cores = os.cpu_count() or 1
+    if threads is None or threads * ranks_here <= cores or os.environ.get("RANK", "0") != "0":
+        return
+    warnings.warn(f"runtime.threads: {threads} thread(s) x {ranks_here} rank(s) on this machine = {threads * ranks_here} "
+                  f"for its {cores} cores; the ranks will compete for cores and the timings mean little; set "
+                  f"runtime.threads to at most {max(1, cores // ranks_here)} or leave it unset", ThreadsBeyondCores,
+                  stacklevel=2)
+
+
+def check_output_dir(path: str | Path, field: str, purpose: str) -> None:
+    """Refuse a directory that cannot be created or written here: a file at it or in its path,
+    or a nearest existing directory that this user cannot write."""
+    path = Path(path)
+    # os.path.exists, not Path.exists: a path below a directory this user cannot search is
+    # "not there" rather than a PermissionError; the last parent, "." or "/", exists
+    existing = next(p for p in (path, *path.parents) if os.path.exists(p))
+    if existing == path and not path.is_dir():
+        raise ConfigError(f"{field}: {path} is a file; give a directory {purpose}")
+    if not existing.is_dir():
+        raise ConfigError(f"{field}: {path} cannot be created: {existing} is a file, not a directory; give a "
+                          f"directory {purpose}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "it" if existing == path else f"{existing}, where it would be created,"
+        raise ConfigError(f"{field}: {path} cannot be written: {what} is not writable by this user (read-only); "
+                          f"give a directory you can write {purpose}, or change the permissions")

@@ -112,7 +112,9 @@ def test_hostfile_sets_nodes_and_ranks(tmp_path):
 
 
 def test_hosts_write_a_hostfile(tmp_path):
-    _, resolved, launch = plan(dataclasses.replace(request(tmp_path, launcher="deepspeed", no_ssh=True), hosts=["n1", "n2"]))
+    # --no-ssh: every node is started by hand, so they are told where node 0 is (--master-addr)
+    _, resolved, launch = plan(dataclasses.replace(request(tmp_path, launcher="deepspeed", no_ssh=True, master_addr="n1"),
+                                                   hosts=["n1", "n2"], given=frozenset({"master_addr"})))
     assert launch.files == {tmp_path / "hostfile": "n1 slots=1\nn2 slots=1\n"}
     assert resolved.spec.world_size == 2
 

@@ -35,7 +35,7 @@ def the_record(out):
 def test_two_torchrun_agents_with_c10d_rendezvous(tmp_path):
     port = free_port()
     two_nodes(lambda rank: [*RUN, "--strategy", "ddp", "--nnodes", "2", "--node-rank", str(rank), "--master-port", str(port),
-                            "--rdzv-id", "test-two-nodes", "--out", str(tmp_path)])
+                            "--master-addr", "127.0.0.1", "--rdzv-id", "test-two-nodes", "--out", str(tmp_path)])
     record = the_record(tmp_path)
     assert (record.status, record.topology.nodes, record.topology.world_size) == ("ok", 2, 2)
     assert (record.topology.procs_per_node, record.topology.launcher) == (1, "torchrun")

@@ -20,6 +20,35 @@ def common_options() -> argparse.ArgumentParser:
     return common
 
 
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number no smaller than ``minimum`` (ranks, nodes, a node's
+    rank), refused by argparse with the option's name rather than after the launcher starts."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}; give a whole number of at least {minimum}")
+        return value
+
+    return parse
+
+
+PORTS = range(1, 65536)
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 1-65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)") from None
+    if value not in PORTS:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number; give one from 1 to 65535")
+    return value
+
+
 def add_experiment_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set training.lr=0.01 --set model.widths=[2,32,1] (repeatable)")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+from pathlib import Path
 
 from kanscale.errors import ConfigError
 from launchers.cli.common import common_options
@@ -21,6 +23,12 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from strategies.export import export
+    from strategies.preflight import check_output_dir
+
+    # before anything is loaded: torch.save would replace nothing and fail on a directory
+    if Path(args.out).is_dir():
+        raise ConfigError(f"--out: {args.out} is a directory; give the file to write, e.g. {Path(args.out) / 'model.pt'}")
+    check_output_dir(Path(args.out).parent, "--out", "to write the model file in")
 
     try:
         out, checkpoint = export(args.checkpoint, args.out)
@@ -28,6 +36,6 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"export: {err}") from None
     print(f"wrote {out}: {checkpoint.meta['strategy']} checkpoint ({checkpoint.meta['format']}, "
           f"{checkpoint.meta['world_size']} ranks) of run {checkpoint.meta['run_id']} at step {checkpoint.step}")
-    print(f"start a run from it under any strategy: kanscale train CONFIG --set training.init_from={out}")
+    print(f"start a run from it under any strategy: kanscale train CONFIG --set {shlex.quote(f'training.init_from={out}')}")
     return 0
 

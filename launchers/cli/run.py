@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 
-from launchers.cli.common import add_experiment_options, common_options, experiment_overrides
+from launchers.cli.common import add_experiment_options, at_least, common_options, experiment_overrides, port_number
 
 
 # options whose absence lets a file (the accelerate launch config, the hostfile) decide
@@ -24,18 +25,18 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                                     "hostfile where there is one, else the defaults shown; a contradiction is refused")
     launch.add_argument("--launcher", choices=["torchrun", "accelerate", "deepspeed", "slurm", "none"],
                         help="what starts the ranks (default: the strategy's own, accelerate for accelerate, else torchrun)")
-    launch.add_argument("--nproc-per-node", type=int, metavar="G", help="ranks per node (GPUs per node; default 1)")
-    launch.add_argument("--nnodes", type=int, metavar="N", help="number of nodes (default 1)")
-    launch.add_argument("--node-rank", type=int, metavar="R", help="this node's rank (start one run per node; default 0)")
+    launch.add_argument("--nproc-per-node", type=at_least(1), metavar="G", help="ranks per node (GPUs per node; default 1)")
+    launch.add_argument("--nnodes", type=at_least(1), metavar="N", help="number of nodes (default 1)")
+    launch.add_argument("--node-rank", type=at_least(0), metavar="R", help="this node's rank (start one run per node; default 0)")
     launch.add_argument("--master-addr", metavar="A", help="address of node 0, the rendezvous host (default 127.0.0.1; "
                                                           "over ssh the hostfile's first host)")
-    launch.add_argument("--master-port", type=int, metavar="P", help="rendezvous port (default: MASTER_PORT if exported, "
+    launch.add_argument("--master-port", type=port_number, metavar="P", help="rendezvous port (default: MASTER_PORT if exported, "
                         "else a free port where every rank starts here, else 29500; under SLURM one per job)")
     launch.add_argument("--rdzv-id", default="kanscale", help="torchrun rendezvous (job) id, the same on every node")
     launch.add_argument("--hostfile", metavar="F", help="deepspeed: 'host slots=N' per node, read as DeepSpeed reads it")
     launch.add_argument("--hosts", help="deepspeed: comma-separated hosts; writes OUT/hostfile with --nproc-per-node slots each")
     launch.add_argument("--no-ssh", action="store_true", help="deepspeed: start this node only (--node-rank), no ssh to the others")
-    launch.add_argument("--ssh-port", type=int, metavar="P", help="deepspeed over ssh: the nodes' sshd port")
+    launch.add_argument("--ssh-port", type=port_number, metavar="P", help="deepspeed over ssh: the nodes' sshd port")
     launch.add_argument("--ssh-key", metavar="F", help="deepspeed over ssh: the private key that logs in to every node")
     launch.add_argument("--accelerate-config", metavar="F", help="accelerate launch config (default: the strategy's, else "
                                                                 "configs/accelerate/ddp_cpu.yaml or ddp.yaml)")
@@ -87,7 +88,7 @@ def main(args: argparse.Namespace) -> int:
     if request.spec.launcher == "slurm":
         script, reply = write_script(launch, args.submit)
         print(f"wrote {script}", file=sys.stderr)
-        print(reply or f"submit it with: sbatch {script} (or rerun with --submit)", file=sys.stderr)
+        print(reply or f"submit it with: sbatch {shlex.quote(str(script))} (or rerun with --submit)", file=sys.stderr)
         return 0
     return execute(launch)
 

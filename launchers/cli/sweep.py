@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from launchers.cli.common import common_options
@@ -32,8 +33,8 @@ def main(args: argparse.Namespace) -> int:
 
     results = run_sweep(args.study, args.out, resume=args.resume, dry_run=args.dry_run, only=args.only,
                         submit_jobs=args.submit, wait=args.wait)
-    if args.dry_run:
-        return 0
+    if args.dry_run:  # a point that cannot be planned has said why (launchers.sweep)
+        return 1 if any(r.status == "failed" for r in results) else 0
     counts = {status: sum(r.status == status for r in results) for status in dict.fromkeys(r.status for r in results)}
     print("\nsweep: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
     for r in results:
@@ -48,6 +49,6 @@ def main(args: argparse.Namespace) -> int:
         advice = "" if args.submit else "; submit each with sbatch, or rerun with --submit"
         advice = advice if args.wait or not args.submit else "; follow them with --resume --submit --wait"
         print(f"\n{len(written)} sbatch script(s) under {Path(args.out) / 'slurm'}{advice}")
-    print(f"\nnext: kanscale analyze {args.out}")
+    print(f"\nnext: kanscale analyze {shlex.quote(args.out)}")
     return 1 if counts.get("failed") else 0
 

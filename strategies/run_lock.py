@@ -1,0 +1,131 @@
+"""A run directory belongs to the one run that holds its lock.
+
+Rank 0 of a run takes an advisory lock (``fcntl.flock``) on ``RUN_DIR/.lock`` before it writes
+anything there, a new run and a resumed one alike, and holds it until the run's record is final.
+A second run that wants the directory (two ``--resume`` of the same run, or a resume of a run
+still going) is refused, with the owner the lock file names: its host, pid and start time.
+
+The kernel releases a flock when its holder's process ends, however it ends (kill -9 included),
+so a lock is never left behind by a dead run. What can be left behind is the owner's name in the
+file: a run that ends normally empties it, one that is killed does not. A run that takes the lock
+and finds a name there says that it took over from a run that did not end cleanly. A lock still
+held although its recorded owner has ended on this host is held by a process that owner started
+and that inherited it, or, on a network filesystem, by a server that has not yet noticed the
+client died (NFS releases a dead client's locks after its lease, about 90 s); the refusal says so.
+
+Network filesystems: NFSv4 and Lustre or GPFS mounted with flock support lock across nodes; a
+filesystem without it (Lustre mounted ``noflock``, some FUSE ones) fails the call: the run then
+goes on with a warning, refused only if the owner recorded in the file still runs on this host,
+since refusing outright would make such filesystems unusable.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+from kanscale.errors import ConfigError
+
+LOCK_FILE = ".lock"
+
+
+def _owner_alive(owner: dict[str, Any]) -> bool | None:
+    """Whether the recorded owner still runs: None where this host cannot tell (another host)."""
+    if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
+        return None
+    try:
+        os.kill(owner["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # it exists, as another user's process
+    return True
+
+
+def _describe(owner: dict[str, Any]) -> str:
+    return f"pid {owner.get('pid', '?')} on {owner.get('host', '?')}, started {owner.get('since', '?')}"
+
+
+def _read_owner(file: IO[str]) -> dict[str, Any] | None:
+    file.seek(0)
+    try:
+        owner = json.loads(file.read() or "null")
+    except ValueError:
+        return None  # torn by a kill mid-write, or not ours
+    return owner if isinstance(owner, dict) else None
+
+
+def _refusal(run_dir: Path, owner: dict[str, Any] | None) -> ConfigError:
+    path = run_dir / LOCK_FILE
+    if owner is None:
+        return ConfigError(f"{run_dir} is in use by another run that is just starting (its lock {path} is held); wait "
+                           "for that run to end or stop it, then run again")
+    if _owner_alive(owner) is False:
+        return ConfigError(f"{run_dir} is locked ({path}) on behalf of a run that has ended ({_describe(owner)}): a "
+                           "process it started still holds the lock, or a network filesystem has not released it yet "
+                           f"(about 90 s); `fuser -v {path}` shows who holds it here; stop it, then run again")
+    return ConfigError(f"{run_dir} is in use by another run ({_describe(owner)}); one run at a time owns a run "
+                       "directory: wait for that run to end or stop it, then run again")
+
+
+class RunLock:
+    """rank 0's hold on a run directory; :meth:`release` (or the process ending) lets it go."""
+
+    def __init__(self, file: IO[str]) -> None:
+        self._file: IO[str] | None = file
+
+    @classmethod
+    def acquire(cls, run_dir: Path) -> "RunLock":
+        """Take the run directory's lock or refuse (:class:`ConfigError` naming the owner). Opening
+        the lock file creates it if needed; nothing else in the directory is touched."""
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / LOCK_FILE
+        try:
+            file = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o666), "r+")
+        except OSError as err:
+            raise ConfigError(f"{path}: cannot open the run's lock file ({err.strerror}); the run directory must be "
+                              "writable by whoever runs it") from None
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
+        except OSError as err:
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                print(f"kanscale: warning: {path}: this filesystem does not lock files ({err.strerror}); only a run "
+                      "recorded there and still running on this host stops a second one", file=sys.stderr)
+                locked = False
+            else:
+                owner = _read_owner(file)
+                file.close()
+                raise _refusal(run_dir, owner) from None
+        previous = _read_owner(file)
+        if previous is not None and not locked and _owner_alive(previous):
+            file.close()
+            raise _refusal(run_dir, previous)
+        if previous is not None:
+            print(f"kanscale: {run_dir}: took over the lock of an earlier run that did not end cleanly "
+                  f"({_describe(previous)}), which no longer holds it", file=sys.stderr)
+        file.seek(0)
+        file.truncate()
+        file.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                               "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n")
+        file.flush()
+        return cls(file)
+
+    def release(self) -> None:
+        """Empty the owner's name (a clean end leaves none) and let the lock go."""
+        if self._file is None:
+            return
+        try:
+            self._file.seek(0)
+            self._file.truncate()
+        finally:
+            self._file.close()  # closing the file releases the flock
+            self._file = None
