@@ -21,6 +21,8 @@ from strategies.deepspeed import accelerator_env
 # Variables of this environment the remote ranks get too (DeepSpeed itself forwards PYTHON*,
 # UCX*, MLFLOW* and its accelerator's own, e.g. NCCL_*).
 FORWARDED_PREFIXES = ("DS_", "TORCH_", "OMP_", "KANSCALE_", "CUDA_VISIBLE_DEVICES")
+# characters a double-quoted shell string does not keep literal, and the line break
+UNSAFE_IN_EXPORT = frozenset('$`"\\\n')
 # the env files DeepSpeed reads when DS_ENV_FILE is not set: the user's, kept in ours
 USER_ENV_FILES = (Path.home() / ".deepspeed_env", Path(".deepspeed_env"))
 
@@ -61,8 +63,11 @@ def deepspeed_env_text(device_type: str) -> str:
              for line in path.read_text().splitlines() if "=" in line]
     variables = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)} | accelerator_env(device_type)
     for key, value in sorted(variables.items()):
-        if "\n" in value:
-            raise ConfigError(f"{key}: a value with a line break cannot go into DeepSpeed's env file; unset it or "
-                              "remove the line break")
+        # DeepSpeed writes each as `export KEY="VALUE";` into the remote shell's command line, so
+        # what a double-quoted string still expands (or a line break) would run there
+        unsafe = sorted({c for c in value if c in UNSAFE_IN_EXPORT})
+        if unsafe:
+            raise ConfigError(f"{key}: its value holds {' '.join(repr(c) for c in unsafe)}, which the remote shell would "
+                              "act on when DeepSpeed exports it to the other nodes; unset it or remove those characters")
         lines.append(f"{key}={value}")
     return "".join(f"{line}\n" for line in lines)

@@ -189,3 +189,16 @@ def test_an_unreachable_host_is_named_before_launch(tmp_path, capsys):
 def test_ssh_options_need_the_ssh_path(capsys):
     err = refused(capsys, "--strategy", "ddp", "--ssh-port", "2222", "--dry-run")
     assert "--ssh-port/--ssh-key: ssh starts the nodes only with --launcher deepspeed and a hostfile" in err
+
+
+def test_the_remote_ranks_env_file_carries_what_they_need_and_nothing_a_shell_would_run(monkeypatch):
+    from kanscale.errors import ConfigError
+    from launchers.ssh import deepspeed_env_text
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    text = deepspeed_env_text("cpu")
+    assert "DS_ACCELERATOR=cpu\n" in text and "OMP_NUM_THREADS=1\n" in text
+    for hostile in ("$(touch PWNED)", "`id`", 'a"b', "x\ny"):
+        monkeypatch.setenv("KANSCALE_NOTE", hostile)
+        with pytest.raises(ConfigError, match="KANSCALE_NOTE: its value holds"):
+            deepspeed_env_text("cpu")
