@@ -53,8 +53,8 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
     ok["retention"] = ok["samples_per_s_per_rank"] / ok["baseline_samples_per_s"]
     ok["comm_overhead_pct"] = 100 * ok["comm_overhead"]
     for column, source in (("step_ms", "timings.step_mean_s"), ("compute_ms", "timings.compute_s"),
-                           ("comm_ms", "timings.comm_exposed_s"), ("comm_check_ms", "timings.comm_exposed_check_s")):
-        ok[column] = 1e3 * ok[source].astype(float)
+                           ("comm_ms", "timings.comm_exposed_s"), ("comm_check_ms", "comm.check.median_s")):
+        ok[column] = 1e3 * (ok[source] if source in ok else pd.Series(np.nan, index=ok.index)).astype(float)
     device_peak = ok["memory.peak_device_bytes"] if "memory.peak_device_bytes" in ok else pd.Series(np.nan, index=ok.index)
     ok["peak_memory_bytes"] = device_peak.fillna(ok["memory.peak_rss_bytes"])
     ok["peak_memory_kind"] = np.where(device_peak.notna(), "device", "RSS")

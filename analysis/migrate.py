@@ -6,6 +6,11 @@ its ``label`` (the one vocabulary of presets, tables and projections) and ``refe
 one-process run every strategy is compared with). A v1 record did not store a label, so it is
 rebuilt here from what v1 stored, the way v1's analysis named runs, in today's words. This is the
 one place outside the strategy modules that knows strategies by name: v1's frozen meaning.
+
+v2 -> v3: exposed communication gained its spread and its check as one ``comm`` section, and
+``comm_exposed_s`` became signed. A v2 record timed its compute baseline once, before training,
+with a barrier around every step, and clamped the difference at 0: its ``comm`` says so, and its
+one number stands for the whole run (no spread over windows).
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from typing import Any
 
 from analysis.schema import SCHEMA_VERSION
 
-READABLE_VERSIONS = (1, SCHEMA_VERSION)
+READABLE_VERSIONS = (1, 2, SCHEMA_VERSION)
+V2_COMM_NOTE = ("recorded by schema v2: compute timed once before training on a replica, with a barrier around every "
+                "step; the difference was clamped at 0, so 0 may stand for a negative one")
 _FSDP1_LABELS = {"FULL_SHARD": "fsdp1", "SHARD_GRAD_OP": "fsdp1_grad_op", "NO_SHARD": "fsdp1_no_shard",
                  "HYBRID_SHARD": "fsdp1_hybrid"}
 
@@ -26,7 +33,9 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     if version == SCHEMA_VERSION:
         return data
     if version == 1:
-        return _v1_to_v2(data)
+        return _v2_to_v3(_v1_to_v2(data))
+    if version == 2:
+        return _v2_to_v3(data)
     raise ValueError(f"schema_version {version!r} is not one this kanscale reads (it reads {list(READABLE_VERSIONS)})")
 
 
@@ -39,6 +48,26 @@ def _v1_to_v2(v1: dict[str, Any]) -> dict[str, Any]:
     strategy["label"] = _v1_label(strategy)
     strategy["reference"] = strategy.get("name") == "single"
     return record
+
+
+def _v2_to_v3(v2: dict[str, Any]) -> dict[str, Any]:
+    record = copy.deepcopy(v2)
+    record["schema_version"] = 3
+    timings, measurement = record.get("timings"), record.get("measurement")
+    if timings is None or measurement is None:  # a run that never finished
+        return record
+    check = timings.pop("comm_exposed_check_s", None)
+    record["comm"] = {
+        "replica": _one_value(timings["comm_exposed_s"]), "check": None if check is None else _one_value(check),
+        "difference_s": None if check is None else timings["comm_exposed_s"] - check,
+        "trusted": "replica", "note": V2_COMM_NOTE,
+    }
+    measurement.update(timing="per_step", window_steps=1, windows=(record.get("batch") or {}).get("timed_steps", 0))
+    return record
+
+
+def _one_value(seconds: float) -> dict[str, float]:
+    return {"median_s": seconds, "low_s": seconds, "high_s": seconds}
 
 
 def _v1_label(strategy: dict[str, Any]) -> str:

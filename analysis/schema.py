@@ -1,9 +1,9 @@
-"""Metrics schema v2: the run record (one per run, ``summary.json``) and the step records (one
+"""Metrics schema v3: the run record (one per run, ``summary.json``) and the step records (one
 per optimizer step, ``steps.jsonl``). Every strategy writes exactly these fields; analysis reads
 nothing else. Records are validated when written and when read; ``kanscale schema`` prints the
 JSON Schema generated from these classes (also shipped as ``analysis/run_record.schema.json``).
-Version 1 records (``test_mse`` instead of named test metrics, no strategy label) are migrated
-when read (analysis/migrate.py); their JSON Schema is shipped as ``run_record.v1.schema.json``.
+Records of versions 1 and 2 are migrated when read (analysis/migrate.py); version 1's JSON Schema
+is shipped as ``run_record.v1.schema.json``, version 2's as ``run_record.v2.schema.json``.
 
 Units: seconds, bytes, samples. Per-step times are means over the timed (post-warm-up) steps.
 Derived quantities (speedup, efficiency, retention, ...) are computed in analysis, never stored.
@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import models_json_schema
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 Status = Literal["ok", "failed", "incomplete"]
 
 
@@ -62,6 +62,7 @@ class Topology(Record):
     comm_backend: str | None = Field(None, description="gloo | nccl | None for one process")
     device_type: str
     device_name: str
+    threads_per_rank: int | None = Field(None, ge=1, description="torch intra-op threads of each rank")
 
 
 class BatchInfo(Record):
@@ -76,20 +77,42 @@ class BatchInfo(Record):
 
 class Timings(Record):
     total_s: float = Field(ge=0.0, description="sum of all step times, warm-up included (progress reports and checkpoints not)")
-    step_mean_s: float = Field(ge=0.0)
-    step_p50_s: float = Field(ge=0.0)
+    step_mean_s: float = Field(ge=0.0, description="timed steps' wall time (window to window) / their number")
+    step_p50_s: float = Field(ge=0.0, description="of the steps' times, slowest rank")
     step_p95_s: float = Field(ge=0.0)
     data_s: float = Field(ge=0.0, description="per step: fetching the batch")
-    compute_s: float = Field(ge=0.0, description="per step: the same per-rank work on an unwrapped replica, no communication")
-    comm_exposed_s: float = Field(ge=0.0, description="per step: step - data - compute, communication not hidden behind compute")
-    comm_exposed_check_s: float | None = Field(
-        None, ge=0.0, description="per step, independent check: step time minus the main thread's CPU time (CPU, one thread per rank)")
+    compute_s: float = Field(ge=0.0, description="per step: the same per-rank work on an unwrapped replica, no communication, "
+                                                 "sampled between timing windows (median)")
+    comm_exposed_s: float = Field(description="per step: exposed communication by the method comm.trusted names, raw "
+                                              "(it may fall below 0 within noise; see comm)")
     compile_s: float | None = Field(None, ge=0.0, description="torch.compile time, excluded from step times")
 
 
 class Throughput(Record):
     samples_per_s: float = Field(ge=0.0, description="global samples per second over the timed steps")
     samples_per_s_per_rank: float = Field(ge=0.0)
+    samples_per_s_low: float | None = Field(None, ge=0.0, description="the slowest timing window's rate")
+    samples_per_s_high: float | None = Field(None, ge=0.0, description="the fastest timing window's rate")
+
+
+class Spread(Record):
+    """One per-step quantity over a run's timing windows."""
+
+    median_s: float = Field(description="median over the windows (raw: not clamped)")
+    low_s: float = Field(description="lowest window")
+    high_s: float = Field(description="highest window")
+
+
+class CommExposure(Record):
+    """Exposed communication per step by two independent methods, and whether they agree."""
+
+    replica: Spread | None = Field(None, description="step time - data - compute of a replica sampled between windows")
+    check: Spread | None = Field(None, description="time the main thread neither ran nor waited for a core (CPU, one thread per rank)")
+    difference_s: float | None = Field(None, description="replica - check, median over windows")
+    noise_s: float | None = Field(None, ge=0.0, description="how far the difference may stray by chance (see docs/metrics.md)")
+    agree: bool | None = Field(None, description="|difference| <= noise; None with one method")
+    trusted: Literal["replica", "check"] = Field(description="the method comm_exposed_s and comm_overhead use")
+    note: str = Field(description="what the two methods say, in words")
 
 
 class ModelStateBytes(Record):
@@ -100,16 +123,24 @@ class ModelStateBytes(Record):
 
 
 class Memory(Record):
-    peak_device_bytes: int | None = Field(None, ge=0, description="max_memory_allocated on GPU (max over ranks); None on CPU")
-    peak_rss_bytes: int | None = Field(None, ge=0, description="peak resident set size of the process (max over ranks)")
+    peak_device_bytes: int | None = Field(None, ge=0, description="max_memory_allocated on GPU (max over ranks), during "
+                                                                   "training steps, less the replica's; None on CPU")
+    peak_rss_bytes: int | None = Field(None, ge=0, description="peak resident set size of the process (max over ranks), "
+                                                               "during training steps, less the replica's")
+    replica_bytes: int | None = Field(None, ge=0, description="what the compute-baseline replica held (max over ranks), "
+                                                              "measured when it was built, taken off the peaks")
     model_state: ModelStateBytes = Field(description="bytes each kind of model state takes on the rank holding the most of it")
 
 
 class MeasurementInfo(Record):
-    comm_method: str = Field(description="how comm_exposed_s was measured")
+    comm_method: str = Field(description="how comm.replica was measured")
     comm_probe: str = Field("none", description="measurement.comm_probe: none, or paper (the published study's probe ran)")
-    baseline_steps: int = Field(ge=0, description="timed steps of the compute-only replica")
-    check_method: str | None = Field(None, description="how comm_exposed_check_s was measured, if it was")
+    baseline_steps: int = Field(ge=0, description="replica steps timed after each window")
+    check_method: str | None = Field(None, description="how comm.check was measured, if it was")
+    timing: Literal["windowed", "per_step"] = Field(
+        "windowed", description="windowed: ranks synchronize once per window; per_step: a barrier around every step")
+    window_steps: int = Field(1, ge=1, description="steps per timing window")
+    windows: int = Field(0, ge=0, description="timed windows the spreads are over")
     paper_probe_overhead: float | None = Field(
         None, description="with measurement.comm_probe=paper: the published study's (t2 - t1) / t2, mean over probed batches")
 
@@ -122,6 +153,7 @@ class Environment(Record):
     pykan: str | None = None
     platform: str
     hosts: list[str]
+    cpu_count: int | None = Field(None, ge=1, description="CPU cores rank 0 could run on (its affinity mask)")
     gpu_model: str | None = None
     slurm_job_id: str | None = Field(None, description="the SLURM job the run ran in, if any")
 
@@ -133,8 +165,19 @@ class RunError(Record):
     step: int | None = Field(None, description="last completed step")
 
 
+# What a finished (ok) run must hold besides the fields every record has.
+OK_REQUIRES = ("timings", "throughput", "comm_overhead", "comm", "measurement", "memory", "final_loss", "test_metrics",
+               "finished_at")
+
+
 class RunRecord(Record):
-    schema_version: Literal[2] = SCHEMA_VERSION
+    # The conditions of _complete_when_ok, for the JSON Schema's readers.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": [
+        {"if": {"properties": {"status": {"const": "ok"}}, "required": ["status"]},
+         "then": {"required": list(OK_REQUIRES), "properties": {f: {"not": {"type": "null"}} for f in OK_REQUIRES}}},
+        {"if": {"properties": {"status": {"const": "failed"}}, "required": ["status"]}, "then": {"required": ["error"]}},
+    ]})
+    schema_version: Literal[3] = SCHEMA_VERSION
     run_id: str
     name: str
     status: Status
@@ -152,7 +195,8 @@ class RunRecord(Record):
     batch: BatchInfo
     timings: Timings | None = None
     throughput: Throughput | None = None
-    comm_overhead: float | None = Field(None, ge=0.0, le=1.0, description="exposed communication / step time")
+    comm_overhead: float | None = Field(None, ge=-1.0, le=1.0, description="comm_exposed_s / step time (raw, see comm)")
+    comm: CommExposure | None = None
     measurement: MeasurementInfo | None = None
     memory: Memory | None = None
     final_loss: float | None = Field(None, description="training loss of the last step (global mean)")
@@ -162,9 +206,7 @@ class RunRecord(Record):
     @model_validator(mode="after")
     def _complete_when_ok(self) -> "RunRecord":
         if self.status == "ok":
-            missing = [f for f in ("timings", "throughput", "comm_overhead", "measurement", "memory", "final_loss", "test_metrics",
-                                   "finished_at")
-                       if getattr(self, f) is None]
+            missing = [f for f in OK_REQUIRES if getattr(self, f) is None]
             if missing:
                 raise ValueError(f"a run with status ok must have {', '.join(missing)}")
         if self.status == "failed" and self.error is None:
@@ -177,24 +219,33 @@ class StepRecord(Record):
     loss: float = Field(description="global mean training loss of the step")
     time_s_max: float = Field(ge=0.0, description="step time, slowest rank")
     time_s_mean: float = Field(ge=0.0)
-    comm_s_max: float = Field(ge=0.0, description="exposed communication, slowest rank")
-    comm_s_mean: float = Field(ge=0.0)
+    comm_s_max: float = Field(description="exposed communication (step - data - compute, raw), largest over ranks")
+    comm_s_mean: float = Field()
+    compute_s: float | None = Field(None, ge=0.0, description="the replica's compute time after this step's window, mean over ranks")
+    window: int | None = Field(None, ge=0, description="the timing window the step belongs to")
     samples: int = Field(ge=0, description="global samples in the step")
     timed: bool = Field(description="false for warm-up steps")
 
 
 def json_schema(version: int = SCHEMA_VERSION) -> dict[str, Any]:
-    """The JSON Schema of both record kinds (their definitions under ``$defs``): generated from
-    these classes for the current version, the shipped frozen file for version 1."""
-    if version == 1:
-        return json.loads((Path(__file__).parent / "run_record.v1.schema.json").read_text())
+    """The JSON Schema of the run record (the root: what ``summary.json`` holds), with the step
+    record beside it under ``$defs/StepRecord`` (each line of ``steps.jsonl``): generated from
+    these classes for the current version, the shipped frozen files for earlier ones."""
+    if version in FROZEN_SCHEMAS:
+        return json.loads((Path(__file__).parent / FROZEN_SCHEMAS[version]).read_text())
     if version != SCHEMA_VERSION:
-        raise ValueError(f"no schema version {version}; there are 1 and {SCHEMA_VERSION}")
+        raise ValueError(f"no schema version {version}; there are {', '.join(map(str, [*FROZEN_SCHEMAS, SCHEMA_VERSION]))}")
     _, schema = models_json_schema([(RunRecord, "validation"), (StepRecord, "validation")])
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"https://kanscale.invalid/schema/v{SCHEMA_VERSION}",
         "title": f"kanscale metrics schema v{SCHEMA_VERSION}",
-        "description": "summary.json holds one RunRecord; steps.jsonl holds one StepRecord per line.",
+        "description": "summary.json holds one run record (this schema's root); steps.jsonl holds one "
+                       "#/$defs/StepRecord per line.",
+        "$ref": "#/$defs/RunRecord",
         **schema,
     }
+
+
+# Earlier versions' schemas, as they were shipped (without a root: validate against $defs/RunRecord).
+FROZEN_SCHEMAS = {1: "run_record.v1.schema.json", 2: "run_record.v2.schema.json"}

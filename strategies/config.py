@@ -77,8 +77,13 @@ class TrainingConfig(Section):
 
 
 class MeasurementConfig(Section):
+    timing: Literal["windowed", "per_step"] = Field(
+        "windowed", description="windowed: ranks synchronize once per window of steps, as training does not at all; "
+                                "per_step: a barrier (and device synchronize) around every step, for per-step distributions")
+    window_steps: int = Field(10, ge=1, description="steps per timing window (rates and spreads are per window)")
     baseline_steps: int = Field(
-        10, ge=1, description="timed steps of the compute-only replica that exposed communication is measured against")
+        2, ge=1, description="steps of the compute-only replica timed after each window (their median is the window's "
+                             "compute time, which exposed communication is measured against)")
     comm_probe: Literal["none", "paper"] = Field(
         "none", description="paper: also run the published study's probe (every second batch two extra forwards and an "
                             "extra all-reduce that changes the gradients), for comparison only; needs strategy ddp")

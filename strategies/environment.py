@@ -29,6 +29,7 @@ def environment_info(env: DistEnv) -> Environment:
         pykan=package_version("pykan"),
         platform=platform.platform(),
         hosts=sorted(set(env.gather_strings(hostname()))),
+        cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         gpu_model=torch.cuda.get_device_name(env.device) if env.device.type == "cuda" else None,
         slurm_job_id=os.environ.get("SLURM_JOB_ID"),
     )

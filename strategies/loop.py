@@ -2,22 +2,18 @@
 
 Every rank runs this same code. Only rank 0 writes the record while things go well (and holds
 the run directory's lock, strategies/resume.py); every rank takes part in the few collectives
-that turn per-rank measurements into the run's numbers (after each step, and at the end), and
-those happen outside the timed windows.
+that turn per-rank measurements into the run's numbers (once per timing window, and at the
+end), and those happen between the timed windows.
 
 The loop never writes a loss formula (the task does) and never runs the model itself (the
 engine does: ``forward_backward``, ``step``, ``evaluate``); it shards data by the data-parallel
 position of :class:`DistEnv`, so a backend that splits a model over ranks fits unchanged.
 
-Exposed communication is measured the same way for every strategy, without touching the
-training: before training, each rank times its own per-step work (forward, backward and
-optimizer step over the same micro-batches) on an unwrapped replica of the model, with no
-communication at all. A training step's exposed communication is what it takes beyond that:
-step time minus data time minus the replica's compute time. On CPUs with one thread per rank
-an independent check is recorded beside it: step time minus the main thread's CPU time (a rank
-blocked on a collective uses no CPU).
+Steps are timed in windows without synchronizing between them (strategies/timing.py). After
+each window every rank samples the compute-only baseline (strategies/baseline.py) on the
+window's last micro-batches, so exposed communication (strategies/comm_exposure.py) compares
+the training with a baseline taken on the same machine at the same time.
 """
-
 from __future__ import annotations
 
 import copy
@@ -43,15 +39,13 @@ from strategies.failures import (
     STOPPED, FailureReport, check_finite, inject_fault, raise_on_sigterm, read_reports, reporting_failure, reports_dir,
     reports_locked, root_cause, write_report,
 )
-from strategies.measure import reset_peak_rss
-from strategies.optim import build_optimizer
+from strategies.baseline import ComputeBaseline, TrainingPeaks
 from strategies.preflight import preflight
 from strategies.probes import build_probe
 from strategies.progress import Progress
-from strategies.recording import (
-    StepSample, batch_info, combine_steps, initial_record, new_run_id, now_iso, results,
-)
+from strategies.recording import Window, batch_info, combine_window, initial_record, new_run_id, now_iso, results
 from strategies.resume import find_resumable, open_attempt
+from strategies.timing import StepTimer, window_bounds
 
 
 def load_exported(path: str, cfg: ExperimentConfig) -> dict[str, torch.Tensor]:
@@ -89,8 +83,8 @@ class Trainer:
         # A plain copy for refitting grids: the engine's model may be sharded or wrapped.
         self.grid_template = copy.deepcopy(self.model) if t.grid_update_every else None
         self.show_progress = show_progress
-        self.samples: list[StepSample] = []  # this process's steps
-        self.compute_s = 0.0
+        self.windows: list[Window] = []  # this attempt's timing windows
+        self.peaks = TrainingPeaks(env.device)
         self.probe = build_probe(cfg.measurement.comm_probe, env)
         run_dir = Path(env.broadcast_string(str(resume) if resume is not None else
                                             str(Path(cfg.output.dir) / new_run_id(cfg, env.world_size))))
@@ -136,7 +130,7 @@ class Trainer:
                                  log_every=self.cfg.training.log_every, start=self.start_step)
         try:
             self.compile_s = self._compile(self.model) if self.cfg.model.compile else None
-            self.compute_s = self._measure_compute_baseline()
+            self.baseline = self._build_baseline()
             self.engine: Engine = self.cfg.strategy.apply(self.model, self.cfg.training, self.env)
             self.record = self.record.model_copy(update={"strategy": self.record.strategy.model_copy(update={
                 "label": self.engine.label or self.record.strategy.label,
@@ -146,9 +140,8 @@ class Trainer:
             self._train()
             test_metrics = self._evaluate()
             state = self.engine.counted_state or self.engine.model_state_bytes()
-            own = [s for n, s in enumerate(self.samples, start=self.start_step) if n >= self.cfg.training.warmup_steps]
-            measured = results(self.env, self.combined, own, self.compute_s, state, self.cfg.measurement.baseline_steps,
-                               self.cfg.measurement.comm_probe)
+            measured = results(self.env, self.combined, self.windows, state, self.peaks, self.baseline.held_bytes,
+                               self.cfg.measurement)
             measured["timings"] = measured["timings"].model_copy(update={"compile_s": self.compile_s})
             if self.probe is not None:
                 measured["measurement"] = measured["measurement"].model_copy(update=self.probe.results())
@@ -175,50 +168,53 @@ class Trainer:
         sample = self._local_batches(self.plan.global_indices(0))[0][0]
         return compile_model(model, sample)[1]
 
-    def _measure_compute_baseline(self) -> float:
-        """Mean time of this rank's per-step work on an unwrapped replica (compiled when the
-        model is), no communication. All ranks run it at the same time, so they contend for
-        shared hardware as in training."""
+    def _build_baseline(self) -> ComputeBaseline:
+        """The compute-only replica (compiled when the model is), warmed up on this attempt's
+        first batches; every rank builds its own at the same time."""
         t = self.cfg.training
-        replica = build_model(self.cfg.model, t.seed).to(device=self.env.device, dtype=self.dtype)
-        replica.load_state_dict(self.model.state_dict())
-        if self.cfg.model.compile:
-            self._compile(replica)  # the model's compiled code is cached by now
-        # The same optimizer doing the same arithmetic, with a learning rate of 0: the replica's
-        # weights stay put, so its timing cannot be spoilt by a learning rate that diverges.
-        optimizer = build_optimizer(replica.parameters(), t.model_copy(update={"lr": 0.0}))
-        warmup, timed = min(t.warmup_steps, 3), self.cfg.measurement.baseline_steps
-        times = []
-        self.env.synchronize()
-        for i in range(warmup + timed):
-            indices = self.plan.global_indices(i % self.plan.total_steps)
-            start = time.perf_counter()
-            for x, y in self._local_batches(indices):
-                (self.cfg.task.loss_sum(replica(x), y) / len(indices)).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if self.env.device.type == "cuda":
-                torch.cuda.synchronize(self.env.device)
-            times.append(time.perf_counter() - start)
-        return sum(times[warmup:]) / timed
+
+        def replica() -> torch.nn.Module:
+            model = build_model(self.cfg.model, t.seed).to(device=self.env.device, dtype=self.dtype)
+            model.load_state_dict(self.model.state_dict())
+            if self.cfg.model.compile:
+                self._compile(model)  # the model's compiled code is cached by now
+            return model
+
+        baseline = ComputeBaseline(replica, self.env.device, t, self.cfg.measurement.baseline_steps)
+        indices = self.plan.global_indices(self.start_step)
+        baseline.warm_up(self._local_batches(indices), self.cfg.task.loss_sum, len(indices), steps=min(t.warmup_steps, 3))
+        return baseline
 
     def _train(self) -> None:
-        env, t = self.env, self.cfg.training
-        reset_peak_rss()
-        if env.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(env.device)
-        for step in range(self.start_step, self.plan.total_steps):
-            self.samples.append(self._timed_step(step))
-            # Combined across ranks (a collective, outside the timed window) after every step, so
-            # that when a rank fails rank 0 holds the record of every step all ranks completed
-            # and can write them without the collective that may no longer be possible.
-            self.combined += combine_steps(env, step, self.samples[-1:], self.compute_s, t.warmup_steps)
-            self.steps_done = step + 1
-            checkpoint_due = t.checkpoint_every and self.steps_done % t.checkpoint_every == 0
-            if self.progress.due(self.steps_done) or checkpoint_due:
+        env, t, m = self.env, self.cfg.training, self.cfg.measurement
+        timer = StepTimer(env, per_step=m.timing == "per_step")
+        numbered = [s.window for s in self.combined if s.window is not None]
+        first_index = max(numbered) + 1 if numbered else 0
+        self.peaks.reset()
+        bounds = window_bounds(self.start_step, self.plan.total_steps, t.warmup_steps, m.window_steps, t.checkpoint_every)
+        for index, (first, end) in enumerate(bounds, start=first_index):
+            timer.start_window()
+            for step in range(first, end):
+                self._step(step, timer)
+            samples, wall_s = timer.end_window()
+            # Between windows: the training's memory peaks, then the baseline on the window's last
+            # micro-batches (its own step's memory never counts), then the one combining collective.
+            self.peaks.read()
+            indices = self.plan.global_indices(end - 1)
+            compute_s = self.baseline.sample(self._local_batches(indices), self.cfg.task.loss_sum, len(indices))
+            self.peaks.reset()
+            steps, window = combine_window(env, index, first, samples, compute_s, wall_s, t.warmup_steps)
+            finite = [s for s in steps if math.isfinite(s.loss)]
+            self.combined += finite
+            if len(finite) < len(steps):
+                self._write_steps()
+                check_finite(steps[len(finite)].loss, steps[len(finite)].step)
+            self.windows.append(window)
+            checkpoint_due = t.checkpoint_every and end % t.checkpoint_every == 0
+            if any(self.progress.due(n) for n in range(first + 1, end + 1)) or checkpoint_due:
                 self._write_steps()
             if checkpoint_due:
-                save_checkpoint(self.engine, env, self.run_dir, self.steps_done,
+                save_checkpoint(self.engine, env, self.run_dir, end,
                                 {"run_id": self.run_dir.name, "config": self.cfg.resolved(), "strategy": self.record.strategy.label},
                                 keep=t.keep_checkpoints)
         self._write_steps()
@@ -228,26 +224,24 @@ class Trainer:
         return bool(t.grid_update_every) and step % t.grid_update_every == 0 and (
             t.grid_update_until is None or step <= t.grid_update_until)
 
-    def _timed_step(self, step: int) -> StepSample:
+    def _step(self, step: int, timer: StepTimer) -> None:
+        """One training step, stamped by ``timer``; nothing in it waits for the device or the
+        other ranks beyond what the backend itself does."""
         env, engine = self.env, self.engine
         inject_fault(self.cfg.fault, env.rank, step + 1)
-        env.synchronize()
-        start, cpu_start = time.perf_counter(), time.thread_time()
+        timer.start_step()
         indices = self.plan.global_indices(step)
         batches = self._local_batches(indices)
-        data_s = time.perf_counter() - start
+        timer.data_ready()
         if self._grid_update_due(step):
             self._update_grid(indices)
         engine.count_state_next_step = step == self.plan.total_steps - 1
-        loss_share = float(engine.forward_backward(batches, self.cfg.task.loss_sum, n_global=len(indices)))
-        check_finite(loss_share, step + 1)
+        loss_share = engine.forward_backward(batches, self.cfg.task.loss_sum, n_global=len(indices))
         if self.probe is not None:
             self.probe.after_backward(engine, batches, step)
         engine.step()
-        env.synchronize()
-        elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu_start
-        return StepSample(loss_share=loss_share, time_s=elapsed, data_s=data_s, cpu_s=cpu,
-                          samples=sum(len(x) for x, _ in batches))
+        timer.end_step(loss_share, sum(len(x) for x, _ in batches))
+        self.steps_done = step + 1
 
     @torch.no_grad()
     def _update_grid(self, indices: torch.Tensor) -> None:

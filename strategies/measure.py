@@ -17,15 +17,25 @@ def reset_peak_rss() -> None:
         pass
 
 
-def peak_rss_bytes() -> int:
-    """Peak resident set size since the last reset (VmHWM), else since the process started."""
+def _status_bytes(field: str) -> int | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return None
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size since the last reset (VmHWM), else since the process started."""
+    peak = _status_bytes("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rss_bytes() -> int:
+    """Resident set size now (VmRSS); 0 where the kernel does not say."""
+    return _status_bytes("VmRSS") or 0
 
 
 def percentile(values: list[float], q: float) -> float:

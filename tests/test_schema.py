@@ -1,5 +1,5 @@
-"""Metrics schema v2: round trip, rejection of malformed records, the shipped JSON Schemas, v1 records
-migrated on read."""
+"""Metrics schema v3: round trip, rejection of malformed records, the shipped JSON Schemas, v1 and v2
+records migrated on read."""
 
 import json
 from pathlib import Path
@@ -39,14 +39,27 @@ def test_the_shipped_json_schema_is_current_and_validates_real_records(finished_
     shipped = json.loads((ROOT / "analysis/run_record.schema.json").read_text())
     assert shipped == json_schema(), "regenerate with: kanscale schema --out analysis/run_record.schema.json"
     _, run_dir = finished_run
-    defs = shipped["$defs"]
     summary = json.loads((run_dir / "summary.json").read_text())
-    jsonschema.validate(summary, {**shipped, "$ref": "#/$defs/RunRecord"})
+    jsonschema.validate(summary, shipped)  # the root is the run record
     for line in (run_dir / "steps.jsonl").read_text().splitlines():
         jsonschema.validate(json.loads(line), {**shipped, "$ref": "#/$defs/StepRecord"})
-    bad = {**summary, "status": "done"}
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(bad, {"$defs": defs, "$ref": "#/$defs/RunRecord"})
+        jsonschema.validate({**summary, "status": "done"}, shipped)
+
+
+@pytest.mark.parametrize("field", ["throughput", "comm", "timings", "final_loss"])
+def test_the_json_schema_refuses_a_finished_record_without_its_results(finished_run, field):
+    """A finished run's results are required by the JSON Schema itself, as by the classes."""
+    shipped = json.loads((ROOT / "analysis/run_record.schema.json").read_text())
+    summary = json.loads((finished_run[1] / "summary.json").read_text())
+    assert field in shipped["$defs"]["RunRecord"]["allOf"][0]["then"]["required"]
+    missing = {k: v for k, v in summary.items() if k != field}
+    with pytest.raises(jsonschema.ValidationError, match=field):
+        jsonschema.validate(missing, shipped)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**summary, field: None}, shipped)
+    jsonschema.validate({**missing, "status": "incomplete"}, shipped)  # a run still going has no results yet
+    assert {"run_id", "status", "strategy", "topology"} <= set(shipped["$defs"]["RunRecord"]["required"])
 
 
 def test_malformed_records_are_rejected(finished_run, tmp_path):
@@ -95,14 +108,44 @@ def test_a_torn_last_step_line_is_skipped(finished_run, tmp_path):
         read_steps(torn)
 
 
+def as_v2(record: RunRecord) -> dict:
+    """The record as kanscale 0.2 (schema v2) wrote it: one clamped exposed-communication number
+    and its check, no spreads, no timing windows."""
+    data = json.loads(record.model_dump_json())
+    data["schema_version"] = 2
+    comm = data.pop("comm")
+    data["timings"]["comm_exposed_s"] = max(0.0, comm["replica"]["median_s"])
+    data["timings"]["comm_exposed_check_s"] = max(0.0, comm["check"]["median_s"]) if comm["check"] else None
+    data["comm_overhead"] = data["timings"]["comm_exposed_s"] / data["timings"]["step_mean_s"]
+    for section, fields in {"measurement": ["timing", "window_steps", "windows"], "environment": ["cpu_count"],
+                            "throughput": ["samples_per_s_low", "samples_per_s_high"], "topology": ["threads_per_rank"],
+                            "memory": ["replica_bytes"]}.items():
+        for field in fields:
+            data[section].pop(field)
+    return data
+
+
 def as_v1(record: RunRecord, backend_config: dict | None, name: str, options: dict) -> dict:
     """The record as kanscale 0.1 wrote it: test_mse, no strategy label or reference."""
-    data = json.loads(record.model_dump_json())
+    data = as_v2(record)
     data["schema_version"] = 1
     data["test_mse"] = data.pop("test_metrics")["mse"]
     data["environment"].pop("slurm_job_id")  # recorded since 0.2
     data["strategy"] = {"name": name, "options": options, "distributed_type": None, "backend_config": backend_config}
     return data
+
+
+def test_v2_records_are_migrated_on_read(finished_run, tmp_path):
+    record, _ = finished_run
+    v2 = as_v2(record)
+    shipped_v2 = json.loads((ROOT / "analysis/run_record.v2.schema.json").read_text())
+    jsonschema.validate(v2, {**shipped_v2, "$ref": "#/$defs/RunRecord"})  # a genuine v2 record
+    (tmp_path / "summary.json").write_text(json.dumps(v2))
+    migrated = read_summary(tmp_path)
+    assert migrated.schema_version == 3 and migrated.comm.replica.median_s == v2["timings"]["comm_exposed_s"]
+    assert migrated.comm.trusted == "replica" and "clamped at 0" in migrated.comm.note
+    assert migrated.measurement.timing == "per_step" and migrated.measurement.windows == record.batch.timed_steps
+    assert json_schema(2) == shipped_v2
 
 
 @pytest.mark.parametrize("name,options,backend_config,label", [
@@ -118,6 +161,6 @@ def test_v1_records_are_migrated_on_read(finished_run, tmp_path, name, options, 
     jsonschema.validate(v1, {**shipped_v1, "$ref": "#/$defs/RunRecord"})  # a genuine v1 record
     (tmp_path / "summary.json").write_text(json.dumps(v1))
     migrated = read_summary(tmp_path)
-    assert migrated.schema_version == 2 and migrated.test_metrics == {"mse": v1["test_mse"]}
+    assert migrated.schema_version == 3 and migrated.test_metrics == {"mse": v1["test_mse"]}
     assert migrated.strategy.label == label and migrated.strategy.reference == (name == "single")
-    assert json_schema(1) == shipped_v1 and json_schema(2) != shipped_v1
+    assert json_schema(1) == shipped_v1 and json_schema(3) != shipped_v1

@@ -276,7 +276,9 @@ def test_sigterm_of_a_healthy_run_is_recorded_as_a_stop_with_every_completed_ste
     assert record.status == "incomplete" and record.error.type == "Terminated"
     assert "stopped by a signal" in record.error.message and "before any rank failed" in record.error.message
     assert [s.step for s in steps] == list(range(1, len(steps) + 1)) and len(steps) > 600
-    assert abs(len(steps) - record.error.step) <= 1  # not only up to the last write (every 200 steps)
+    # Not only up to the last write (every 200 steps): up to the last timing window (10 steps) that
+    # every rank finished; the steps of the window in progress were never combined across ranks.
+    assert 0 <= record.error.step - len(steps) < 10
     assert seen["lock_after_second"] == ""
 
 

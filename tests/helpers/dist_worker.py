@@ -92,6 +92,7 @@ def main(jobs_path: str, results_path: str) -> None:
             "status": record.status,
             "comm_overhead": record.comm_overhead,
             "timings": record.timings.model_dump(),
+            "comm": record.comm.model_dump(),
             "measurement": record.measurement.model_dump(),
             "resumed_at_steps": record.resumed_at_steps,
             "run_dir": str(trainer.run_dir),

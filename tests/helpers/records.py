@@ -4,8 +4,8 @@ from pathlib import Path
 
 from analysis.records import RunWriter
 from analysis.schema import (
-    BatchInfo, Environment, MeasurementInfo, Memory, ModelInfo, ModelStateBytes, RunRecord, StrategyInfo, TaskInfo,
-    Throughput, Timings, Topology,
+    BatchInfo, CommExposure, Environment, MeasurementInfo, Memory, ModelInfo, ModelStateBytes, RunRecord, Spread,
+    StrategyInfo, TaskInfo, Throughput, Timings, Topology,
 )
 
 
@@ -31,7 +31,9 @@ def make_record(run_id: str, *, study: str = "strong", strategy: str = "ddp", wo
                         compute_s=step * (1 - comm), comm_exposed_s=step * comm),
         throughput=Throughput(samples_per_s=samples_per_s, samples_per_s_per_rank=samples_per_s / world),
         comm_overhead=comm,
-        measurement=MeasurementInfo(comm_method="test", baseline_steps=1),
+        comm=CommExposure(replica=Spread(median_s=step * comm, low_s=step * comm, high_s=step * comm), trusted="replica",
+                          note="hand-made"),
+        measurement=MeasurementInfo(comm_method="test", baseline_steps=1, window_steps=4, windows=2),
         memory=Memory(peak_rss_bytes=peak_rss, model_state=ModelStateBytes(params=state[0], grads=state[1],
                                                                             optimizer=state[2], master_params=state[3])),
         final_loss=final_loss, test_metrics={"mse": final_loss},

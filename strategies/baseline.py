@@ -1,0 +1,105 @@
+"""The compute-only baseline exposed communication is measured against.
+
+An unwrapped replica of the model, with the same optimizer doing the same arithmetic, runs this
+rank's share of a step (forward and backward over the same micro-batches, then the optimizer
+step) with no communication at all. It is sampled between timing windows, all ranks at once, so
+it sees the machine as the training around it does: when the machine slows down halfway through
+a run, the baseline slows down with it, and a difference of the two stays a difference of like
+with like.
+
+The replica holds its own parameters and optimizer state; what that takes is measured when it is
+built (``held_bytes``) so that the training's peaks can be reported without it, and the peaks
+are read before each sample and reset after it, so the replica's own step never counts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from strategies.config import TrainingConfig
+from strategies.engine import Batch, LossFn
+from strategies.measure import peak_rss_bytes, reset_peak_rss, rss_bytes
+from strategies.optim import build_optimizer
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed by the replica's step back to the kernel (glibc's ``malloc_trim``), so
+    resident-memory peaks after it measure the training, not the allocator's cache."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class ComputeBaseline:
+    """The replica ``build_replica`` makes (on ``device``, with the training model's weights)
+    and its optimizer."""
+
+    def __init__(self, build_replica: Callable[[], nn.Module], device: torch.device, training: TrainingConfig,
+                 steps: int) -> None:
+        self.device = device
+        before = self._held()
+        self.replica = build_replica()
+        # A learning rate of 0: the weights stay put, so the timing cannot be spoilt by a
+        # learning rate that diverges, and every sample does the same arithmetic.
+        self.optimizer = build_optimizer(self.replica.parameters(), training.model_copy(update={"lr": 0.0}))
+        self.steps = steps
+        self.samples: list[float] = []
+        self._before = before
+
+    def _held(self) -> int:
+        return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else rss_bytes()
+
+    def _step(self, batches: Sequence[Batch], loss_sum: LossFn, n_global: int) -> None:
+        for x, y in batches:
+            (loss_sum(self.replica(x), y) / n_global).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def warm_up(self, batches: Sequence[Batch], loss_sum: LossFn, n_global: int, steps: int) -> None:
+        """Untimed steps (the optimizer's state comes to exist), then what the replica holds."""
+        for _ in range(max(1, steps)):
+            self._step(batches, loss_sum, n_global)
+        self._sync()
+        release_freed_memory()
+        self.held_bytes = max(0, self._held() - self._before)
+
+    def sample(self, batches: Sequence[Batch], loss_sum: LossFn, n_global: int) -> float:
+        """The median time of ``steps`` replica steps over ``batches``."""
+        times = []
+        for _ in range(self.steps):
+            start = time.perf_counter()
+            self._step(batches, loss_sum, n_global)
+            self._sync()
+            times.append(time.perf_counter() - start)
+        self.samples.append(statistics.median(times))
+        return self.samples[-1]
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+class TrainingPeaks:
+    """The training's memory peaks, read before every baseline sample and reset after it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.rss = self.device_bytes = 0
+
+    def reset(self) -> None:
+        release_freed_memory()
+        reset_peak_rss()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def read(self) -> None:
+        self.rss = max(self.rss, peak_rss_bytes())
+        if self.device.type == "cuda":
+            self.device_bytes = max(self.device_bytes, torch.cuda.max_memory_allocated(self.device))

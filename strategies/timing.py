@@ -1,0 +1,146 @@
+"""Timing training steps without changing them.
+
+Real training does not synchronize ranks or the device between steps, so neither does the
+clock: the ranks synchronize once per *window* of steps (``measurement.window_steps``), before
+its first step and after its last, and in between each step is only stamped. On a CPU a stamp is
+a read of the wall clock and of the main thread's scheduler counters; on a GPU it is a CUDA event
+recorded on the stream, read back after the window's closing synchronize, so one step's kernel
+launches still overlap the previous step's work as in training. Collectives inside a step keep
+the ranks in step with each other, so per-step times stay comparable across ranks.
+
+``measurement.timing: per_step`` brackets every step with a barrier (and a device synchronize)
+instead, for studies that need each step's own distribution; it is not the default because it
+adds two collectives per step and, on a GPU, removes the overlap between steps.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from strategies.distributed import DistEnv
+
+SCHEDSTAT = Path("/proc/thread-self/schedstat")
+
+
+def thread_clock() -> tuple[float, float] | None:
+    """Seconds this thread has run on a core and seconds it has waited in the run queue for
+    one; None where the kernel does not keep the second (Linux scheduler statistics). The run
+    time comes from the thread's CPU clock, exact at any moment; the kernel's own run-time
+    counter lags by up to a scheduler tick while the thread runs. The wait only grows while the
+    thread is not running, so reading it from the running thread is exact."""
+    ran = time.thread_time()  # first: the read below is then inside the interval it measures
+    try:
+        waited = int(os.pread(_schedstat_fd(), 100, 0).split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return ran, waited / 1e9
+
+
+_FDS: dict[int, int] = {}
+
+
+def _schedstat_fd() -> int:
+    """This thread's scheduler statistics, opened once: a read then costs about a microsecond,
+    against some 15 opening the file each time."""
+    thread = threading.get_ident()
+    if thread not in _FDS:
+        _FDS[thread] = os.open(SCHEDSTAT, os.O_RDONLY)
+    return _FDS[thread]
+
+
+def blocked_clock_method() -> str | None:
+    """How :class:`StepSample` ``blocked_s`` is measured here, or None where it cannot be."""
+    if thread_clock() is None:
+        return None
+    return "step time - main thread's CPU time - its time waiting for a core (/proc/thread-self/schedstat)"
+
+
+@dataclass
+class StepSample:
+    """One rank's measurements of one step, before they are combined across ranks."""
+
+    loss_share: torch.Tensor  # 0-dim, on the device: read once the window is synchronized
+    time_s: float
+    data_s: float
+    blocked_s: float | None  # neither running nor waiting for a core: blocked, e.g. in a collective
+    samples: int
+
+
+class StepTimer:
+    """Stamps the steps of one window at a time on this rank (see the module docstring)."""
+
+    def __init__(self, env: DistEnv, per_step: bool) -> None:
+        self.env, self.per_step = env, per_step
+        self.cuda = env.device.type == "cuda"
+        self._steps: list[dict] = []
+
+    def _stamp(self) -> dict:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return {"event": event}
+        return {"wall": time.perf_counter(), "thread": thread_clock()}
+
+    def start_window(self) -> None:
+        self._steps = []
+        self.env.synchronize()
+        self._window_start = time.perf_counter()
+
+    def start_step(self) -> None:
+        if self.per_step:
+            self.env.synchronize()
+        self._steps.append({"start": self._stamp()})
+
+    def data_ready(self) -> None:
+        self._steps[-1]["data"] = self._stamp()
+
+    def end_step(self, loss_share: torch.Tensor, samples: int) -> None:
+        if self.per_step:
+            self.env.synchronize()
+        self._steps[-1].update(end=self._stamp(), loss=loss_share, samples=samples)
+
+    def end_window(self) -> tuple[list[StepSample], float]:
+        """Synchronize, then this window's samples and its wall time (the same on every rank
+        but for the skew of the synchronization)."""
+        self.env.synchronize()
+        wall = time.perf_counter() - self._window_start
+        return [self._sample(s) for s in self._steps], wall
+
+    def _sample(self, step: dict) -> StepSample:
+        start, data, end = step["start"], step["data"], step["end"]
+        if self.cuda:
+            elapsed = start["event"].elapsed_time(end["event"]) / 1e3
+            data_s = start["event"].elapsed_time(data["event"]) / 1e3
+            blocked = None  # the host thread's clocks say nothing of a GPU's work
+        else:
+            elapsed, data_s = end["wall"] - start["wall"], data["wall"] - start["wall"]
+            blocked = None
+            if start["thread"] is not None and end["thread"] is not None:
+                ran, waited = (e - s for e, s in zip(end["thread"], start["thread"]))
+                blocked = elapsed - ran - waited
+        return StepSample(loss_share=step["loss"].detach(), time_s=elapsed, data_s=data_s, blocked_s=blocked,
+                          samples=step["samples"])
+
+
+def window_bounds(start_step: int, total_steps: int, warmup_steps: int, window_steps: int,
+                  also_at: int = 0) -> list[tuple[int, int]]:
+    """The windows of steps ``[first, end)`` (0-based) a run from ``start_step`` goes through:
+    warm-up steps form their own windows, so no timed window holds one, and a window also ends
+    where a checkpoint is due (``also_at``: every that many steps), so checkpoints, progress
+    reports and the compute baseline all fall between windows."""
+    bounds, first = [], start_step
+    while first < total_steps:
+        end = min(total_steps, first + window_steps)
+        if first < warmup_steps < end:
+            end = warmup_steps
+        if also_at:
+            end = min(end, (first // also_at + 1) * also_at)
+        bounds.append((first, end))
+        first = end
+    return bounds

@@ -1,0 +1,86 @@
+"""Exposed communication on a machine whose speed changes during the run: CPU load that starts
+halfway through. The compute baseline is sampled between timing windows, so it must follow the
+load, and a run without communication must go on reading about none. A baseline timed once
+before training (schema v2) would read the slowdown as communication."""
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from analysis.records import read_steps, read_summary
+from tests.helpers.launch import child_env
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 600
+HOGS = 3  # busy processes on a 2-core machine: the training rank gets about half a core
+
+
+def start_hogs() -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(HOGS)]
+
+
+@pytest.fixture(scope="module")
+def loaded_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("drift")
+    cmd = [sys.executable, "-m", "launchers.cli", "train", "quickstart", "--out", str(out), "--no-progress",
+           "--set", f"training.steps={STEPS}", "--set", "training.log_every=10", "--set", "task.n_train=40000"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    hogs: list[subprocess.Popen] = []
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            written = list(out.glob("*/steps.jsonl"))
+            if written and len(written[0].read_text().splitlines()) >= STEPS // 2:
+                hogs = start_hogs()
+                break
+            time.sleep(0.05)
+        assert hogs, "the run ended before the load could start: " + (proc.stderr.read() if proc.poll() else "")
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+    finally:
+        for hog in hogs:
+            hog.kill()
+        proc.kill()
+    (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    return read_summary(run_dir), read_steps(run_dir)
+
+
+def halves(steps):
+    timed = [s for s in steps if s.timed]
+    return timed[: len(timed) // 3], timed[-len(timed) // 3:]  # well before the load, well into it
+
+
+def test_the_load_slowed_the_training(loaded_run):
+    _, steps = loaded_run
+    before, during = halves(steps)
+    ratio = statistics.median(s.time_s_max for s in during) / statistics.median(s.time_s_max for s in before)
+    print(f"step time under load / before: {ratio:.2f}")
+    assert ratio > 1.4  # without this the test below would prove nothing
+
+
+def test_the_compute_baseline_follows_the_load(loaded_run):
+    record, steps = loaded_run
+    before, during = halves(steps)
+    compute_ratio = statistics.median(s.compute_s for s in during) / statistics.median(s.compute_s for s in before)
+    step_ratio = statistics.median(s.time_s_max for s in during) / statistics.median(s.time_s_max for s in before)
+    print(f"baseline under load / before: {compute_ratio:.2f} (steps: {step_ratio:.2f})")
+    assert compute_ratio == pytest.approx(step_ratio, rel=0.3)
+
+
+def test_a_run_without_communication_still_reads_about_none(loaded_run):
+    record, steps = loaded_run
+    step = record.timings.step_mean_s
+    comm = record.comm
+    print(json.dumps(comm.model_dump(), indent=1))
+    assert abs(comm.replica.median_s) < 0.15 * step
+    assert abs(comm.check.median_s) < 0.05 * step  # waiting for a core is not blocking
+    assert abs(record.comm_overhead) < 0.15
+    # What a baseline timed once, before the load, would have made of the loaded steps:
+    before, during = halves(steps)
+    fixed = statistics.median(s.compute_s for s in before)
+    stale = statistics.median(s.time_s_max for s in during) - fixed
+    assert stale > 0.3 * statistics.median(s.time_s_max for s in during)
