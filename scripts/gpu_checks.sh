@@ -8,7 +8,7 @@
 #
 # Each check prints PASS/FAIL and goes on; the summary is OUT_DIR/summary.txt, the run records
 # are under OUT_DIR/runs, the kernel benchmark table is OUT_DIR/bench.md, NCCL's collective
-# latency and bandwidth OUT_DIR/commbench.md.
+# latency and bandwidth OUT_DIR/commbench.md, the timing overhead OUT_DIR/bench_timing.md.
 set -u
 OUT=${1:-${OUT:-gpu_checks}}
 mkdir -p "$OUT/runs"
@@ -16,7 +16,7 @@ PY=${PYTHON:-python3}
 GPUS=$($PY -c "import torch; print(torch.cuda.device_count())")
 NPROC=$(( GPUS >= 2 ? 2 : 1 ))
 EXP=configs/experiments/quickstart.yaml
-COMMON=(--no-progress --set runtime.device=cuda --set training.steps=40 --set measurement.baseline_steps=5)
+COMMON=(--no-progress --set runtime.device=cuda --set training.steps=40)
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 
@@ -71,4 +71,11 @@ PYEOF
 
 check commbench_nccl $PY -m launchers.cli commbench --device cuda --nproc-per-node "$NPROC" --out "$OUT/commbench.json"
 check bench $PY -m launchers.cli bench --out "$OUT/bench.json"
+# Does the suite's clock (CUDA events, one synchronize per window) slow the training? Its DDP rate
+# against a hand-written DDP loop, interleaved; the table is OUT_DIR/bench_timing.md.
+bench_timing() {
+  $PY -m torch.distributed.run --standalone --nproc_per_node "$NPROC" scripts/bench_timing.py --device cuda --rounds 5 \
+    --out "$OUT/bench_timing.json" > "$OUT/bench_timing.log" && grep '^|' "$OUT/bench_timing.log" > "$OUT/bench_timing.md"
+}
+check bench_timing bench_timing
 cat "$SUMMARY"

@@ -1,0 +1,78 @@
+"""The timing windows and the verdict on exposed communication; both timing modes in real runs."""
+
+from pathlib import Path
+
+import pytest
+
+from analysis.records import read_steps
+from strategies.comm_exposure import NOISE_FLOOR, WindowTimes, exposure
+from strategies.experiment import load_experiment
+from strategies.loop import train
+from strategies.timing import thread_clock, window_bounds
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_windows_keep_warmup_apart_and_end_at_checkpoints():
+    assert window_bounds(0, 23, 5, 10) == [(0, 5), (5, 15), (15, 23)]
+    assert window_bounds(0, 20, 0, 10, also_at=4) == [(0, 4), (4, 8), (8, 12), (12, 16), (16, 20)]
+    assert window_bounds(12, 30, 5, 10) == [(12, 22), (22, 30)]  # a resumed run starts where it left off
+    assert window_bounds(0, 3, 1, 1) == [(0, 1), (1, 2), (2, 3)]
+
+
+def windows(replica_ms: list[float], blocked_ms: list[float] | None, step_ms: float = 10.0) -> list[WindowTimes]:
+    blocked = blocked_ms or [None] * len(replica_ms)
+    return [WindowTimes(step_s=step_ms / 1e3, data_s=0.0, compute_s=(step_ms - r) / 1e3,
+                        blocked_s=None if b is None else b / 1e3) for r, b in zip(replica_ms, blocked)]
+
+
+def test_methods_that_agree_within_noise_say_so():
+    comm = exposure(windows([3.0, 3.4, 2.8], [3.1, 3.2, 3.0]), 0.01, check_valid=True)
+    assert comm.agree and comm.trusted == "replica" and "agree" in comm.note
+    assert comm.replica.median_s == pytest.approx(3.0e-3) and comm.replica.low_s == pytest.approx(2.8e-3)
+    assert comm.noise_s >= NOISE_FLOOR * 0.01
+
+
+def test_a_replica_figure_below_the_check_is_not_trusted():
+    """The issue's case: a stale baseline makes the difference negative; it is recorded raw."""
+    comm = exposure(windows([-1.0, -0.5, -0.8], [5.0, 5.2, 4.9]), 0.01, check_valid=True)
+    assert not comm.agree and comm.trusted == "check" and comm.replica.median_s < 0
+    assert "trust the check" in comm.note and comm.difference_s == pytest.approx(-5.7e-3)  # median of -6.0, -5.7, -5.7
+
+
+def test_bookkeeping_beyond_the_waiting_is_named():
+    comm = exposure(windows([8.0, 8.2, 7.9], [4.0, 4.1, 3.9]), 0.01, check_valid=True)
+    assert not comm.agree and comm.trusted == "replica" and "CPU work on the critical path" in comm.note
+
+
+def test_without_a_check_the_record_says_there_was_none():
+    comm = exposure(windows([2.0, 2.5], None), 0.01, check_valid=True)
+    assert comm.check is None and comm.agree is None and "replica method only" in comm.note
+    assert exposure(windows([2.0], [2.0]), 0.01, check_valid=False).check is None  # several threads per rank
+
+
+@pytest.mark.skipif(thread_clock() is None, reason="this kernel keeps no scheduler statistics")
+def test_the_blocked_clock_does_not_count_sleeping_as_running():
+    import time
+    ran0, waited0 = thread_clock()
+    start = time.perf_counter()
+    time.sleep(0.05)
+    elapsed = time.perf_counter() - start
+    ran, waited = (b - a for a, b in zip((ran0, waited0), thread_clock()))
+    assert elapsed - ran - waited == pytest.approx(0.05, abs=0.01)
+
+
+@pytest.mark.parametrize("timing", ["windowed", "per_step"])
+def test_both_timing_modes_record_what_they_did(tmp_path, timing):
+    cfg = load_experiment(ROOT / "configs/experiments/quickstart.yaml",
+                          [f"output.dir={tmp_path}", "training.steps=27", "task.n_train=4000", f"measurement.timing={timing}",
+                           "measurement.window_steps=4"])
+    result = train(cfg, show_progress=False)
+    record, steps = result.record, read_steps(result.run_dir)
+    assert record.measurement.timing == timing and record.measurement.window_steps == 4
+    assert record.measurement.windows == 6  # steps 6-27 in windows of 4: 4+4+4+4+4+2
+    assert [s.window for s in steps][:7] == [0, 0, 0, 0, 1, 2, 2]  # no window holds warm-up and timed steps
+    assert all(s.compute_s > 0 for s in steps)
+    assert record.throughput.samples_per_s_low <= record.throughput.samples_per_s <= record.throughput.samples_per_s_high
+    assert record.topology.threads_per_rank == 1 and record.environment.cpu_count >= 1
+    assert record.memory.replica_bytes is not None
