@@ -1,7 +1,8 @@
 """Load every run record under a directory into one pandas table, one row per run.
 
 Records that cannot be read are reported, not raised: one corrupt file must not hide the rest.
-Failed and incomplete runs are rows too, with their status.
+Failed and incomplete runs are rows too, with their status. A directory that does not exist is
+the one refusal: it is a mistyped path, not a set of runs with none finished.
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ import pandas as pd
 from analysis.labels import strategy_label, topology_label
 from analysis.records import CONFIG_FILE, STEPS_FILE, SUMMARY_FILE, RecordError, read_summary
 from analysis.schema import RunRecord
+from kanscale.errors import ConfigError
+from kanscale.files import not_utf8
+
+# What reading one record may raise besides RecordError: an I/O error (a failing disk, a
+# permission), bytes that are not text, JSON nested deeper than the decoder recurses.
+UNREADABLE = (RecordError, OSError, UnicodeDecodeError, RecursionError)
 
 
 @dataclass(frozen=True)
@@ -37,20 +44,44 @@ def record_row(record: RunRecord, run_dir: Path) -> dict:
     return row
 
 
+def runs_directory(directory: str | Path) -> Path:
+    """``directory`` as a Path, or a ConfigError naming it when it is not a directory."""
+    directory = Path(directory)
+    if not directory.exists():
+        raise ConfigError(f"{directory}: no such directory; give the directory a sweep or `kanscale train --out` wrote "
+                          "its runs to")
+    if not directory.is_dir():
+        raise ConfigError(f"{directory}: not a directory; give the directory that holds the run directories")
+    return directory
+
+
 def load_runs(directory: str | Path) -> tuple[pd.DataFrame, list[Problem]]:
     """Every run under ``directory``: one row per readable record, one problem per run directory
-    that has no readable record (corrupt JSON, an unknown schema version, a missing summary)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise RecordError(f"{directory}: not a directory of runs")
+    that has no readable record (corrupt JSON, bytes that are not UTF-8, an unreadable file, an
+    unknown schema version, a missing summary)."""
+    directory = runs_directory(directory)
     rows, problems = [], []
     for summary in sorted(directory.rglob(SUMMARY_FILE)):
+        if not summary.is_file():  # a directory or a pipe by that name: reading a pipe would wait forever
+            problems.append(Problem(summary, f"{summary}: not a regular file, so not a run summary"))
+            continue
         try:
             rows.append(record_row(read_summary(summary), summary.parent))
-        except RecordError as err:
-            problems.append(Problem(summary, str(err)))
+        except UNREADABLE as err:
+            problems.append(Problem(summary, unreadable(summary, err)))
     for leftover in sorted({p.parent for name in (STEPS_FILE, CONFIG_FILE) for p in directory.rglob(name)}):
         if not (leftover / SUMMARY_FILE).exists():
             problems.append(Problem(leftover, f"{leftover}: has {STEPS_FILE} or {CONFIG_FILE} but no {SUMMARY_FILE}; "
                                               "the run left no record to analyse"))
     return pd.DataFrame(rows), problems
+
+
+def unreadable(path: Path, err: BaseException) -> str:
+    """Why ``path`` could not be read, in one line that names it."""
+    if isinstance(err, RecordError):
+        return str(err)  # it names the file already
+    if isinstance(err, OSError):
+        return f"{path}: cannot be read: {err.strerror or err}"
+    if isinstance(err, UnicodeDecodeError):
+        return f"{path}: not UTF-8 text: {not_utf8(err.object, err)}"
+    return f"{path}: nested too deeply to read ({err})"

@@ -1,4 +1,5 @@
-"""The published study's numbers next to this suite's runs of the same configuration."""
+"""The published study's numbers next to this suite's runs of the same configuration, what to run
+where there are none, and what the study's own communication probe costs."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.records import read_steps
-
+from analysis.load import UNREADABLE, Problem, unreadable
+from analysis.records import STEPS_FILE, read_steps
 from analysis.tables import Table, count, fixed, general, hardware, percent
+from kanscale.files import configs_dir
 
 PAPER_CSV = Path(__file__).parent / "reference" / "paper_results.csv"
+CONFIGURATION = "pykan [2, W, 1], grid 10, k 3, x^2 + y^2, batch 512 per rank"
 PAPER_HARDWARE = "published: NVIDIA A100, 2 per node, InfiniBand, DDP over NCCL"
 DIFFERENCES = (
     "The published rows ran on NVIDIA A100 GPUs (2 per node, InfiniBand between nodes) with DDP over NCCL for 40 epochs "
@@ -79,23 +82,60 @@ def paper_comparison(derived: pd.DataFrame) -> Table:
     for key, fmt in formats.items():
         text[headers[key]] = data[key].map(lambda v, fmt=fmt: "" if pd.isna(v) else fmt(v))
     matched = len(our_rows)
-    caption = (f"The published study (pykan [2, W, 1], grid 10, k 3, x^2 + y^2, batch 512 per rank) beside {matched} "
-               f"kanscale point(s) of the same configuration. {DIFFERENCES}")
+    missing = [s for s in sorted(paper_rows["study"].unique(), key=order.get) if s not in set(our_rows["study"])]
+    caption = (f"{what_is_missing(missing, matched)}The published study ({CONFIGURATION}) beside {matched} kanscale point(s) "
+               f"of the same configuration. {DIFFERENCES}")
     return Table("paper", caption, data, text)
 
 
-def probe_costs(derived: pd.DataFrame) -> Table | None:
+def what_is_missing(studies: list[str], matched: int) -> str:
+    """For published studies no run here matches: say so, and the sweeps that would run them."""
+    if not studies:
+        return ""
+    commands = "; ".join(populate_commands(study) for study in studies)
+    if matched == 0:
+        return (f"None of these runs matches the published configuration ({CONFIGURATION}, in a study named "
+                f"{', '.join(studies)}), so only the published rows are shown. To run it: {commands}. ")
+    return f"No run here matches the published {', '.join(studies)} stud{'y' if len(studies) == 1 else 'ies'}: {commands}. "
+
+
+def populate_commands(study: str) -> str:
+    """The shipped sweeps of the published configuration for ``study`` (``<study>_cpu.yaml`` for
+    this machine, ``<study>_paper.yaml`` for a SLURM GPU cluster), as commands to type."""
+    found = []
+    for suffix, where, flags in (("cpu", "here", ""), ("paper", "on a SLURM GPU cluster", " --submit")):
+        name = f"{study}_{suffix}.yaml"
+        if (configs_dir() / "studies" / name).is_file():
+            found.append(f"`kanscale sweep configs/studies/{name} --out runs/{study}{flags}` ({where})")
+    if not found:
+        return f"no shipped study runs the published {study} configuration"
+    return f"{' or '.join(found)}, then `kanscale analyze runs/{study}`"
+
+
+def probe_costs(derived: pd.DataFrame, problems: list[Problem] | None = None) -> Table | None:
     """What the study's probe costs, measured inside each run that ran it with more than one
     rank: it fires on every second step, so the median time of probed steps minus that of the
     others is its cost, free of the drift between runs. Spread over all steps, that cost lowers
-    the per-rank throughput by 1 - 1 / (1 + cost / 2 / unprobed step)."""
+    the per-rank throughput by 1 - 1 / (1 + cost / 2 / unprobed step). A run whose steps cannot
+    be read, or hold no timed probed and unprobed steps, is left out, and added to ``problems``."""
     runs = derived[(derived["measurement.comm_probe"] == "paper") & (derived["world_size"] > 1)] \
         if "measurement.comm_probe" in derived else derived.iloc[0:0]
+    problems = [] if problems is None else problems
     rows = []
     for _, run in runs.iterrows():
-        steps = [s for s in read_steps(Path(run["run_dir"])) if s.timed]
-        probed = statistics.median(s.time_s_max for s in steps if s.step % 2 == 0)
-        plain = statistics.median(s.time_s_max for s in steps if s.step % 2 == 1)
+        steps_file = Path(run["run_dir"]) / STEPS_FILE
+        try:
+            steps = [s for s in read_steps(steps_file) if s.timed]
+        except UNREADABLE as err:
+            problems.append(Problem(steps_file, f"{unreadable(steps_file, err)}; its probe cost is left out"))
+            continue
+        probed = [s.time_s_max for s in steps if s.step % 2 == 0]
+        plain = [s.time_s_max for s in steps if s.step % 2 == 1]
+        if not probed or not plain:
+            problems.append(Problem(steps_file, f"{steps_file}: no timed probed and unprobed steps; its probe cost is "
+                                                "left out"))
+            continue
+        probed, plain = statistics.median(probed), statistics.median(plain)
         share = (probed - plain) / 2 / plain
         rows.append({"run_id": run["run_id"], "study": run["study"], "ranks": run["world_size"],
                      "probed_step_ms": 1e3 * probed, "unprobed_step_ms": 1e3 * plain, "probe_share": share,

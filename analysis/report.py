@@ -1,10 +1,12 @@
 """``kanscale analyze``: a directory of runs -> tables (CSV and Markdown), plots (PNG) and one
-self-contained HTML report (plots embedded, no network, no server)."""
+self-contained HTML report (plots embedded, no network, no server; a Content-Security-Policy lets
+the page load nothing but its own inline styles and data: images)."""
 
 from __future__ import annotations
 
 import base64
 import html
+import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,6 +17,7 @@ from analysis.derive import derive
 from analysis.load import Problem, load_runs
 from analysis.paper import paper_comparison, probe_costs
 from analysis.plots import study_plots
+from analysis.records import SUMMARY_FILE
 from analysis.tables import Table, strategy_comparison, study_table
 
 CSS = """
@@ -27,6 +30,8 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
 .caption { color: #555; font-size: 0.9em; max-width: 60em; }
 .problem { color: #a00; }
 """
+# The page fetches nothing: no scripts, no fonts, no frames; images only as data: URLs.
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 
 @dataclass
@@ -36,34 +41,38 @@ class Report:
     plots: dict[str, list[Path]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     unfinished: pd.DataFrame = field(default_factory=pd.DataFrame)
+    records: int = 0  # run records read, finished or not
+    finished: int = 0
     html: Path | None = None
 
 
 def analyze(runs_dir: str | Path, out: str | Path | None = None) -> Report:
-    """Load, derive, tabulate, plot and write the report; returns what was written."""
+    """Load, derive, tabulate, plot and write the report; returns what was written. A ``runs_dir``
+    that does not exist is refused (ConfigError) before anything is written."""
     runs_dir = Path(runs_dir)
+    runs, problems = load_runs(runs_dir)
     out = Path(out) if out else runs_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
-    runs, problems = load_runs(runs_dir)
-    report = Report(out=out, problems=problems)
+    report = Report(out=out, problems=problems, records=len(runs))
     if runs.empty:
-        report.html = write_html(report, runs_dir, runs)
+        report.html = write_html(report, runs_dir)
         return report
     report.unfinished = runs[runs["status"] != "ok"]
     derived = derive(runs)
+    report.finished = len(derived)
     if not derived.empty:
         report.tables.append(strategy_comparison(derived))
         for study in sorted(derived["study"].unique()):
             report.tables.append(study_table(derived, study))
             report.plots[study] = study_plots(derived[derived["study"] == study], study, out / "plots")
         report.tables.append(paper_comparison(derived))
-        probe = probe_costs(derived)
+        probe = probe_costs(derived, report.problems)
         if probe is not None:
             report.tables.append(probe)
     for table in report.tables:
         table.data.to_csv(out / f"{table.name}.csv", index=False)
-        (out / f"{table.name}.md").write_text(table.markdown())
-    report.html = write_html(report, runs_dir, runs)
+        (out / f"{table.name}.md").write_text(table.markdown(), encoding="utf-8")
+    report.html = write_html(report, runs_dir)
     return report
 
 
@@ -72,15 +81,31 @@ def embedded_png(path: Path) -> str:
     return f'<img alt="{html.escape(path.stem)}" src="data:image/png;base64,{data}">'
 
 
+def text_html(text: str) -> str:
+    """Escaped text with its `backticked` spans (names, commands) set as code."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
 def table_html(table: Table) -> str:
-    return f'<p class="caption">{html.escape(table.caption)}</p>' + table.text.to_html(index=False, escape=True)
+    return f'<p class="caption">{text_html(table.caption)}</p>' + table.text.to_html(index=False, escape=True)
 
 
-def write_html(report: Report, runs_dir: Path, runs: pd.DataFrame) -> Path:
+def summary_line(report: Report, runs_dir: Path) -> str:
+    """How many records were found, finished and analysed, in words; an empty result says so."""
+    if report.records == 0:
+        return (f"No run records under {runs_dir} (no readable {SUMMARY_FILE} in it or below it), so there is nothing "
+                "to analyse" + (": see the files listed below." if report.problems else "."))
+    if report.finished == 0:
+        return f"{report.records} run record(s) under {runs_dir}, none finished (status ok), so there is nothing to compare."
+    return f"{report.records} run record(s) under {runs_dir}, {report.finished} finished and analysed."
+
+
+def write_html(report: Report, runs_dir: Path) -> Path:
     parts = [f"<h1>kanscale report: {html.escape(str(runs_dir))}</h1>",
-             f"<p>{len(runs)} run record(s); generated {datetime.now(timezone.utc).isoformat(timespec='seconds')}.</p>"]
+             f"<p>{html.escape(summary_line(report, runs_dir))} "
+             f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')}.</p>"]
     if report.problems or not report.unfinished.empty:
-        parts.append("<h2>Runs not analysed</h2><ul>")
+        parts.append("<h2>Not analysed</h2><ul>")
         parts += [f'<li class="problem">{html.escape(p.message)}</li>' for p in report.problems]
         for _, row in report.unfinished.iterrows():
             error = row.get("error.message") if isinstance(row.get("error.message"), str) else "no error recorded"
@@ -95,8 +120,9 @@ def write_html(report: Report, runs_dir: Path, runs: pd.DataFrame) -> Path:
         parts += ["<h2>The published study side by side</h2>", table_html(by_name["paper"])]
     if "paper_probe" in by_name:
         parts += ["<h2>What the published study's probe costs</h2>", table_html(by_name["paper_probe"])]
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kanscale report</title><style>{CSS}</style>"
-            f"</head><body>{''.join(parts)}</body></html>\n")
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'>"
+            f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\"><title>kanscale report</title>"
+            f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n")
     path = report.out / "report.html"
-    path.write_text(page)
+    path.write_text(page, encoding="utf-8")  # what the meta tag declares, whatever the locale
     return path

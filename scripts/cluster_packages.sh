@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install what `make test-cluster` needs: a one-machine SLURM cluster (slurm-wlm, munge) and
-# the deepspeed ssh path (openssh-server, pdsh). Installs with apt-get when a program is missing
+# Install what `make test-cluster` needs: a one-machine SLURM cluster (slurm-wlm, munge), the
+# deepspeed ssh path (openssh-server, pdsh) and a headless browser for the HTML report
+# (chromium). Installs with apt-get when a program is missing
 # and this is root on a machine with apt-get; otherwise says what is missing and why it cannot
 # install it. Never fails: tests/cluster skips, naming what is missing, when a program is absent.
 set -uo pipefail
@@ -9,6 +10,7 @@ set -uo pipefail
 declare -A PACKAGE=(
   [slurmctld]=slurm-wlm [slurmd]=slurm-wlm [sbatch]=slurm-wlm [scontrol]=slurm-wlm [srun]=slurm-wlm
   [munged]=munge [sshd]=openssh-server [ssh]=openssh-client [ssh-keygen]=openssh-client [pdsh]=pdsh
+  [chromium]=chromium
 )
 export PATH="$PATH:/usr/sbin:/sbin"
 
@@ -21,7 +23,7 @@ if command -v pdsh >/dev/null 2>&1 && ! pdsh -L 2>/dev/null | grep -q '^Module: 
   missing+=(pdsh)
 fi
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "cluster_packages: slurm-wlm, munge, openssh-server and pdsh are installed"
+  echo "cluster_packages: slurm-wlm, munge, openssh-server, pdsh and chromium are installed"
   exit 0
 fi
 packages=$(printf '%s\n' "${missing[@]}" | sort -u | tr '\n' ' ')

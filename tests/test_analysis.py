@@ -137,6 +137,8 @@ def test_report_from_a_real_sweep_has_every_table_and_plot(real_sweep):
     page = report.html.read_text()
     assert page.count("data:image/png;base64,") == len(plots)
     assert "http://" not in page and "https://" not in page and "<script" not in page  # opens from disk, offline
+    csp = "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; img-src data:; style-src 'unsafe-inline'\">"
+    assert page.index(csp) < page.index("<title>")  # declared before anything the page holds
     strong = next(t for t in report.tables if t.name == "strong").data
     one_rank = strong[strong["topology.world_size"] == 1]
     assert list(one_rank["speedup_median"]) == [1.0, 1.0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from launchers.cli.common import common_options
 
@@ -19,7 +20,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.report import analyze
+    """Exit 0 with a report (one that says so when DIR holds no records); a DIR that does not
+    exist is a ConfigError (exit 2) and nothing is written."""
+    from analysis.report import analyze, summary_line
 
     report = analyze(args.runs, args.out)
     by_name = {t.name: t for t in report.tables}
@@ -29,8 +32,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"not analysed: {problem.message}", file=sys.stderr)
     for _, row in report.unfinished.iterrows():
         print(f"not analysed: {row['run_id']} has status {row['status']}", file=sys.stderr)
-    if not by_name:
-        print(f"no finished runs under {args.runs}", file=sys.stderr)
+    if report.finished == 0:
+        print(summary_line(report, Path(args.runs)), file=sys.stderr)
     print(f"report: {report.html}")
     return 0
 
