@@ -54,12 +54,28 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
     ok["comm_overhead_pct"] = 100 * ok["comm_overhead"]
     for column, source in (("step_ms", "timings.step_mean_s"), ("compute_ms", "timings.compute_s"),
                            ("comm_ms", "timings.comm_exposed_s"), ("comm_check_ms", "comm.check.median_s")):
-        ok[column] = 1e3 * (ok[source] if source in ok else pd.Series(np.nan, index=ok.index)).astype(float)
-    device_peak = ok["memory.peak_device_bytes"] if "memory.peak_device_bytes" in ok else pd.Series(np.nan, index=ok.index)
+        ok[column] = 1e3 * optional(ok, source).astype(float)
+    device_peak = optional(ok, "memory.peak_device_bytes")
     ok["peak_memory_bytes"] = device_peak.fillna(ok["memory.peak_rss_bytes"])
     ok["peak_memory_kind"] = np.where(device_peak.notna(), "device", "RSS")
     ok["params_per_byte"] = ok["model.params_total"] / ok["peak_memory_bytes"]
+    ok["state_share_of_peak"] = ok["model_state_bytes"] / ok["peak_memory_bytes"]
+    # The spread of a run's rate over its timing windows (schema v3; a v2 record has none).
+    for column, source in (("samples_per_s_low", "throughput.samples_per_s_low"),
+                           ("samples_per_s_high", "throughput.samples_per_s_high")):
+        ok[column] = optional(ok, source).fillna(ok["samples_per_s"])
+    ok["comm_agree"] = optional(ok, "comm.agree")
+    ok["comm_trusted"] = optional(ok, "comm.trusted")
+    # Ranks x threads per machine against its cores: at 1 or more, ranks compete with the
+    # communication threads and everything else for cores; above 1, with each other too.
+    ok["core_load"] = ok["topology.procs_per_node"] * optional(ok, "topology.threads_per_rank") / optional(
+        ok, "environment.cpu_count")
     return ok
+
+
+def optional(runs: pd.DataFrame, column: str) -> pd.Series:
+    """A column that records of some versions (or all of these runs) lack: NaN there."""
+    return runs[column] if column in runs else pd.Series(np.nan, index=runs.index)
 
 
 def summarize(derived: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:

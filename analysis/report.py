@@ -18,7 +18,8 @@ from analysis.load import Problem, load_runs
 from analysis.paper import paper_comparison, probe_costs
 from analysis.plots import study_plots
 from analysis.records import SUMMARY_FILE
-from analysis.tables import Table, strategy_comparison, study_table
+from analysis.tables import Table, study_table
+from analysis.verdict import Verdict, verdict
 
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1200px;
@@ -29,6 +30,7 @@ th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
 .caption { color: #555; font-size: 0.9em; max-width: 60em; }
 .problem { color: #a00; }
+.verdict li { margin: 0.2em 0; max-width: 70em; } .caveat { color: #6a4a00; }
 """
 # The page fetches nothing: no scripts, no fonts, no frames; images only as data: URLs.
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -43,6 +45,7 @@ class Report:
     unfinished: pd.DataFrame = field(default_factory=pd.DataFrame)
     records: int = 0  # run records read, finished or not
     finished: int = 0
+    verdict: Verdict | None = None
     html: Path | None = None
 
 
@@ -61,7 +64,9 @@ def analyze(runs_dir: str | Path, out: str | Path | None = None) -> Report:
     derived = derive(runs)
     report.finished = len(derived)
     if not derived.empty:
-        report.tables.append(strategy_comparison(derived))
+        report.verdict = verdict(derived, report.unfinished)
+        report.verdict.data.to_csv(out / "verdict.csv", index=False)
+        (out / "verdict.md").write_text(report.verdict.markdown(), encoding="utf-8")
         for study in sorted(derived["study"].unique()):
             report.tables.append(study_table(derived, study))
             report.plots[study] = study_plots(derived[derived["study"] == study], study, out / "plots")
@@ -90,6 +95,17 @@ def table_html(table: Table) -> str:
     return f'<p class="caption">{text_html(table.caption)}</p>' + table.text.to_html(index=False, escape=True)
 
 
+def verdict_html(result: Verdict) -> list[str]:
+    """The verdict, first thing on the page: per scale its findings, caveats and table."""
+    parts = ["<h2>Verdict</h2>"]
+    for scale in result.scales:
+        parts.append(f"<h3>{text_html(scale.title)}</h3><ul class='verdict'>")
+        parts += [f"<li><b>{html.escape(what)}</b>: {text_html(text)}</li>" for what, text in scale.findings]
+        parts += [f"<li class='caveat'><i>Caveat</i>: {text_html(c)}</li>" for c in scale.caveats]
+        parts.append("</ul>" + scale.table.to_html(index=False, escape=True) + f'<p class="caption">{text_html(scale.spread)}</p>')
+    return parts
+
+
 def summary_line(report: Report, runs_dir: Path) -> str:
     """How many records were found, finished and analysed, in words; an empty result says so."""
     if report.records == 0:
@@ -111,9 +127,9 @@ def write_html(report: Report, runs_dir: Path) -> Path:
             error = row.get("error.message") if isinstance(row.get("error.message"), str) else "no error recorded"
             parts.append(f'<li class="problem">{html.escape(row["run_id"])}: status {row["status"]}: {html.escape(error)}</li>')
         parts.append("</ul>")
+    if report.verdict is not None:
+        parts += verdict_html(report.verdict)
     by_name = {t.name: t for t in report.tables}
-    if "comparison" in by_name:
-        parts += ["<h2>Strategies compared</h2>", table_html(by_name["comparison"])]
     for study, plots in report.plots.items():
         parts += [f"<h2>Study: {html.escape(study)}</h2>", table_html(by_name[study])] + [embedded_png(p) for p in plots]
     if "paper" in by_name:

@@ -100,49 +100,6 @@ def study_table(derived: pd.DataFrame, study: str) -> Table:
     return Table(study, caption, summary.reset_index(drop=True), text.reset_index(drop=True))
 
 
-def reference_experiment(derived: pd.DataFrame) -> tuple[str, str]:
-    """The (study, model) pair the most strategies ran (the smallest model among ties): what the
-    cross-strategy comparison compares on."""
-    counts = derived.groupby(["study", "model_label"]).agg(
-        strategies=("strategy_label", "nunique"), params=("model.params_trainable", "first"))
-    return counts.sort_values(["strategies", "params"], ascending=[False, True]).index[0]
-
-
-def strategy_comparison(derived: pd.DataFrame) -> Table:
-    """One row per strategy, at its largest world size on the reference experiment."""
-    study, model = reference_experiment(derived)
-    rows = []
-    for strategy, runs in derived.groupby("strategy_label"):
-        on_model = runs[(runs["model_label"] == model) & (runs["study"] == study)]
-        if on_model.empty:
-            continue
-        largest = on_model["world_size"].max()
-        at = on_model[on_model["world_size"] == largest]
-        rows.append({
-            "strategy": strategy, "world_size": largest,
-            "samples_per_s": at["samples_per_s"].median(), "efficiency": at["efficiency"].median(),
-            "comm_overhead": at["comm_overhead"].median(), "peak_memory_bytes": at["peak_memory_bytes"].median(),
-            "model_state_bytes": at["model_state_bytes"].median(), "final_loss": at["final_loss"].median(),
-            "largest_model_params": runs["model.params_trainable"].max(),
-        })
-    data = pd.DataFrame(rows).sort_values("samples_per_s", ascending=False).reset_index(drop=True)
-    formats = {"world_size": count, "samples_per_s": count, "efficiency": percent, "comm_overhead": percent,
-               "peak_memory_bytes": human_bytes, "model_state_bytes": human_bytes, "final_loss": general,
-               "largest_model_params": count}
-    headers = {"world_size": "ranks", "samples_per_s": "samples/s", "efficiency": "efficiency (vs 1 rank)",
-               "comm_overhead": "comm overhead", "peak_memory_bytes": "peak memory / rank",
-               "model_state_bytes": "model state / rank", "final_loss": "final loss",
-               "largest_model_params": "largest model trained (params)"}
-    text = data[["strategy"]].copy()
-    for key, fmt in formats.items():
-        text[headers[key]] = data[key].map(lambda v, fmt=fmt: "" if pd.isna(v) else fmt(v))
-    sizes = ", ".join(str(w) for w in sorted(derived["world_size"].unique()))
-    caption = (f"Cross-strategy comparison on {model} (study `{study}`), each strategy at the largest world size it ran "
-               f"there (world sizes in these runs: {sizes}); hardware: {hardware(derived)}. Efficiency is against the "
-               f"{baseline_phrase(derived)} (blank where there is neither); the largest model trained is over all runs.")
-    return Table("comparison", caption, data, text)
-
-
 def baseline_phrase(runs: pd.DataFrame) -> str:
     """Which 1-rank runs the speedups of ``runs`` are measured against, in words."""
     kinds = set(runs["baseline"].dropna())

@@ -9,7 +9,8 @@ from analysis.derive import derive, summarize, with_spread
 from analysis.load import load_runs
 from analysis.report import analyze
 from analysis.schema import RunError
-from analysis.tables import strategy_comparison, study_table
+from analysis.tables import study_table
+from analysis.verdict import verdict
 from launchers.cli import main
 from tests.helpers.records import make_record, write_record
 
@@ -51,7 +52,7 @@ def test_a_strategy_without_a_one_rank_run_is_measured_against_the_single_proces
     assert d.loc["fsdp2", "efficiency"] == pytest.approx(0.75)
     # a strategy's own 1-rank run (same per-rank batch) wins over the single-process run
     assert d.loc["ddp2", "baseline"] == "own 1-rank" and d.loc["ddp2", "speedup"] == pytest.approx(1200 / 900)
-    table = strategy_comparison(d.reset_index())
+    table = study_table(d.reset_index(), "strong")
     assert "one-process `single` run with the same global batch" in table.caption
 
 
@@ -70,18 +71,18 @@ def test_repeats_show_median_and_spread(tmp_path):
     assert table.text.loc[0, "samples/s"] == "1,000 [900-1,300]" and table.text.loc[0, "runs"] == 3
 
 
-def test_cross_strategy_comparison_states_hardware_and_world_sizes(tmp_path):
+def test_the_verdict_compares_each_model_on_its_own_and_states_the_hardware(tmp_path):
     d = derived_from(tmp_path, [
         make_record("d1", world=1, samples_per_s=1000), make_record("d2", world=2, samples_per_s=1600),
         make_record("f1", strategy="fsdp2", world=1, samples_per_s=800), make_record("f2", strategy="fsdp2", world=2,
                                                                                    samples_per_s=1500, state=(200, 200, 400, 0)),
         make_record("big", strategy="fsdp2", world=2, widths=(2, 512, 1), params=10**6),
     ]).reset_index()
-    table = strategy_comparison(d)
-    rows = table.data.set_index("strategy")
-    assert rows.loc["ddp", "efficiency"] == pytest.approx(0.8) and rows.loc["fsdp2", "efficiency"] == pytest.approx(0.9375)
-    assert rows.loc["fsdp2", "model_state_bytes"] == 800 and rows.loc["fsdp2", "largest_model_params"] == 10**6
-    assert "test CPU (cpu)" in table.caption and "world sizes in these runs: 1, 2" in table.caption
+    small, big = verdict(d).scales
+    rows = small.points.set_index(["strategy", "world_size"])
+    assert rows.loc[("ddp", 2), "speedup"] == pytest.approx(1.6) and rows.loc[("fsdp2", 2), "speedup"] == pytest.approx(1.875)
+    assert rows.loc[("fsdp2", 2), "model_state_bytes"] == 800 and len(big.points) == 1
+    assert "test CPU (cpu)" in small.title and big.title.startswith("bspline [2, 512, 1] (1,000,000 parameters)")
 
 
 def test_unreadable_runs_are_listed_and_the_rest_analysed(tmp_path, capsys):
@@ -105,7 +106,7 @@ def test_unreadable_runs_are_listed_and_the_rest_analysed(tmp_path, capsys):
     assert "no_summary: has steps.jsonl or config.yaml but no summary.json" in captured.err
     assert "failed has status failed" in captured.err
     page = (tmp_path / "report" / "report.html").read_text()
-    assert "rank 1 died" in page and "Strategies compared" in page
+    assert "rank 1 died" in page and "<h2>Verdict</h2>" in page
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +128,7 @@ matrix: {{strategy: [ddp, zero3], topology: [1x1, 1x2]}}
 def test_report_from_a_real_sweep_has_every_table_and_plot(real_sweep):
     runs_dir, report = real_sweep
     names = {t.name for t in report.tables}
-    assert names == {"comparison", "strong", "paper"}
+    assert names == {"strong", "paper"} and len(report.verdict.scales) == 1
     for name in names:
         assert (report.out / f"{name}.csv").stat().st_size > 0 and (report.out / f"{name}.md").read_text().count("|") > 10
     plots = report.plots["strong"]

@@ -105,7 +105,7 @@ def test_every_unreadable_record_is_listed_and_the_rest_analysed(tmp_path):
     for path, reason in expected.items():
         assert any(line.startswith(f"{path}:") and reason in line for line in listed), (path, reason, done.stderr)
     page = (tmp_path / "report" / "report.html").read_text()
-    assert "Strategies compared" in page and "5 run record(s)" in page  # good1, good2 and the three probed runs
+    assert "<h2>Verdict</h2>" in page and "5 run record(s)" in page  # good1, good2 and the three probed runs
     for path in expected:
         assert str(path) in page
 

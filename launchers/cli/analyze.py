@@ -25,9 +25,8 @@ def main(args: argparse.Namespace) -> int:
     from analysis.report import analyze, summary_line
 
     report = analyze(args.runs, args.out)
-    by_name = {t.name: t for t in report.tables}
-    if "comparison" in by_name:
-        print(by_name["comparison"].markdown())
+    if report.verdict is not None:
+        print(report.verdict.markdown())
     for problem in report.problems:
         print(f"not analysed: {problem.message}", file=sys.stderr)
     for _, row in report.unfinished.iterrows():

@@ -126,3 +126,18 @@ def test_the_report_renders_offline_without_console_messages(chromium, tmp_path)
     assert pixels.shape[:2] == (WINDOW[1], WINDOW[0])
     ink = np.any(pixels[..., :3] < 0.9, axis=-1).mean()  # share of pixels that are not (near) white
     assert ink > 0.02, f"screenshot nearly blank: {ink:.2%} of pixels drawn"
+
+
+def test_the_verdict_is_the_first_thing_the_browser_shows(chromium, tmp_path):
+    """The DOM as Chromium built it: the first section is the verdict, with its findings."""
+    runs = tmp_path / "runs"
+    for record in [make_record("single", strategy="single", world=1, samples_per_s=1000, window=(950, 1050)),
+                   make_record("ddp", world=2, micro_batch=32, samples_per_s=1500, window=(1400, 1600))]:
+        write_record(runs, record)
+    assert kanscale("analyze", str(runs), "--out", str(tmp_path / "report")).returncode == 0
+    page = (tmp_path / "report" / "report.html").resolve().as_uri()
+    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'p'}",
+                          *QUIET, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    headings = re.findall(r"<h2>(.*?)</h2>", dom)
+    assert headings and headings[0] == "Verdict", headings
+    assert "<b>Fastest</b>: ddp at 2 ranks, 1,500 samples/s [1,400-1,600]" in dom

@@ -1,0 +1,239 @@
+"""The answer at the top of the report: for each scale measured (one model on one task in one
+study), which strategy is fastest, which needs the least memory per rank, which did not fit or
+does not scale, each with its numbers and spread, and the caveats that apply.
+
+Rules, so that a verdict is never stronger than its evidence:
+
+- A point's interval is the min-max of its repeated runs; a point run once has the spread of its
+  rate over the run's timing windows instead (the caption says which).
+- Strategies are ranked by median throughput, but any whose interval overlaps the leader's is
+  tied with it ("=1"), and so on down.
+- A strategy "does not scale" when its best interval at more than one rank lies wholly below the
+  one-process run's.
+- Peak memory differences under MEMORY_NOISE of the peak are a tie.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from analysis.format import human_bytes
+from analysis.tables import count, fixed, hardware, percent
+
+SCALE = ["study", "model_label", "task.name"]
+POINT = ["strategy_label", "world_size", "topology_label"]
+MEMORY_NOISE = 0.02  # allocator and page-granularity noise of resident memory, as a share of the peak
+OVERHEAD_CAVEAT = 0.5  # exposed communication above this share of the step: the step is mostly overhead
+STATE_CAVEAT = 0.01  # model state below this share of peak memory: sharding it barely moves the peak
+MEMORY_ERRORS = ("outofmemory", "out of memory", "memoryerror", "does not fit", "cannot allocate")
+
+
+@dataclass
+class ScaleVerdict:
+    title: str
+    findings: list[tuple[str, str]]  # (what, the answer with its evidence)
+    caveats: list[str]
+    points: pd.DataFrame  # one row per strategy and world size, numbers
+    table: pd.DataFrame  # the same, as text
+    spread: str  # what the intervals are
+
+
+@dataclass
+class Verdict:
+    scales: list[ScaleVerdict] = field(default_factory=list)
+
+    @property
+    def data(self) -> pd.DataFrame:
+        """Every scale's points in one table (for CSV)."""
+        return pd.concat([s.points.assign(scale=s.title) for s in self.scales], ignore_index=True)
+
+    def markdown(self) -> str:
+        parts = ["## Verdict\n"]
+        for s in self.scales:
+            parts.append(f"### {s.title}\n")
+            parts += [f"- **{what}**: {text}" for what, text in s.findings]
+            parts += [f"- *Caveat*: {c}" for c in s.caveats]
+            parts.append(f"\n{s.table.to_markdown(index=False, disable_numparse=True)}\n\n{s.spread}\n")
+        return "\n".join(parts)
+
+
+def interval(runs: pd.DataFrame) -> tuple[float, float, str]:
+    """A point's throughput interval and what it is (see the module docstring)."""
+    if len(runs) > 1:
+        return runs["samples_per_s"].min(), runs["samples_per_s"].max(), "repeats"
+    return runs["samples_per_s_low"].iloc[0], runs["samples_per_s_high"].iloc[0], "windows"
+
+
+def points(runs: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for (strategy, world, topology), at in runs.groupby(POINT):
+        low, high, kind = interval(at)
+        rows.append({
+            "strategy": strategy, "world_size": world, "topology": topology, "runs": len(at),
+            "samples_per_s": at["samples_per_s"].median(), "low": low, "high": high, "interval": kind,
+            "speedup": at["speedup"].median(), "baseline": at["baseline"].iloc[0],
+            "comm_overhead": at["comm_overhead"].median(), "comm_agree": at["comm_agree"].iloc[0],
+            "comm_trusted": at["comm_trusted"].iloc[0], "compute_ms": at["compute_ms"].median(),
+            "step_ms": at["step_ms"].median(), "peak_memory_bytes": at["peak_memory_bytes"].median(),
+            "peak_memory_kind": at["peak_memory_kind"].iloc[0], "model_state_bytes": at["model_state_bytes"].median(),
+            "reference": bool(at["strategy.reference"].iloc[0]), "core_load": at["core_load"].max(),
+            "threads": at["topology.threads_per_rank"].iloc[0] if "topology.threads_per_rank" in at else None,
+            "cores": at["environment.cpu_count"].iloc[0] if "environment.cpu_count" in at else None,
+        })
+    table = pd.DataFrame(rows).sort_values("samples_per_s", ascending=False).reset_index(drop=True)
+    table["rank"] = tie_ranks(table)
+    return table
+
+
+def tie_ranks(table: pd.DataFrame) -> list[str]:
+    """Rank labels by median throughput (``table`` sorted fastest first): a point whose interval
+    overlaps the interval of its group's leader shares the leader's rank, shown as ``=N``."""
+    labels: list[str] = [""] * len(table)
+    rank, leader = 0, None
+    for i, row in table.iterrows():
+        if leader is None or row["high"] < leader["low"]:
+            rank, leader = rank + 1, row
+            labels[i] = str(rank)
+        else:
+            labels[i] = f"={rank}"
+            labels[table.index.get_loc(leader.name)] = f"={rank}"
+    return labels
+
+
+def rate(row: pd.Series) -> str:
+    return f"{count(row['samples_per_s'])} samples/s [{count(row['low'])}-{count(row['high'])}]"
+
+
+def where(row: pd.Series) -> str:
+    return f"{row['strategy']} at {row['world_size']} rank{'s' if row['world_size'] > 1 else ''}"
+
+
+def fastest(table: pd.DataFrame) -> str:
+    tied = table[table["rank"].isin(["1", "=1"])]
+    if len(tied) == 1:
+        best, runner = table.iloc[0], table.iloc[1] if len(table) > 1 else None
+        ahead = f", ahead of {where(runner)} ({rate(runner)})" if runner is not None else ""
+        return f"{where(best)}, {rate(best)}{ahead}"
+    return ("a tie, the intervals overlap: " + "; ".join(f"{where(r)} {rate(r)}" for _, r in tied.iterrows())
+            + " (run more repeats or longer to separate them)")
+
+
+def least_memory(table: pd.DataFrame) -> str:
+    kind = "device memory" if table["peak_memory_kind"].iloc[0] == "device" else "resident memory (RSS)"
+    lowest = table["peak_memory_bytes"].min()
+    tied = table[table["peak_memory_bytes"] <= lowest * (1 + MEMORY_NOISE)]
+    names = ", ".join(f"{where(r)} ({human_bytes(r['peak_memory_bytes'])})" for _, r in tied.iterrows())
+    peak = f"least peak {kind} per rank: {names}" + (f" (within {MEMORY_NOISE:.0%} of each other: a tie)" if len(tied) > 1 else "")
+    state = table.sort_values("model_state_bytes").iloc[0]
+    most = table["model_state_bytes"].max()
+    return (f"{peak}; least model state per rank: {where(state)}, {human_bytes(state['model_state_bytes'])} "
+            f"(the most: {human_bytes(most)})")
+
+
+def not_scaling(table: pd.DataFrame) -> str | None:
+    reference = table[table["reference"] & (table["world_size"] == 1)]
+    if reference.empty:
+        return None
+    one = reference.iloc[0]
+    slower = []
+    for strategy, rows in table[table["world_size"] > 1].groupby("strategy"):
+        best = rows.sort_values("samples_per_s").iloc[-1]
+        if best["high"] < one["low"]:
+            slower.append(f"{where(best)} ({rate(best)})")
+    if not slower:
+        return f"none: every strategy at more than one rank reaches the one-process rate ({rate(one)}) within its spread"
+    return f"slower than one process ({rate(one)}): " + "; ".join(slower)
+
+
+def unfinished(runs: pd.DataFrame) -> str | None:
+    if runs.empty:
+        return None
+    lines = []
+    for _, run in runs.iterrows():
+        message = str(run.get("error.message") or "no error recorded")
+        kind = "does not fit" if any(e in (message + str(run.get("error.type"))).lower() for e in MEMORY_ERRORS) else run["status"]
+        lines.append(f"{run['strategy_label']} at {run['topology.world_size']} ranks: {kind} "
+                     f"({run.get('error.type') or run['status']}: {message[:160]})")
+    return "; ".join(lines)
+
+
+def caveats(table: pd.DataFrame) -> list[str]:
+    notes = []
+    distributed = table[table["world_size"] > 1]
+    heavy = distributed[distributed["comm_overhead"] > OVERHEAD_CAVEAT]
+    if not heavy.empty:
+        low, high = percent(heavy["comm_overhead"].min()), percent(heavy["comm_overhead"].max())
+        notes.append(f"communication and backend overhead are {low if low == high else f'{low}-{high}'} of a step for "
+                     f"{', '.join(heavy['strategy'])} (compute "
+                     f"{fixed(2)(heavy['compute_ms'].median())} ms per rank): at this size a step is mostly overhead, so "
+                     "the ranking says how each backend's overhead compares, not how it trains a larger model")
+    share = (table["model_state_bytes"] / table["peak_memory_bytes"]).max()
+    if share < STATE_CAVEAT:
+        notes.append(f"model state is at most {share:.3%} of peak memory: the peak is the interpreter, libraries, data "
+                     "and activations, so sharding model state barely moves it at this size")
+    loaded = table[table["world_size"] > 1].sort_values("core_load")
+    if not loaded.empty and loaded["core_load"].iloc[-1] >= 1:
+        row = loaded.iloc[-1]
+        ranks = f"{row['world_size'] // int(row['topology'].split('x')[0])} ranks x {row['threads']:.0f} thread(s)"
+        notes.append(f"{ranks} per machine on its {row['cores']:.0f} core(s): "
+                     + ("more threads than cores, so the ranks took turns on the cores" if row["core_load"] > 1 else
+                        "the ranks took every core, so communication threads and everything else on the machine competed "
+                        "with them")
+                     + "; a speedup near the rank count was not possible here, and the ranking may differ on "
+                       "machines with a core (or a GPU) to spare per rank")
+    differ = table[table["comm_agree"].eq(False)]
+    if not differ.empty:
+        notes.append("the two exposed-communication methods disagree beyond noise for "
+                     + ", ".join(f"{r['strategy']} (trust the {r['comm_trusted']})" for _, r in differ.iterrows())
+                     + "; the comm column uses the trusted one, and docs/metrics.md explains both")
+    if (table["runs"] == 1).all():
+        notes.append("each point ran once: intervals are the spread of its rate over its timing windows, not over "
+                     "repeats (set `repeats: N` in the study for that)")
+    return notes
+
+
+def text_table(table: pd.DataFrame) -> pd.DataFrame:
+    def comm(row: pd.Series) -> str:
+        if pd.isna(row["comm_overhead"]):
+            return ""
+        methods = {True: "methods agree", False: f"methods differ: {row['comm_trusted']}"}.get(row["comm_agree"], "one method")
+        return f"{percent(row['comm_overhead'])} ({methods})"
+
+    return pd.DataFrame({
+        "rank": table["rank"], "strategy": table["strategy"], "nodes x ranks": table["topology"],
+        "samples/s [interval]": table.apply(lambda r: f"{count(r['samples_per_s'])} [{count(r['low'])}-{count(r['high'])}]", axis=1),
+        "speedup vs 1 process": table["speedup"].map(lambda v: "" if pd.isna(v) else fixed(2)(v)),
+        "exposed comm": table.apply(comm, axis=1),
+        "peak memory / rank": table["peak_memory_bytes"].map(human_bytes),
+        "model state / rank (share of peak)": table.apply(
+            lambda r: f"{human_bytes(r['model_state_bytes'])} ({r['model_state_bytes'] / r['peak_memory_bytes']:.2%})", axis=1),
+    })
+
+
+def verdict(derived: pd.DataFrame, unfinished_runs: pd.DataFrame | None = None) -> Verdict:
+    """The verdict for every scale with at least one finished run (``derived``); failed or
+    incomplete runs of a scale (``unfinished_runs``, rows of load_runs) are named in it."""
+    result = Verdict()
+    failed = unfinished_runs if unfinished_runs is not None else pd.DataFrame(columns=SCALE)
+    if not failed.empty:
+        failed = failed.assign(study=failed["study"].fillna("(none)"))
+    scales = sorted(derived.groupby(SCALE), key=lambda group: group[1]["model.params_trainable"].iloc[0])
+    for (study, model, task), runs in scales:
+        table = points(runs)
+        params = runs["model.params_trainable"].iloc[0]
+        others = failed[(failed["study"] == study) & (failed["model_label"] == model) & (failed["task.name"] == task)]
+        findings = [("Fastest", fastest(table)), ("Least memory", least_memory(table))]
+        for what, text in (("Does not scale", not_scaling(table)), ("Did not finish", unfinished(others))):
+            if text is not None:
+                findings.append((what, text))
+        kinds = set(table["interval"])
+        spread = ("Intervals: " + {"repeats": "min-max over repeated runs", "windows": "min-max of the rate over the "
+                                   "run's timing windows"}.get(kinds.pop(), "") if len(kinds) == 1 else
+                  "Intervals: min-max over repeated runs where a point was repeated, else over its timing windows")
+        result.scales.append(ScaleVerdict(
+            title=f"{model} ({count(params)} parameters) on {task}, study `{study}`: {hardware(runs)}",
+            findings=findings, caveats=caveats(table), points=table, table=text_table(table),
+            spread=spread + "; strategies whose intervals overlap share a rank (=N)."))
+    return result
