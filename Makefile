@@ -1,9 +1,10 @@
 # Two commands set everything up on a fresh machine:
-#   make demo   create .venv, install, train the quickstart under every CPU strategy, print the
-#               comparison and write the HTML report
+#   make demo   create .venv, install, train four strategies and one process at the study's size
+#               and at 1M parameters, print the verdict and write the HTML report
 #   make test   create .venv, install, run the test suite (all but tests/cluster)
 #   make test-cluster   tests against real SLURM (munge, slurmctld, 2 slurmd) and sshd + pdsh
-#               daemons they start on 127.0.0.1; installs the Debian packages when root, else skips
+#               daemons they start on 127.0.0.1, and the report in headless Chromium; installs
+#               the Debian packages when root, else skips
 #
 # TORCH_SPEC picks the torch build. The default is the CPU wheel that lies on this project's
 # machines; on a GPU machine install your own CUDA build, e.g. `make test TORCH_SPEC=torch`.

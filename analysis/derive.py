@@ -32,6 +32,8 @@ POINT = GROUP + ["topology.world_size", "topology.nodes"]
 
 def derive(runs: pd.DataFrame) -> pd.DataFrame:
     """Finished runs with the derived columns added."""
+    if runs.empty:  # no records at all: nothing to derive (and no columns to select by)
+        return runs.copy()
     ok = runs[runs["status"] == "ok"].copy()
     if ok.empty:
         return ok

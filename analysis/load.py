@@ -16,13 +16,9 @@ from analysis.labels import strategy_label, topology_label
 from analysis.records import CONFIG_FILE, STEPS_FILE, SUMMARY_FILE, RecordError, read_summary
 from analysis.schema import RunRecord
 from kanscale.errors import ConfigError
-from kanscale.files import not_utf8
 
 # What reading one record may raise besides RecordError: an I/O error (a failing disk, a
 # permission), bytes that are not text, JSON nested deeper than the decoder recurses.
-UNREADABLE = (RecordError, OSError, UnicodeDecodeError, RecursionError)
-
-
 @dataclass(frozen=True)
 class Problem:
     path: Path
@@ -62,26 +58,12 @@ def load_runs(directory: str | Path) -> tuple[pd.DataFrame, list[Problem]]:
     directory = runs_directory(directory)
     rows, problems = [], []
     for summary in sorted(directory.rglob(SUMMARY_FILE)):
-        if not summary.is_file():  # a directory or a pipe by that name: reading a pipe would wait forever
-            problems.append(Problem(summary, f"{summary}: not a regular file, so not a run summary"))
-            continue
         try:
             rows.append(record_row(read_summary(summary), summary.parent))
-        except UNREADABLE as err:
-            problems.append(Problem(summary, unreadable(summary, err)))
+        except RecordError as err:  # every way a record can be unreadable (analysis/records.py)
+            problems.append(Problem(summary, str(err)))
     for leftover in sorted({p.parent for name in (STEPS_FILE, CONFIG_FILE) for p in directory.rglob(name)}):
         if not (leftover / SUMMARY_FILE).exists():
             problems.append(Problem(leftover, f"{leftover}: has {STEPS_FILE} or {CONFIG_FILE} but no {SUMMARY_FILE}; "
                                               "the run left no record to analyse"))
     return pd.DataFrame(rows), problems
-
-
-def unreadable(path: Path, err: BaseException) -> str:
-    """Why ``path`` could not be read, in one line that names it."""
-    if isinstance(err, RecordError):
-        return str(err)  # it names the file already
-    if isinstance(err, OSError):
-        return f"{path}: cannot be read: {err.strerror or err}"
-    if isinstance(err, UnicodeDecodeError):
-        return f"{path}: not UTF-8 text: {not_utf8(err.object, err)}"
-    return f"{path}: nested too deeply to read ({err})"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import UNREADABLE, Problem, unreadable
-from analysis.records import STEPS_FILE, read_steps
+from analysis.load import Problem
+from analysis.records import STEPS_FILE, RecordError, read_steps
 from analysis.tables import Table, count, fixed, general, hardware, percent
 from kanscale.files import configs_dir
 
@@ -126,8 +126,8 @@ def probe_costs(derived: pd.DataFrame, problems: list[Problem] | None = None) ->
         steps_file = Path(run["run_dir"]) / STEPS_FILE
         try:
             steps = [s for s in read_steps(steps_file) if s.timed]
-        except UNREADABLE as err:
-            problems.append(Problem(steps_file, f"{unreadable(steps_file, err)}; its probe cost is left out"))
+        except RecordError as err:
+            problems.append(Problem(steps_file, f"{err}; its probe cost is left out"))
             continue
         probed = [s.time_s_max for s in steps if s.step % 2 == 0]
         plain = [s.time_s_max for s in steps if s.step % 2 == 1]

@@ -91,20 +91,33 @@ class RunWriter:
             os.fsync(f.fileno())
 
 
+def read_regular(path: Path) -> bytes:
+    """A record file's bytes; RecordError for what is not a regular file (a named pipe would block
+    the reader forever) or cannot be read."""
+    try:
+        if not path.is_file():
+            raise RecordError(f"{path}: not a regular file, so not a record")
+        return path.read_bytes()
+    except OSError as err:
+        raise RecordError(f"{path}: cannot be read: {err.strerror or err}") from None
+
+
 def read_summary(path: Path) -> RunRecord:
     """Read and validate ``summary.json`` (the file or its run directory)."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and path.name != SUMMARY_FILE:  # a run directory (a directory named summary.json is no summary)
         path = path / SUMMARY_FILE
     if not path.exists():
         raise RecordError(f"{path}: no run summary here")
-    raw = path.read_bytes()
+    raw = read_regular(path)
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:  # a damaged file, or not one the suite wrote
         raise RecordError(f"{path}: not a run summary: {not_utf8(raw, err)} (the suite writes UTF-8)") from None
     except json.JSONDecodeError as err:
         raise RecordError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    except RecursionError:
+        raise RecordError(f"{path}: not a run summary: JSON nested too deeply to read") from None
     if not isinstance(data, dict):
         raise RecordError(f"{path}: a run summary holds a JSON object, got {type(data).__name__}")
     try:
@@ -122,17 +135,22 @@ def read_steps(path: Path) -> list[StepRecord]:
     """Read ``steps.jsonl`` (the file or its run directory). A torn last line, left by a process
     killed mid-write, is skipped; any other bad line is an error."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and path.name != STEPS_FILE:
         path = path / STEPS_FILE
     if not path.exists():
         return []
-    lines = path.read_text().splitlines()
+    raw = read_regular(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise RecordError(f"{path}: not UTF-8 text: {not_utf8(raw, err)} (the suite writes UTF-8)") from None
+    lines = text.splitlines()
     steps = []
     for n, line in enumerate(lines, start=1):
         try:
             steps.append(StepRecord.model_validate_json(line))
         except ValidationError as err:
-            if n == len(lines) and not path.read_text().endswith("\n"):
+            if n == len(lines) and not text.endswith("\n"):
                 break
             raise RecordError(f"{path}:{n}: not a valid step record: {err.errors()[0]['msg']}") from None
     return steps

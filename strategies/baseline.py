@@ -9,12 +9,15 @@ with like.
 
 The replica holds its own parameters and optimizer state; what that takes is measured when it is
 built (``held_bytes``) so that the training's peaks can be reported without it, and the peaks
-are read before each sample and reset after it, so the replica's own step never counts.
+are read before each sample and reset after it, so the replica's own step never counts. (On a
+CPU the allocator keeps what the replica's step freed, for the training's next step to reuse;
+handing it back to the kernel after every sample, with ``malloc_trim``, cost the 1M-parameter
+model 10% of its step rate in re-faulted pages, so the resident peak may include up to one
+step's transient memory of the replica: see docs/metrics.md.)
 """
 
 from __future__ import annotations
 
-import ctypes
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -26,15 +29,6 @@ from strategies.config import TrainingConfig
 from strategies.engine import Batch, LossFn
 from strategies.measure import peak_rss_bytes, reset_peak_rss, rss_bytes
 from strategies.optim import build_optimizer
-
-
-def release_freed_memory() -> None:
-    """Hand memory freed by the replica's step back to the kernel (glibc's ``malloc_trim``), so
-    resident-memory peaks after it measure the training, not the allocator's cache."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 class ComputeBaseline:
@@ -67,7 +61,6 @@ class ComputeBaseline:
         for _ in range(max(1, steps)):
             self._step(batches, loss_sum, n_global)
         self._sync()
-        release_freed_memory()
         self.held_bytes = max(0, self._held() - self._before)
 
     def sample(self, batches: Sequence[Batch], loss_sum: LossFn, n_global: int) -> float:
@@ -94,7 +87,6 @@ class TrainingPeaks:
         self.rss = self.device_bytes = 0
 
     def reset(self) -> None:
-        release_freed_memory()
         reset_peak_rss()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)

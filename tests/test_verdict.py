@@ -1,8 +1,6 @@
 """The report's verdict on hand-made runs with known answers: the fastest (or a tie), the least
 memory, what does not scale or did not fit, and the caveats."""
 
-import pytest
-
 from analysis.derive import derive
 from analysis.load import load_runs
 from analysis.report import analyze

@@ -20,15 +20,15 @@ def main(args: argparse.Namespace) -> int:
     from analysis.paper import paper_comparison, probe_costs
 
     runs, problems = load_runs(args.runs)
-    for problem in problems:
-        print(f"not analysed: {problem.message}", file=sys.stderr)
     derived = derive(runs) if not runs.empty else runs
     if derived.empty:
         print("no finished runs to compare")
-        return 0
-    print(paper_comparison(derived).markdown())
-    probe = probe_costs(derived)
-    if probe is not None:
-        print("\n" + probe.markdown())
+    else:
+        print(paper_comparison(derived).markdown())
+        probe = probe_costs(derived, problems)
+        if probe is not None:
+            print("\n" + probe.markdown())
+    for problem in problems:
+        print(f"not analysed: {problem.message}", file=sys.stderr)
     return 0
 

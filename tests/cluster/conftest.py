@@ -1,7 +1,7 @@
-"""Fixtures for the tests against real cluster components (``make test-cluster``).
+"""Fixtures for the tests against real outside components (``make test-cluster``).
 
-The tests here start real daemons (munged, slurmctld, two slurmd, sshd) on 127.0.0.1 and need
-root and Debian packages, so they run only with ``KANSCALE_CLUSTER_TESTS=1`` (which
+The tests here start real daemons (munged, slurmctld, two slurmd, sshd) on 127.0.0.1, or a real
+headless Chromium to open the HTML report, and need root and Debian packages, so they run only with ``KANSCALE_CLUSTER_TESTS=1`` (which
 ``make test-cluster`` sets); ``make test`` leaves the folder out. Missing packages are installed
 with apt-get (scripts/cluster_packages.sh) when this is root on Debian; otherwise every test that
 needs them skips, naming what is missing.
@@ -21,8 +21,8 @@ from tests.cluster.sshd import SshServer
 
 HERE = Path(__file__).resolve().parent
 ENABLED = os.environ.get("KANSCALE_CLUSTER_TESTS") == "1"
-GATE = ("tests/cluster starts real SLURM, munge and sshd daemons (root, Debian packages): run them with "
-        "`make test-cluster`, or set KANSCALE_CLUSTER_TESTS=1")
+GATE = ("tests/cluster starts real SLURM, munge and sshd daemons and a headless Chromium (root, Debian packages): "
+        "run them with `make test-cluster`, or set KANSCALE_CLUSTER_TESTS=1")
 
 
 def pytest_collection_modifyitems(config, items):
