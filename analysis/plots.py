@@ -122,25 +122,38 @@ def weak_throughput_plot(runs: pd.DataFrame) -> Figure:
     return scaling_plot(runs, "samples_per_s_per_rank", "samples/s per rank", "Weak scaling: throughput per rank")
 
 
-def bar_plot(runs: pd.DataFrame, metric: str, ylabel: str, title: str, scale: float = 1.0) -> Figure:
-    """One bar per strategy, grouped by nodes x ranks; a group holds only the strategies that ran
-    at that topology, so a lone 1-rank reference does not leave a row of empty slots."""
-    summary = summarize(runs, ["strategy_label", "topology_label"], [metric]).dropna(subset=[f"{metric}_median"])
+def bar_plot(runs: pd.DataFrame, metric: str, ylabel: str, title: str, scale: float = 1.0,
+             window_spread: tuple[str, str] | None = None) -> Figure:
+    """One bar per strategy, grouped by model and nodes x ranks (a median over different models
+    would describe none of them); a group holds only the strategies that ran there, so a lone
+    1-rank reference does not leave a row of empty slots. Error bars: the min-max of repeated
+    runs, or for a point run once the ``window_spread`` columns (its slowest and fastest window)."""
+    extra = list(window_spread or ())
+    summary = summarize(runs, ["strategy_label", "model.params_trainable", "model_label", "topology_label"],
+                        [metric, *extra]).dropna(subset=[f"{metric}_median"])
     palette = colours(list(summary["strategy_label"].unique()))
     fig, ax = figure(title, runs)
+    several_models = summary["model_label"].nunique() > 1
     ticks, tick_labels, start = [], [], 0.0
-    for topology, rows in summary.groupby("topology_label", sort=True):
+    for (_, model, topology), rows in summary.groupby(["model.params_trainable", "model_label", "topology_label"], sort=True):
         rows = rows.sort_values("strategy_label")
         x = start + np.arange(len(rows))
         for xi, (_, row) in zip(x, rows.iterrows()):
-            strategy = row["strategy_label"]
-            ax.bar(xi, row[f"{metric}_median"] * scale, 0.8, color=palette[strategy],
+            strategy, median = row["strategy_label"], row[f"{metric}_median"]
+            low, high = ((row[f"{metric}_min"], row[f"{metric}_max"]) if row["repeats"] > 1 or not extra else
+                         (row[f"{extra[0]}_min"], row[f"{extra[1]}_max"]))
+            ax.bar(xi, median * scale, 0.8, color=palette[strategy],
                    label=strategy if strategy not in ax.get_legend_handles_labels()[1] else None)
+            if high > low:
+                ax.errorbar(xi, median * scale, yerr=[[(median - low) * scale], [(high - median) * scale]], color="0.2",
+                            capsize=3, linewidth=1)
         ticks.append(x.mean())
-        tick_labels.append(f"{topology} (nodes x ranks)")
+        tick_labels.append(f"{topology} (nodes x ranks)" + (f"\n{model}" if several_models else ""))
         start += len(rows) + 1  # one empty slot between groups
-    ax.set_xticks(ticks, tick_labels)
+    ax.set_xticks(ticks, tick_labels, fontsize=8 if several_models else None)
     ax.set_ylabel(ylabel)
+    if extra:
+        ax.set_xlabel("error bars: min-max over repeats, or over a single run's timing windows", fontsize=8)
     ax.legend(fontsize=8, ncol=2)
     return fig
 
@@ -150,7 +163,8 @@ def comm_overhead_plot(runs: pd.DataFrame) -> Figure:
 
 
 def throughput_plot(runs: pd.DataFrame) -> Figure:
-    return bar_plot(runs, "samples_per_s", "samples/s (all ranks)", "Throughput")
+    return bar_plot(runs, "samples_per_s", "samples/s (all ranks)", "Throughput",
+                    window_spread=("samples_per_s_low", "samples_per_s_high"))
 
 
 def peak_kind(runs: pd.DataFrame) -> str:
