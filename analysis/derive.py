@@ -89,8 +89,11 @@ def summarize(derived: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.
     return table.reset_index()
 
 
-def with_spread(summary: pd.DataFrame, metric: str, fmt: Callable[[float], str]) -> pd.Series:
-    """``median`` alone for one run, ``median [min-max]`` for repeats; blank where undefined."""
+def with_spread(summary: pd.DataFrame, metric: str, fmt: Callable[[float], str],
+                window: tuple[str, str] | None = None) -> pd.Series:
+    """``median [min-max]`` for repeats; for one run ``median`` alone, or, where the metric has a
+    within-run spread (``window``: the columns of its slowest and fastest timing window, which
+    ``summary`` must hold too), ``median [slowest-fastest]``; blank where undefined."""
 
     def cell(row: pd.Series) -> str:
         median = row[f"{metric}_median"]
@@ -99,6 +102,8 @@ def with_spread(summary: pd.DataFrame, metric: str, fmt: Callable[[float], str])
         text = fmt(median)
         if row["repeats"] > 1:
             text += f" [{fmt(row[f'{metric}_min'])}-{fmt(row[f'{metric}_max'])}]"
+        elif window is not None and row[f"{window[0]}_min"] < row[f"{window[1]}_max"]:
+            text += f" [{fmt(row[f'{window[0]}_min'])}-{fmt(row[f'{window[1]}_max'])}]"
         return text
 
     return summary.apply(cell, axis=1) if not summary.empty else pd.Series(dtype=str)

@@ -37,9 +37,10 @@ class Column:
     metric: str  # a column of the derived run table
     header: str
     fmt: Formatter
+    window: tuple[str, str] | None = None  # the columns of a run's slowest and fastest window, where it has them
 
 
-SAMPLES = Column("samples_per_s", "samples/s", count)
+SAMPLES = Column("samples_per_s", "samples/s", count, window=("samples_per_s_low", "samples_per_s_high"))
 PER_RANK = Column("samples_per_s_per_rank", "samples/s per rank", count)
 SPEEDUP = Column("speedup", "speedup", fixed(2))
 EFFICIENCY = Column("efficiency", "efficiency", percent)
@@ -87,16 +88,18 @@ class Table:
 def study_table(derived: pd.DataFrame, study: str) -> Table:
     columns = STUDY_COLUMNS.get(study, DEFAULT)
     runs = derived[derived["study"] == study]
-    summary = summarize(runs, ROW_KEYS, [c.metric for c in columns]).sort_values(
+    metrics = [c.metric for c in columns] + [w for c in columns for w in c.window or ()]
+    summary = summarize(runs, ROW_KEYS, metrics).sort_values(
         ["model.params_trainable", "strategy_label", "topology.world_size", "topology_label"])
     text = summary[ROW_KEYS[:3]].rename(columns=ROW_HEADERS)
     text["params"] = text["params"].map(count)
     for column in columns:
-        text[column.header] = with_spread(summary, column.metric, column.fmt).values
+        text[column.header] = with_spread(summary, column.metric, column.fmt, column.window).values
     if (summary["repeats"] > 1).any():
         text["runs"] = summary["repeats"].values
+    windowed = " and [slowest-fastest timing window] of samples/s for a point run once" if any(c.window for c in columns) else ""
     caption = (f"Study `{study}`: {len(runs)} run(s) on {hardware(runs)}. Speedup and efficiency are against the "
-               f"{baseline_phrase(runs)}; medians, with [min-max] where a point was repeated.")
+               f"{baseline_phrase(runs)}; medians, with [min-max] where a point was repeated{windowed}.")
     return Table(study, caption, summary.reset_index(drop=True), text.reset_index(drop=True))
 
 

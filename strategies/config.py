@@ -47,7 +47,8 @@ class TrainingConfig(Section):
     dtype: Literal["float32", "float64"] = "float32"
     grid_update_every: int = Field(0, ge=0, description="refit spline grids every N steps; 0 = never")
     grid_update_until: int | None = Field(None, ge=1, description="last step at which grids are refitted")
-    log_every: int = Field(0, ge=0, description="steps between progress reports; 0 = about 20 per run")
+    log_every: int = Field(
+        0, ge=0, description="steps between progress reports (made at the end of a timing window); 0 = about 20 per run")
     checkpoint_every: int = Field(0, ge=0, description="write a checkpoint every N steps; 0 = never")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept per run (older ones are deleted)")
     init_from: str | None = Field(None, description="start from the weights of a model exported by kanscale export")

@@ -102,3 +102,15 @@ def test_every_scale_gets_its_own_verdict_at_the_top_of_the_report(tmp_path):
     assert page.index("<h2>Verdict</h2>") < page.index("<h2>Study:") and page.count("<b>Fastest</b>") == 2
     assert (tmp_path / "report" / "verdict.md").read_text().startswith("## Verdict")
     assert len(open(tmp_path / "report" / "verdict.csv").readlines()) == 3
+
+
+def test_study_tables_show_a_single_runs_spread_over_its_windows(tmp_path):
+    from analysis.tables import study_table
+
+    for record in [make_record("one", world=2, samples_per_s=1000, window=(950, 1050)),
+                   make_record("old", strategy="fsdp2", world=2, samples_per_s=800)]:  # no windows (a v2 record)
+        write_record(tmp_path, record)
+    table = study_table(derive(load_runs(tmp_path)[0]), "strong")
+    cells = dict(zip(table.text["strategy"], table.text["samples/s"]))
+    assert cells == {"ddp": "1,000 [950-1,050]", "fsdp2": "800"}
+    assert "[slowest-fastest timing window]" in table.caption

@@ -128,16 +128,38 @@ def test_the_report_renders_offline_without_console_messages(chromium, tmp_path)
     assert ink > 0.02, f"screenshot nearly blank: {ink:.2%} of pixels drawn"
 
 
+def dump_dom(chromium: str, page: Path, tmp_path: Path) -> str:
+    """The DOM as Chromium built it from ``page``."""
+    return subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'dom'}",
+                           *QUIET, "--dump-dom", page.resolve().as_uri()], capture_output=True, text=True, timeout=120).stdout
+
+
 def test_the_verdict_is_the_first_thing_the_browser_shows(chromium, tmp_path):
-    """The DOM as Chromium built it: the first section is the verdict, with its findings."""
+    """The first section is the verdict, with its findings."""
     runs = tmp_path / "runs"
     for record in [make_record("single", strategy="single", world=1, samples_per_s=1000, window=(950, 1050)),
                    make_record("ddp", world=2, micro_batch=32, samples_per_s=1500, window=(1400, 1600))]:
         write_record(runs, record)
     assert kanscale("analyze", str(runs), "--out", str(tmp_path / "report")).returncode == 0
-    page = (tmp_path / "report" / "report.html").resolve().as_uri()
-    dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'p'}",
-                          *QUIET, "--dump-dom", page], capture_output=True, text=True, timeout=120).stdout
+    dom = dump_dom(chromium, tmp_path / "report" / "report.html", tmp_path)
     headings = re.findall(r"<h2>(.*?)</h2>", dom)
     assert headings and headings[0] == "Verdict", headings
     assert "<b>Fastest</b>: ddp at 2 ranks, 1,500 samples/s [1,400-1,600]" in dom
+
+
+def test_a_fresh_demo_report_opens_offline_with_its_verdict_first(chromium, tmp_path):
+    """What `make demo` writes: the shipped demo study trained for real (two minutes), analysed,
+    and opened in Chromium."""
+    runs = tmp_path / "demo"
+    done = kanscale("sweep", "configs/studies/demo_cpu.yaml", "--out", str(runs), timeout=900)
+    assert done.returncode == 0 and "10 ok" in done.stdout, explain(done)
+    analysed = kanscale("analyze", str(runs))
+    assert analysed.returncode == 0 and analysed.stdout.startswith("## Verdict"), explain(analysed)
+    report = runs / "report" / "report.html"
+    seen = visit(chromium, report, tmp_path)
+    assert seen.console == [] and seen.requests == [], (seen.console, seen.requests)
+    ink = np.any(matplotlib.image.imread(seen.screenshot)[..., :3] < 0.9, axis=-1).mean()
+    assert ink > 0.05, f"screenshot nearly blank: {ink:.2%} of pixels drawn"
+    dom = dump_dom(chromium, report, tmp_path)
+    assert re.findall(r"<h2>(.*?)</h2>", dom)[0] == "Verdict"
+    assert dom.count("<b>Fastest</b>") == 2 and "pykan [2, 64, 1]" in dom and "bspline [8, 256, 256, 1]" in dom
