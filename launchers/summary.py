@@ -26,6 +26,8 @@ def format_summary(record: RunRecord, run_dir: Path) -> str:
                      f"step p50 {r.timings.step_p50_s * 1e3:.2f} ms, p95 {r.timings.step_p95_s * 1e3:.2f} ms; "
                      f"comm overhead {100 * (r.comm_overhead or 0):.1f}%"
                      + (f"; torch.compile {r.timings.compile_s:.1f} s (not in step times)" if r.timings.compile_s else ""))
+        if r.comm:
+            lines.append(f"comm       {r.comm.note}")
     if r.memory:
         ms = r.memory.model_state
         lines.append(f"memory     peak RSS {human_bytes(r.memory.peak_rss_bytes)}"
