@@ -20,6 +20,16 @@ def _increasing(interval: tuple[float, float]) -> tuple[float, float]:
 Interval = Annotated[tuple[float, float], AfterValidator(_increasing)]
 
 
+class WrapPolicy(BaseModel):
+    """Which submodules the FSDP strategies shard as one unit each (strategies/wrap.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    classes: list[str] | None = Field(None, description="every submodule of these class names is a unit")
+    min_params: int = Field(1, ge=1, description="without classes: each child module (inside containers) holding at "
+                                                 "least this many parameters is a unit")
+
+
 class ModelConfig(BaseModel):
     """Fields every family has. A family subclasses this, narrows ``family`` to a literal,
     adds its own options and implements :meth:`build`."""
@@ -31,6 +41,8 @@ class ModelConfig(BaseModel):
     widths: list[int] = Field(description="layer widths including input and output, e.g. [2, 64, 1]")
     compile: bool = Field(False, description="compile the model with torch.compile before training "
                           "(kan_models.compile.compile_model); the compile time is recorded apart from step times")
+    wrap: WrapPolicy | None = Field(None, description="the FSDP units; default: one per KAN layer for the zoo's families, "
+                                                      "each child module with parameters for a custom model")
 
     @field_validator("widths")
     @classmethod
@@ -54,7 +66,7 @@ class ModelConfig(BaseModel):
 
     def describe(self) -> str:
         """One line naming the model, e.g. ``bspline [2, 64, 1] grid=10 k=3``."""
-        extras = self.model_dump(exclude={"family", "widths"})
+        extras = self.model_dump(exclude={"family", "widths"}, exclude_none=True)
         return " ".join([self.family, str(self.widths)] + [f"{k}={v}" for k, v in extras.items()])
 
 

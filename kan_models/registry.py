@@ -12,6 +12,7 @@ from torch import nn
 from kan_models.base import ModelConfig
 from kan_models.bspline import BSplineConfig
 from kan_models.chebyshev import ChebyshevConfig
+from kan_models.custom import CustomConfig
 from kan_models.mlp import MLPConfig
 from kan_models.pykan_adapter import PyKANConfig
 from kan_models.rbf import RBFConfig
@@ -24,8 +25,9 @@ FAMILIES: dict[str, type[ModelConfig]] = {
     "mlp": MLPConfig,
 }
 
-# The experiment config's ``model`` field: one of the families, chosen by its ``family`` key.
-AnyModelConfig = Annotated[Union[tuple(FAMILIES.values())], Field(discriminator="family")]
+# The experiment config's ``model`` field: one of the zoo's families, or a user's own model
+# (``family: custom``), chosen by its ``family`` key.
+AnyModelConfig = Annotated[Union[(*FAMILIES.values(), CustomConfig)], Field(discriminator="family")]
 _adapter = TypeAdapter(AnyModelConfig)
 
 

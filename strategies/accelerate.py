@@ -191,7 +191,7 @@ class AccelerateConfig(StrategyConfig):
                               "so each rank would train alone; launch with a multi-process accelerate config")
         if plugin is not None and kind.name != plugin:
             raise ConfigError(f"accelerate: the launch config asked for {plugin} but Accelerate runs {kind.name}")
-        model._no_split_modules = sorted({type(b).__name__ for b in model.blocks})  # one FSDP unit per KAN layer
+        model._no_split_modules = sorted({type(b).__name__ for b in self.wrap_units(model)})  # Accelerate's FSDP units
         if kind == DistributedType.DEEPSPEED:
             inner, optimizer = self._prepare_deepspeed(accelerator, model, training, env)
         elif kind == DistributedType.FSDP:

@@ -142,6 +142,13 @@ class StrategyConfig(Section):
         resolved._model = model
         return resolved
 
+    def wrap_units(self, model: nn.Module) -> list[nn.Module]:
+        """The submodules a sharding backend wraps one by one: by the experiment's ``model.wrap``
+        policy, else the model's own (strategies/wrap.py)."""
+        from strategies.wrap import wrap_units  # torch, which this module leaves to the backends
+
+        return wrap_units(model, self._model.wrap if self._model is not None else None)
+
     def resolved_model(self) -> ModelConfig:
         """The experiment's model these options were resolved for (:meth:`resolved`)."""
         if self._model is None:

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from analysis.host import cpu_model
 
@@ -104,6 +105,14 @@ class DistEnv:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         timeout = timedelta(seconds=timeout_s)
+        # The groups backends create later (DeepSpeed clones the world group with new_group(), device
+        # meshes make their own) take torch's module default, 30 minutes, not the world group's
+        # timeout: set the default too, so a rank that hangs is given up on after runtime.timeout_s
+        # whichever group the others wait in. (Timing no longer puts a barrier on the world group
+        # before every step, which used to catch the hang there.)
+        c10d.default_pg_timeout = timeout
+        if backend == "nccl":
+            c10d.default_pg_nccl_timeout = timeout
         if "MASTER_ADDR" in os.environ:
             dist.init_process_group(backend, rank=self.rank, world_size=self.world_size, timeout=timeout)
         else:

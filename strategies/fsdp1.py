@@ -70,7 +70,7 @@ class FSDP1Config(StrategyConfig):
                               "set strategy.cpu_offload=false on a CPU-only machine")
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
-        blocks = set(model.blocks)
+        blocks = set(self.wrap_units(model))
         fsdp = FSDP(
             model,
             sharding_strategy=ShardingStrategy[self.sharding_strategy],

@@ -1,5 +1,5 @@
-"""``fsdp2``: PyTorch's per-parameter FSDP (``fully_shard``), applied to every KAN layer and to
-the root. Parameters become DTensors sharded over a 1-D device mesh of all ranks."""
+"""``fsdp2``: PyTorch's per-parameter FSDP (``fully_shard``), applied to every unit of the model
+(by default each KAN layer; strategies/wrap.py) and to the root. Parameters become DTensors sharded over a 1-D device mesh of all ranks."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ class FSDP2Config(StrategyConfig):
             shard_placement_fn=shard_largest_dim if self.shard_largest_dim else None,
             ignored_params=set(frozen_parameters(model)),
         )
-        for block in model.blocks:
+        for block in self.wrap_units(model):
             fully_shard(block, **options)
         fully_shard(model, **options)
         return FSDP2Engine(model, build_optimizer(model.parameters(), training), training, env.world_size)

@@ -278,9 +278,11 @@ class Trainer:
         n_chunks = max(1, math.ceil(math.ceil(n_test / env.dp_size) / chunk))
         sums = self.engine.evaluate(((self.data.x_test[i], self.data.y_test[i]) for i in shard.tensor_split(n_chunks)),
                                     task.metric_sums)
+        # The statistics may be of any shape (one per output): summed over ranks as one tensor.
         names = sorted(sums)
-        totals = env.all_reduce(torch.stack([sums[n].double() for n in names]), "sum") / env.ranks_per_replica
-        return task.metrics(dict(zip(names, totals.cpu().tolist())), n_test)
+        parts = [sums[n].double().reshape(-1) for n in names]
+        totals = (env.all_reduce(torch.cat(parts), "sum") / env.ranks_per_replica).cpu()
+        return task.metrics(dict(zip(names, totals.split([len(p) for p in parts]))), n_test)
 
     def _fail(self, exc: BaseException) -> None:
         """Write the completed steps not yet written, report this rank's failure and rewrite the

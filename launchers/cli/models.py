@@ -29,6 +29,9 @@ def main(args: argparse.Namespace) -> int:
             print(f"{name:<10} {doc}")
         options = {k: f.default for k, f in cls.model_fields.items() if k not in ("family", "widths")}
         print(f"{'':<10} options: " + ", ".join(f"{k}={v}" for k, v in options.items()))
+    print(f"{'custom':<10} {'':>22}  " if widths else f"{'custom':<10} ", end="")
+    print("your own nn.Module: model.factory 'package.module:function' or 'file.py:function', model.options "
+          "(docs/models.md)")
     if widths:
         print(f"\nwidths {widths}, default options; total counts parameters and buffers (spline grids).")
     return 0

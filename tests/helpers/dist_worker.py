@@ -93,6 +93,7 @@ def main(jobs_path: str, results_path: str) -> None:
             "comm_overhead": record.comm_overhead,
             "timings": record.timings.model_dump(),
             "comm": record.comm.model_dump(),
+            "test_metrics": record.test_metrics,
             "measurement": record.measurement.model_dump(),
             "resumed_at_steps": record.resumed_at_steps,
             "run_dir": str(trainer.run_dir),

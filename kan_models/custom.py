@@ -1,0 +1,100 @@
+"""``model.family: custom``: any ``nn.Module`` a user's own function builds, trained under every
+strategy like the zoo's families.
+
+    model:
+      family: custom
+      widths: [64, 10]                      # the model's input and output widths, checked against the task
+      factory: "my_kans.models:build_kan"   # a module on the Python path and a function in it,
+      # factory: "models/my_kan.py:build_kan"   or a file (relative to the working directory)
+      options: {hidden: [128, 64], grid: 8}   # keyword arguments of the function
+      wrap: {classes: [MyKANLayer]}         # the FSDP units (default: below)
+
+The factory is imported when the experiment is validated, so a wrong name is refused before
+anything is launched; it is called with ``options`` on every rank, under the experiment's seed.
+Importing it runs the user's own module, as ``python -c "import my_kans"`` would: it is code the
+user chose to train, not data handed over.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import torch
+from pydantic import Field, field_validator
+from torch import nn
+
+from kan_models.base import ModelConfig, ParamCount, count_parameters
+from kanscale.errors import ConfigError
+
+
+def load_factory(spec: str) -> Callable[..., nn.Module]:
+    """The function ``module.path:function`` or ``file.py:function`` names (ValueError naming
+    ``model.factory`` and what is wrong)."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name.isidentifier():
+        raise ValueError(f"model.factory: {spec!r} is not 'package.module:function' or 'path/to/file.py:function'")
+    try:
+        module = import_file(Path(where)) if where.endswith(".py") else importlib.import_module(where)
+    except (ImportError, OSError, SyntaxError) as err:
+        raise ValueError(f"model.factory: cannot import {where} ({type(err).__name__}: {err})") from None
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        found = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__)
+        raise ValueError(f"model.factory: {where} has no function {name!r}" + (f"; it has {', '.join(found)}" if found else ""))
+    return factory
+
+
+def import_file(path: Path):
+    """A Python file as a module (cached by its resolved path, so every call gets the same one)."""
+    if not path.is_file():
+        raise OSError(f"no file {path} (relative paths are from {Path.cwd()})")
+    key = f"kanscale_custom_{abs(hash(str(path.resolve())))}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[key]
+            raise
+    return sys.modules[key]
+
+
+class CustomConfig(ModelConfig):
+    """Any nn.Module from a user's function: model.factory and model.options (model.wrap: its FSDP units)."""
+
+    family: Literal["custom"]
+    factory: str = Field(description="'package.module:function' or 'path/to/file.py:function' returning an nn.Module")
+    options: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the factory")
+
+    @field_validator("factory")
+    @classmethod
+    def _importable(cls, factory: str) -> str:
+        load_factory(factory)
+        return factory
+
+    def build(self) -> nn.Module:
+        try:
+            model = load_factory(self.factory)(**self.options)
+        except Exception as err:  # the user's code: say where it failed, keep its traceback
+            raise ConfigError(f"model.factory: {self.factory}(**model.options) failed: {type(err).__name__}: {err}") from err
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"model.factory: {self.factory} returned a {type(model).__name__}, not a torch.nn.Module")
+        return model
+
+    def parameter_count(self) -> ParamCount:
+        """On the meta device where the factory allows it; a factory that computes with its
+        tensors while it builds (as pykan does) is built for real, on the CPU."""
+        try:
+            return super().parameter_count()
+        except ConfigError:
+            raise
+        except Exception:  # noqa: BLE001 - whatever the user's code does on meta tensors
+            with torch.random.fork_rng(devices=[]):
+                return count_parameters(self.build())

@@ -1,0 +1,24 @@
+"""Tasks: what a model learns and how it is scored (the contract: kan_models/tasks/contract.py).
+A new task is one class and one line in TASKS."""
+
+from typing import Annotated, Union
+
+from pydantic import Field
+
+from kan_models.tasks.bundled import SklearnTask
+from kan_models.tasks.contract import OBJECTIVES, Objective, TaskConfig, TaskData
+from kan_models.tasks.files import FileTask
+from kan_models.tasks.synthetic import ExpSinTask, FeynmanTask, HighDimTask, QuadraticTask
+
+TASKS: dict[str, type[TaskConfig]] = {
+    "quadratic": QuadraticTask,
+    "exp_sin": ExpSinTask,
+    "high_dim": HighDimTask,
+    "feynman": FeynmanTask,
+    "file": FileTask,
+    "sklearn": SklearnTask,
+}
+
+AnyTaskConfig = Annotated[Union[tuple(TASKS.values())], Field(discriminator="name")]
+
+__all__ = ["OBJECTIVES", "TASKS", "AnyTaskConfig", "Objective", "TaskConfig", "TaskData"]

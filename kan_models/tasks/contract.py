@@ -1,0 +1,134 @@
+"""The task contract every task implements, and the two objectives tasks learn.
+
+A task owns its data, its widths, its loss and its test metrics; the training loop and the
+measurements only call them and never write a formula themselves (:class:`TaskConfig`):
+
+- ``input_dim``, ``output_dim``: the model's first and last widths;
+- ``n_train``, ``n_test``: the sizes of its two splits;
+- ``generate(seed)``: the data (:class:`TaskData`);
+- ``loss_sum(prediction, target)``: the loss summed over the samples of a batch. A sum, not a
+  mean, so that any split of a global batch into ranks and micro-batches adds up to the same
+  number: the loop divides by the global batch size once;
+- ``metric_sums(prediction, target)``: additive statistics of a test shard (tensors of any
+  shape, summed over ranks);
+- ``metrics(sums, n)``: the named test metrics from those sums over ``n`` samples.
+
+The loss and metrics come from the task's ``goal``, an :class:`Objective`: regression (mean
+squared error; mse, rmse and r2) or classification (cross-entropy over class logits; accuracy
+and log-loss).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict
+
+
+@dataclass(frozen=True)
+class TaskData:
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> "TaskData":
+        """On ``device``, inputs and real-valued targets in ``dtype``; class labels stay integers."""
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device=device)
+        return TaskData(*(move(t) for t in (self.x_train, self.y_train, self.x_test, self.y_test)))
+
+
+class Objective:
+    """What a task's model is trained to do: its loss and its test metrics."""
+
+    name = ""
+
+    def loss_sum(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def metric_sums(self, prediction: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def metrics(self, sums: dict[str, torch.Tensor], n: int) -> dict[str, float]:
+        raise NotImplementedError
+
+
+class Regression(Objective):
+    """Real-valued targets of any width: the squared error, averaged over the outputs of each
+    sample and summed over samples; scored by mse, rmse and r2 (the coefficient of
+    determination, averaged over outputs as scikit-learn does)."""
+
+    name = "regression"
+
+    def loss_sum(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (prediction - target).pow(2).mean(dim=1).sum()
+
+    def metric_sums(self, prediction: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        target = target.double()
+        return {"squared_error": (prediction.double() - target).pow(2).sum(dim=0),
+                "target": target.sum(dim=0), "target_squared": target.pow(2).sum(dim=0)}
+
+    def metrics(self, sums: dict[str, torch.Tensor], n: int) -> dict[str, float]:
+        error, total, squares = sums["squared_error"], sums["target"], sums["target_squared"]
+        mse = float(error.sum()) / (n * error.numel())
+        variance = squares - total.pow(2) / n  # n times each output's variance over the test set
+        r2 = float(torch.where(variance > 0, 1 - error / variance.clamp_min(1e-300), torch.zeros_like(error)).mean())
+        return {"mse": mse, "rmse": mse ** 0.5, "r2": r2}
+
+
+class Classification(Objective):
+    """Integer class labels: cross-entropy of the model's class logits, summed over samples;
+    scored by accuracy and log-loss (the mean cross-entropy)."""
+
+    name = "classification"
+
+    def loss_sum(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(prediction, target.reshape(-1), reduction="sum")
+
+    def metric_sums(self, prediction: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        labels = target.reshape(-1)
+        return {"correct": (prediction.argmax(dim=1) == labels).sum().double(),
+                "log_loss": F.cross_entropy(prediction.double(), labels, reduction="sum")}
+
+    def metrics(self, sums: dict[str, torch.Tensor], n: int) -> dict[str, float]:
+        return {"accuracy": float(sums["correct"]) / n, "log_loss": float(sums["log_loss"]) / n}
+
+
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (Regression(), Classification())}
+
+
+class TaskConfig(BaseModel):
+    # no infinite or NaN floats (YAML's .inf, .nan): no option of a task means them
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str
+
+    @property
+    def goal(self) -> Objective:
+        """Regression or classification: the loss and metrics below come from it."""
+        raise NotImplementedError
+
+    @property
+    def input_dim(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def output_dim(self) -> int:
+        raise NotImplementedError
+
+    # n_train and n_test: fields of a synthetic task, properties of one whose data is given.
+
+    def generate(self, seed: int) -> TaskData:
+        raise NotImplementedError
+
+    def loss_sum(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.goal.loss_sum(prediction, target)
+
+    def metric_sums(self, prediction: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        return self.goal.metric_sums(prediction, target)
+
+    def metrics(self, sums: dict[str, torch.Tensor], n: int) -> dict[str, float]:
+        return self.goal.metrics(sums, n)

@@ -1,0 +1,82 @@
+"""Tasks whose data is given rather than drawn: a table the user hands over (``file``) or a
+dataset that ships inside an installed package (``sklearn``). Nothing is downloaded.
+
+The samples are split into train and test by ``test_fraction`` with the experiment's seed, and
+with ``standardize`` every input column is centred and scaled by the mean and standard deviation
+of the *train* split only (the test split is never looked at to fit anything). Class labels, of
+any type, are numbered 0..C-1 in sorted order. The data is read once per process and cached; the
+experiment's validation reads it first, so a bad file is refused before anything is launched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from kan_models.tasks.contract import OBJECTIVES, Objective, TaskConfig, TaskData
+
+
+@dataclass(frozen=True)
+class Table:
+    """A task's samples: inputs (n, d) as float64, targets (n,) or (n, k), and for a
+    classification the number of classes."""
+
+    x: np.ndarray
+    y: np.ndarray
+    classes: int | None = None
+
+
+def as_classes(labels: np.ndarray, what: str) -> tuple[np.ndarray, int]:
+    """Labels of any type -> 0..C-1 (sorted order), and C."""
+    if labels.ndim != 1:
+        raise ValueError(f"{what}: a classification target is one column of labels, got shape {labels.shape}")
+    names, codes = np.unique(labels, return_inverse=True)
+    if len(names) < 2:
+        raise ValueError(f"{what}: a classification needs at least 2 classes, the target has {len(names)}")
+    return codes.astype(np.int64), len(names)
+
+
+class DataTask(TaskConfig):
+    """A task over a given table (:meth:`table`), split and standardised as the module says."""
+
+    test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="share of the samples held out for testing")
+    standardize: bool = Field(True, description="centre and scale each input by the train split's mean and std")
+
+    def table(self) -> Table:
+        raise NotImplementedError
+
+    @property
+    def goal(self) -> Objective:
+        return OBJECTIVES["classification" if self.table().classes else "regression"]
+
+    @property
+    def input_dim(self) -> int:
+        return self.table().x.shape[1]
+
+    @property
+    def output_dim(self) -> int:
+        table = self.table()
+        return table.classes or (table.y.shape[1] if table.y.ndim == 2 else 1)
+
+    @property
+    def n_test(self) -> int:
+        n = len(self.table().x)
+        return max(1, min(n - 1, round(n * self.test_fraction)))
+
+    @property
+    def n_train(self) -> int:
+        return len(self.table().x) - self.n_test
+
+    def generate(self, seed: int) -> TaskData:
+        table = self.table()
+        order = np.random.default_rng(seed).permutation(len(table.x))
+        train, test = order[: self.n_train], order[self.n_train:]
+        x = table.x
+        if self.standardize:
+            mean, std = x[train].mean(axis=0), x[train].std(axis=0)
+            x = (x - mean) / np.where(std > 0, std, 1.0)  # a constant column stays 0, not NaN
+        y = table.y if table.classes else (table.y.reshape(-1, 1) if table.y.ndim == 1 else table.y).astype(np.float64)
+        return TaskData(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (x[train], y[train], x[test], y[test])))

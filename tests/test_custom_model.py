@@ -1,0 +1,102 @@
+"""``model.family: custom``: a user's own nn.Module from a file outside the repository trains under
+ddp, fsdp2 and zero3 with per-step parity to its one-process run; bad factories are refused
+before launch; the FSDP units follow the wrap policy."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from torch import nn
+
+from kan_models.base import WrapPolicy
+from kanscale.errors import ConfigError
+from strategies.distributed import DistEnv
+from strategies.experiment import parse_experiment
+from strategies.loop import Trainer
+from strategies.wrap import wrap_units
+from tests.helpers.launch import run_jobs
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 12
+
+
+def experiment(factory: str, out: str, strategy: dict | None = None) -> dict:
+    return {"name": "custom", "model": {"family": "custom", "widths": [64, 10], "factory": factory,
+                                        "options": {"hidden": [16], "grid": 4}},
+            "task": {"name": "sklearn", "dataset": "digits"},
+            "training": {"seed": 1, "lr": 0.01, "micro_batch": None, "global_batch": 64, "steps": STEPS, "warmup_steps": 2},
+            "strategy": strategy or {"name": "single"}, "runtime": {"device": "cpu", "threads": 1}, "output": {"dir": out}}
+
+
+@pytest.fixture(scope="module")
+def users_model(tmp_path_factory) -> str:
+    """The documented example, copied to a directory that is not the repository."""
+    home = tmp_path_factory.mktemp("user_project")
+    shutil.copy(ROOT / "examples/my_kan.py", home / "their_kan.py")
+    return f"{home / 'their_kan.py'}:build"
+
+
+@pytest.mark.parametrize("strategy", [{"name": "ddp"}, {"name": "fsdp2"}, {"name": "deepspeed", "zero_stage": 3}],
+                         ids=["ddp", "fsdp2", "zero3"])
+def test_a_model_from_a_users_file_trains_with_parity_under_every_kind_of_strategy(users_model, tmp_path, strategy):
+    out = str(tmp_path / "runs")
+    reference = Trainer(parse_experiment(experiment(users_model, out)), DistEnv(), show_progress=False)
+    reference.run()
+    expected = [s.loss for s in reference.combined]
+    result = run_jobs([{"id": "run", "config": experiment(users_model, out, strategy)}], tmp_path)["run"]
+    assert result["status"] == "ok"
+    assert len(result["losses"]) == STEPS
+    assert max(abs(a - b) / abs(b) for a, b in zip(result["losses"], expected)) < 1e-5
+    assert expected[-1] < expected[0]  # it trained
+
+
+def test_the_record_says_custom_with_its_factory_options_and_size(users_model, tmp_path):
+    record = Trainer(parse_experiment(experiment(users_model, str(tmp_path))), DistEnv(), show_progress=False).run()
+    assert record.model.family == "custom" and record.model.options["factory"] == users_model
+    assert record.model.options["options"] == {"hidden": [16], "grid": 4}
+    assert record.model.params_trainable == 64 * 16 * (1 + 7) + 16 * 10 * (1 + 7)  # base + grid + order bases per edge
+
+
+@pytest.mark.parametrize("factory,message", [
+    ("my_kan.build", "is not 'package.module:function' or 'path/to/file.py:function'"),
+    ("no_such_package_x.models:build", "cannot import no_such_package_x.models (ModuleNotFoundError"),
+    ("missing/file.py:build", "cannot import missing/file.py (OSError: no file missing/file.py"),
+    ("examples/my_kan.py:make", "examples/my_kan.py has no function 'make'; it has build"),
+    ("torch.nn.functional:relu", None),  # importable, but fails with these options: refused when built
+    ("builtins:dict", None),  # importable and callable, but returns no module
+])
+def test_a_bad_factory_is_refused_before_launch(factory, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    if message is None:
+        cfg = parse_experiment(experiment(factory, str(tmp_path)))
+        expected = ("returned a dict, not a torch.nn.Module" if "dict" in factory else
+                    "torch.nn.functional:relu(**model.options) failed: TypeError: relu() got an unexpected keyword")
+        with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
+            cfg.model.build()
+        with pytest.raises(ConfigError, match="model.factory"):  # and before launch, when its size is checked
+            cfg.model.parameter_count()
+        return
+    with pytest.raises(ConfigError, match="model.factory") as err:
+        parse_experiment(experiment(factory, str(tmp_path)))
+    assert message in str(err.value)
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.inner = nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_the_wrap_policy_picks_units_by_class_or_by_size():
+    model = nn.Sequential(nn.Linear(4, 64), nn.ModuleList([Block(64), Block(64)]), nn.ReLU(), nn.Linear(64, 1))
+    default = wrap_units(model)
+    assert [type(u).__name__ for u in default] == ["Linear", "Block", "Block", "Linear"]  # containers are looked into
+    assert [type(u).__name__ for u in wrap_units(model, WrapPolicy(classes=["Block"]))] == ["Block", "Block"]
+    assert [type(u).__name__ for u in wrap_units(model, WrapPolicy(min_params=1000))] == ["Block", "Block"]
+    cfg = parse_experiment({"name": "z", "model": {"family": "bspline", "widths": [2, 8, 1]}, "task": {"name": "quadratic"}})
+    zoo = cfg.model.build()
+    assert wrap_units(zoo) == zoo.blocks  # the zoo's own units: one per KAN layer
+    assert wrap_units(zoo, WrapPolicy(min_params=10**9)) == []  # a policy given overrides them
