@@ -35,6 +35,7 @@ def record_row(record: RunRecord, run_dir: Path) -> dict:
         "strategy_label": strategy_label(record),
         "topology_label": topology_label(record),
         "model_label": f"{record.model.family} {record.model.widths}",
+        "task_label": record.task.label or record.task.name,
         "model_state_bytes": (state.params + state.grads + state.optimizer + state.master_params) if state else None,
     })
     return row

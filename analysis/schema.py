@@ -49,6 +49,9 @@ class ModelInfo(Record):
 
 class TaskInfo(Record):
     name: str
+    label: str | None = Field(None, description="the task as tables name it: the name, with the dataset, file or equation "
+                                                "where there is one (sklearn digits, file houses.csv, feynman I.6.20)")
+    goal: Literal["regression", "classification"] | None = Field(None, description="what the model learns")
     input_dim: int = Field(ge=1)
     n_train: int = Field(ge=1)
     n_test: int = Field(ge=0)

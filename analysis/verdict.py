@@ -22,7 +22,7 @@ import pandas as pd
 from analysis.format import human_bytes
 from analysis.tables import count, fixed, hardware, percent
 
-SCALE = ["study", "model_label", "task.name"]
+SCALE = ["study", "model_label", "task_label"]
 POINT = ["strategy_label", "world_size", "topology_label"]
 MEMORY_NOISE = 0.02  # allocator and page-granularity noise of resident memory, as a share of the peak
 OVERHEAD_CAVEAT = 0.5  # exposed communication above this share of the step: the step is mostly overhead
@@ -223,7 +223,7 @@ def verdict(derived: pd.DataFrame, unfinished_runs: pd.DataFrame | None = None) 
     for (study, model, task), runs in scales:
         table = points(runs)
         params = runs["model.params_trainable"].iloc[0]
-        others = failed[(failed["study"] == study) & (failed["model_label"] == model) & (failed["task.name"] == task)]
+        others = failed[(failed["study"] == study) & (failed["model_label"] == model) & (failed["task_label"] == task)]
         findings = [("Fastest", fastest(table)), ("Least memory", least_memory(table))]
         for what, text in (("Does not scale", not_scaling(table)), ("Did not finish", unfinished(others))):
             if text is not None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 from typing import Literal
 
 import torch
@@ -24,10 +25,13 @@ from strategies.optim import build_optimizer
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def shard_largest_dim(param: nn.Parameter) -> Shard:
+def shard_largest_dim(param: nn.Parameter, world_size: int) -> Shard:
     """Shard each parameter along its longest dimension. FSDP2's default, dim 0, puts a KAN
-    output layer's whole coefficient tensor (out = 1, in, G + k) on one rank."""
-    return Shard(max(range(param.dim()), key=lambda d: param.shape[d])) if param.dim() else Shard(0)
+    output layer's whole coefficient tensor (out = 1, in, G + k) on one rank. FSDP2 shards
+    unevenly along dim 0 only, so another dimension is chosen only where the ranks divide it
+    (an MLP's [1, 293] output weight stays on dim 0)."""
+    dims = [d for d in range(param.dim()) if d == 0 or param.shape[d] % world_size == 0]
+    return Shard(max(dims, key=lambda d: param.shape[d])) if param.dim() else Shard(0)
 
 
 class FSDP2Engine(ShardedCheckpoints, AveragingEngine):
@@ -71,7 +75,7 @@ class FSDP2Config(StrategyConfig):
             mesh=mesh, reshard_after_forward=self.reshard_after_forward,
             offload_policy=CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy(),
             mp_policy=MixedPrecisionPolicy(param_dtype=DTYPES.get(self.param_dtype), reduce_dtype=DTYPES.get(self.reduce_dtype)),
-            shard_placement_fn=shard_largest_dim if self.shard_largest_dim else None,
+            shard_placement_fn=partial(shard_largest_dim, world_size=env.world_size) if self.shard_largest_dim else None,
             ignored_params=set(frozen_parameters(model)),
         )
         for block in self.wrap_units(model):

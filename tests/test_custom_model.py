@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from torch import nn
 
 from kan_models.base import WrapPolicy
@@ -100,3 +101,10 @@ def test_the_wrap_policy_picks_units_by_class_or_by_size():
     zoo = cfg.model.build()
     assert wrap_units(zoo) == zoo.blocks  # the zoo's own units: one per KAN layer
     assert wrap_units(zoo, WrapPolicy(min_params=10**9)) == []  # a policy given overrides them
+
+
+def test_fsdp2_shards_a_longer_dimension_only_where_the_ranks_divide_it():
+    from strategies.fsdp2 import shard_largest_dim
+
+    assert shard_largest_dim(nn.Parameter(torch.zeros(1, 64, 8)), world_size=2).dim == 1  # a KAN output layer
+    assert shard_largest_dim(nn.Parameter(torch.zeros(1, 293)), world_size=2).dim == 0  # uneven: dim 0, as FSDP2 allows

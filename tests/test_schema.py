@@ -119,7 +119,7 @@ def as_v2(record: RunRecord) -> dict:
     data["comm_overhead"] = data["timings"]["comm_exposed_s"] / data["timings"]["step_mean_s"]
     for section, fields in {"measurement": ["timing", "window_steps", "windows"], "environment": ["cpu_count"],
                             "throughput": ["samples_per_s_low", "samples_per_s_high"], "topology": ["threads_per_rank"],
-                            "memory": ["replica_bytes"]}.items():
+                            "memory": ["replica_bytes"], "task": ["label", "goal"]}.items():
         for field in fields:
             data[section].pop(field)
     return data

@@ -77,6 +77,9 @@ def test_a_csv_file_task_splits_by_fraction_and_standardises_on_train_only(tmp_p
     assert data.x_test.mean(dim=0).abs().max() > 1e-3  # the test split was not used to fit the scaling
     assert torch.equal(data.x_train, cfg.task.generate(seed=0).x_train)
     assert not torch.equal(data.x_train, cfg.task.generate(seed=1).x_train)  # the seed decides the split
+    assert data.y_train.mean().abs() > 1  # targets as given
+    scaled = parse({**cfg.task.model_dump(), "standardize_target": True}, [2, 8, 1]).task.generate(seed=0)
+    assert scaled.y_train.mean().abs() < 1e-9 and scaled.y_train.std(unbiased=False).sub(1).abs() < 1e-9
 
 
 def test_csv_parquet_and_numpy_hold_the_same_task(tmp_path, table):

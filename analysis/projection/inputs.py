@@ -66,7 +66,7 @@ def median_profile(profiles: Sequence[ComputeProfile], source: str) -> ComputePr
                    overhead_s=med("overhead_s"), optimizer_s=med("optimizer_s"))
 
 
-EXPERIMENT = ["study", "model_label", "task.name", "batch.micro_batch", "batch.grad_accum"]
+EXPERIMENT = ["study", "model_label", "task_label", "batch.micro_batch", "batch.grad_accum"]
 
 
 def profiles_from_runs(directory: str | Path) -> tuple[dict[str, ComputeProfile], dict[str, Any]]:

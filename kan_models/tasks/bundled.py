@@ -28,6 +28,10 @@ class SklearnTask(DataTask):
     dataset: Literal[tuple(BUNDLED)] = Field(description="digits, wine, breast_cancer, iris (classification), diabetes "
                                                          "(regression)")
 
+    @property
+    def label(self) -> str:
+        return f"sklearn {self.dataset}"
+
     def table(self) -> Table:
         return load_bundled(self.dataset)
 

@@ -107,6 +107,11 @@ class TaskConfig(BaseModel):
     name: str
 
     @property
+    def label(self) -> str:
+        """The task as tables name it (its name; the dataset, file or equation where there is one)."""
+        return self.name
+
+    @property
     def goal(self) -> Objective:
         """Regression or classification: the loss and metrics below come from it."""
         raise NotImplementedError

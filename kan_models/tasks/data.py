@@ -3,7 +3,8 @@ dataset that ships inside an installed package (``sklearn``). Nothing is downloa
 
 The samples are split into train and test by ``test_fraction`` with the experiment's seed, and
 with ``standardize`` every input column is centred and scaled by the mean and standard deviation
-of the *train* split only (the test split is never looked at to fit anything). Class labels, of
+of the *train* split only (the test split is never looked at to fit anything);
+``standardize_target`` does the same to regression targets. Class labels, of
 any type, are numbered 0..C-1 in sorted order. The data is read once per process and cached; the
 experiment's validation reads it first, so a bad file is refused before anything is launched.
 """
@@ -44,6 +45,8 @@ class DataTask(TaskConfig):
 
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="share of the samples held out for testing")
     standardize: bool = Field(True, description="centre and scale each input by the train split's mean and std")
+    standardize_target: bool = Field(False, description="regression: centre and scale the targets the same way (the "
+                                                        "loss and test metrics are then in units of the train std)")
 
     def table(self) -> Table:
         raise NotImplementedError
@@ -79,4 +82,7 @@ class DataTask(TaskConfig):
             mean, std = x[train].mean(axis=0), x[train].std(axis=0)
             x = (x - mean) / np.where(std > 0, std, 1.0)  # a constant column stays 0, not NaN
         y = table.y if table.classes else (table.y.reshape(-1, 1) if table.y.ndim == 1 else table.y).astype(np.float64)
+        if self.standardize_target and not table.classes:
+            mean, std = y[train].mean(axis=0), y[train].std(axis=0)
+            y = (y - mean) / np.where(std > 0, std, 1.0)
         return TaskData(*(torch.from_numpy(np.ascontiguousarray(a)) for a in (x[train], y[train], x[test], y[test])))

@@ -46,6 +46,10 @@ class FileTask(DataTask):
         return self
 
     @property
+    def label(self) -> str:
+        return f"file {Path(self.path).name}"
+
+    @property
     def goal(self) -> Objective:
         return OBJECTIVES[self.objective]
 

@@ -130,6 +130,10 @@ class FeynmanTask(SyntheticTask):
     name: Literal["feynman"]
     equation: str = Field(description="pykan's name for it, e.g. I.6.20a, I.9.18, II.6.15a")
 
+    @property
+    def label(self) -> str:
+        return f"feynman {self.equation}"
+
     @model_validator(mode="after")
     def _known(self) -> "FeynmanTask":
         feynman_equation(self.equation)
