@@ -15,7 +15,7 @@ def format_summary(record: RunRecord, run_dir: Path) -> str:
         f"run        {r.run_id}  [{r.status}]",
         f"model      {m.family} {m.widths}" + "".join(f" {k}={v}" for k, v in (("grid", m.grid), ("k", m.order)) if v is not None)
         + f"  {m.params_trainable:,} trainable / {m.params_total:,} total params",
-        f"task       {r.task.name}  {r.task.n_train:,} train / {r.task.n_test:,} test samples",
+        f"task       {r.task.label or r.task.name}  {r.task.n_train:,} train / {r.task.n_test:,} test samples",
         f"strategy   {r.strategy.label} on {topo.world_size} rank(s) x {topo.nodes} node(s), {topo.device_type} "
         f"({topo.device_name}), launcher {topo.launcher}",
         f"training   {b.steps} steps = {b.epochs:g} epochs, global batch {b.global_batch} "
