@@ -8,9 +8,12 @@ from analysis.schema import RunRecord
 def strategy_label(record: RunRecord) -> str:
     """The strategy's label as the run recorded it (``ddp``, ``fsdp1_grad_op``, ``zero3_offload``,
     ``accelerate_ddp``, ...), with ``+<probe>_probe`` when a measurement probe (the published
-    study's, ``paper``) ran alongside and changed the training."""
+    study's, ``paper``) ran alongside and changed the training, and ``+bf16``/``+fp16`` under mixed
+    precision: a study with precision as an axis compares ``ddp`` with ``ddp+bf16``."""
     probe = record.measurement.comm_probe if record.measurement is not None else "none"
-    return record.strategy.label + ("" if probe == "none" else f"+{probe}_probe")
+    precision = record.precision.setting
+    return (record.strategy.label + ("" if probe == "none" else f"+{probe}_probe")
+            + ("" if precision == "fp32" else f"+{precision}"))
 
 
 def topology_label(record: RunRecord) -> str:

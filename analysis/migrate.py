@@ -11,6 +11,9 @@ v2 -> v3: exposed communication gained its spread and its check as one ``comm`` 
 ``comm_exposed_s`` became signed. A v2 record timed its compute baseline once, before training,
 with a barrier around every step, and clamped the difference at 0: its ``comm`` says so, and its
 one number stands for the whole run (no spread over windows).
+
+v3 -> v4: the record says its ``precision`` and its batch its ``loader``. Every v3 run computed
+in full precision from in-memory batches, which is what its migration says.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from analysis.schema import SCHEMA_VERSION
 
-READABLE_VERSIONS = (1, 2, SCHEMA_VERSION)
+READABLE_VERSIONS = (1, 2, 3, SCHEMA_VERSION)
 V2_COMM_NOTE = ("recorded by schema v2: compute timed once before training on a replica, with a barrier around every "
                 "step; the difference was clamped at 0, so 0 may stand for a negative one")
 _FSDP1_LABELS = {"FULL_SHARD": "fsdp1", "SHARD_GRAD_OP": "fsdp1_grad_op", "NO_SHARD": "fsdp1_no_shard",
@@ -32,10 +35,11 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     version = data.get("schema_version")
     if version == SCHEMA_VERSION:
         return data
-    if version == 1:
-        return _v2_to_v3(_v1_to_v2(data))
-    if version == 2:
-        return _v2_to_v3(data)
+    steps = {1: [_v1_to_v2, _v2_to_v3, _v3_to_v4], 2: [_v2_to_v3, _v3_to_v4], 3: [_v3_to_v4]}
+    if version in steps:
+        for step in steps[version]:
+            data = step(data)
+        return data
     raise ValueError(f"schema_version {version!r} is not one this kanscale reads (it reads {list(READABLE_VERSIONS)})")
 
 
@@ -63,6 +67,15 @@ def _v2_to_v3(v2: dict[str, Any]) -> dict[str, Any]:
         "trusted": "replica", "note": V2_COMM_NOTE,
     }
     measurement.update(timing="per_step", window_steps=1, windows=(record.get("batch") or {}).get("timed_steps", 0))
+    return record
+
+
+def _v3_to_v4(v3: dict[str, Any]) -> dict[str, Any]:
+    record = copy.deepcopy(v3)
+    record["schema_version"] = 4
+    record["precision"] = {"setting": "fp32", "mechanism": "none (schema v3 ran in full precision)"}
+    if isinstance(record.get("batch"), dict):
+        record["batch"].update(loader="memory", loader_workers=0)
     return record
 
 

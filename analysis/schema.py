@@ -1,9 +1,9 @@
-"""Metrics schema v3: the run record (one per run, ``summary.json``) and the step records (one
+"""Metrics schema v4: the run record (one per run, ``summary.json``) and the step records (one
 per optimizer step, ``steps.jsonl``). Every strategy writes exactly these fields; analysis reads
 nothing else. Records are validated when written and when read; ``kanscale schema`` prints the
 JSON Schema generated from these classes (also shipped as ``analysis/run_record.schema.json``).
-Records of versions 1 and 2 are migrated when read (analysis/migrate.py); version 1's JSON Schema
-is shipped as ``run_record.v1.schema.json``, version 2's as ``run_record.v2.schema.json``.
+Records of versions 1 to 3 are migrated when read (analysis/migrate.py); their JSON Schemas are
+shipped frozen as ``run_record.v<N>.schema.json``.
 
 Units: seconds, bytes, samples. Per-step times are means over the timed (post-warm-up) steps.
 Derived quantities (speedup, efficiency, retention, ...) are computed in analysis, never stored.
@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import models_json_schema
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 Status = Literal["ok", "failed", "incomplete"]
 
 
@@ -76,6 +76,10 @@ class BatchInfo(Record):
     epochs: float = Field(ge=0.0, description="passes over the training set completed")
     warmup_steps: int = Field(ge=0)
     timed_steps: int = Field(ge=0)
+    loader: Literal["memory", "dataloader"] = Field(
+        "memory", description="memory: batches indexed from tensors every rank holds; dataloader: a torch DataLoader "
+                              "with a DistributedSampler and worker processes")
+    loader_workers: int = Field(0, ge=0, description="DataLoader worker processes per rank (0 with loader memory)")
 
 
 class Timings(Record):
@@ -123,6 +127,18 @@ class ModelStateBytes(Record):
     grads: int = Field(ge=0)
     optimizer: int = Field(ge=0, description="optimizer state such as Adam's moments")
     master_params: int = Field(0, ge=0, description="fp32 master copies of parameters kept by ZeRO-style optimizers")
+
+
+class PrecisionInfo(Record):
+    """What the run computed in, read from the objects that ran it."""
+
+    setting: Literal["fp32", "bf16", "fp16"] = Field(description="training.precision")
+    mechanism: str = Field(description="how the backend ran it, e.g. torch.autocast(bfloat16), FSDP2 MixedPrecisionPolicy, "
+                                       "DeepSpeed bf16")
+    param_dtype: str | None = Field(None, description="dtype of the module's parameters as the backend holds them")
+    optimizer_dtype: str | None = Field(None, description="dtype of the tensors the optimizer updates (master copies "
+                                                          "where the module's are in a low dtype)")
+    compute_dtype: str | None = Field(None, description="dtype of the model's output in the last forward pass")
 
 
 class Memory(Record):
@@ -180,7 +196,7 @@ class RunRecord(Record):
          "then": {"required": list(OK_REQUIRES), "properties": {f: {"not": {"type": "null"}} for f in OK_REQUIRES}}},
         {"if": {"properties": {"status": {"const": "failed"}}, "required": ["status"]}, "then": {"required": ["error"]}},
     ]})
-    schema_version: Literal[3] = SCHEMA_VERSION
+    schema_version: Literal[4] = SCHEMA_VERSION
     run_id: str
     name: str
     status: Status
@@ -204,6 +220,7 @@ class RunRecord(Record):
     memory: Memory | None = None
     final_loss: float | None = Field(None, description="training loss of the last step (global mean)")
     test_metrics: dict[str, float] | None = Field(None, description="the task's named test metrics, e.g. mse")
+    precision: PrecisionInfo
     environment: Environment
 
     @model_validator(mode="after")
@@ -251,4 +268,4 @@ def json_schema(version: int = SCHEMA_VERSION) -> dict[str, Any]:
 
 
 # Earlier versions' schemas, as they were shipped (without a root: validate against $defs/RunRecord).
-FROZEN_SCHEMAS = {1: "run_record.v1.schema.json", 2: "run_record.v2.schema.json"}
+FROZEN_SCHEMAS = {v: f"run_record.v{v}.schema.json" for v in (1, 2, 3)}

@@ -261,10 +261,17 @@ class FastBSplineKANLayer(BSplineKANLayer):
         return dense_bases(local_bases(x, self.knots, self.k), self.coef.shape[-1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        args = (x, self.knots, self.coef, self.scale_base, self.scale_spline, self.k)
+        # One dtype for every operand: autocast's where it is on (it does not reach into a custom
+        # autograd function), else the parameters' (FSDP and DeepSpeed hand them over in bf16 with
+        # the knots, a buffer, still in float32). The casts are differentiable, as autocast's are.
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.coef.dtype
+        args = (x.to(dtype), self.knots.to(dtype), self.coef.to(dtype), self.scale_base.to(dtype),
+                self.scale_spline.to(dtype), self.k)
         if torch.compiler.is_compiling():
             return pointwise_forward(*args)
-        return FastBSplineFunction.apply(*args)
+        with torch.autocast(device, enabled=False):
+            return FastBSplineFunction.apply(*args)
 
     def refit_knots(self, x: torch.Tensor) -> torch.Tensor:
         low, span = observed_span(x)

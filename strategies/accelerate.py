@@ -30,7 +30,7 @@ from kanscale.errors import ConfigError
 from kanscale.files import find_file, read_mapping
 from strategies.config import StrategyConfig, TrainingConfig
 from strategies.ddp import DDPEngine
-from strategies.deepspeed import DeepSpeedEngine, prepare_import
+from strategies.deepspeed import DeepSpeedEngine, initial_weights, prepare_import
 from strategies.deepspeed_native import hidden_size, resolve_native, warn_unchecked
 from strategies.distributed import DistEnv
 from strategies.engine import Engine
@@ -38,6 +38,10 @@ from strategies.fsdp1 import FSDP1Engine
 from strategies.fsdp2 import FSDP2Engine
 from strategies.optim import build_optimizer
 
+# training.precision -> Accelerate's mixed_precision
+MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+FP16_CPU_MESSAGE = ("training.precision: Accelerate does not autocast fp16 on CPUs (it would train in float32 and "
+                    "report fp16); use bf16 on a CPU, or the DeepSpeed plugin")
 GPU_ONLY_MESSAGE = "accelerate + FSDP needs CUDA devices here (Accelerate's FSDP plugin does not run on CPUs); use strategy fsdp2 or fsdp1 on CPU"
 
 
@@ -101,12 +105,17 @@ def launch_config_conflicts(launch: dict[str, Any], training: TrainingConfig, de
                         f"set distributed_type: {multi} (or another multi-process type)")
     if kind == "FSDP" and device_type != "cuda":
         problems.append(GPU_ONLY_MESSAGE)
+    if training.precision == "fp16" and device_type == "cpu" and kind != "DEEPSPEED":
+        problems.append(FP16_CPU_MESSAGE)
     ds = launch.get("deepspeed_config") or {}
     if kind == "DEEPSPEED" and ds.get("deepspeed_config_file"):
         return problems + deepspeed_file_problems(launch, training, world_size, model)
-    precision = launch.get("mixed_precision", "no")
-    if precision not in (None, "no"):
-        problems.append(f"mixed_precision={precision!r} but training.dtype is {training.dtype}; set mixed_precision: 'no'")
+    precision = launch.get("mixed_precision") or "no"
+    if precision not in ("no", MIXED_PRECISION[training.precision]):
+        # 'no' is what `accelerate config` writes by default; the experiment's precision is passed to
+        # the Accelerator and decides. A launch config asking for another low precision contradicts it.
+        problems.append(f"mixed_precision={precision!r} but training.precision is {training.precision}; set "
+                        f"mixed_precision: {MIXED_PRECISION[training.precision]!r} (or training.precision to match)")
     owned = {"gradient_accumulation_steps": training.grad_accum, "gradient_clipping": training.grad_clip}
     for key, value in owned.items():
         if ds.get(key) not in (None, "auto") and float(ds[key]) != float(value):
@@ -129,7 +138,7 @@ def deepspeed_file_problems(launch: dict[str, Any], training: TrainingConfig, wo
     if launch.get("mixed_precision") is not None:
         problems.append(f"remove mixed_precision: Accelerate refuses it beside deepspeed_config.deepspeed_config_file "
                         f"(the precision comes from the fp16/bf16 blocks of {path}, which the experiment's "
-                        f"training.dtype={training.dtype} fills when they are \"auto\" or absent)")
+                        f"training.precision={training.precision} fills when they are \"auto\" or absent)")
     problems += [f"remove deepspeed_config.{key}: Accelerate refuses it beside deepspeed_config_file; set it in "
                  f"{path} (\"auto\" takes the experiment's value)"
                  for key in DECIDED_BY_THE_FILE if key in launch["deepspeed_config"]]
@@ -183,6 +192,7 @@ class AccelerateConfig(StrategyConfig):
             # On CPUs, cpu=True gives multi-CPU DDP, but it would also switch the DeepSpeed plugin off.
             cpu=env.device.type == "cpu" and plugin != "DEEPSPEED",
             gradient_accumulation_steps=training.grad_accum,
+            mixed_precision=MIXED_PRECISION[training.precision],
             kwargs_handlers=[InitProcessGroupKwargs(backend="nccl" if env.device.type == "cuda" else "gloo")],
         )
         kind = accelerator.distributed_type
@@ -191,6 +201,8 @@ class AccelerateConfig(StrategyConfig):
                               "so each rank would train alone; launch with a multi-process accelerate config")
         if plugin is not None and kind.name != plugin:
             raise ConfigError(f"accelerate: the launch config asked for {plugin} but Accelerate runs {kind.name}")
+        if training.precision == "fp16" and env.device.type == "cpu" and kind != DistributedType.DEEPSPEED:
+            raise ConfigError(FP16_CPU_MESSAGE)
         model._no_split_modules = sorted({type(b).__name__ for b in self.wrap_units(model)})  # Accelerate's FSDP units
         if kind == DistributedType.DEEPSPEED:
             inner, optimizer = self._prepare_deepspeed(accelerator, model, training, env)
@@ -219,8 +231,10 @@ class AccelerateConfig(StrategyConfig):
         warn_unchecked(resolution, source)
         ds_config.clear()
         ds_config.update(resolution.config)  # in place: the plugin's own dict is what Accelerate prepares with
+        initial = initial_weights(model, training)
         _, optimizer = accelerator.prepare(model, build_optimizer(model.parameters(), training))
-        return DeepSpeedEngine(accelerator.deepspeed_engine_wrapped.engine, training, env.world_size, ds_config), optimizer
+        engine = DeepSpeedEngine(accelerator.deepspeed_engine_wrapped.engine, training, env.world_size, ds_config, initial)
+        return engine, optimizer
 
 
 class AccelerateEngine(Engine):
@@ -232,6 +246,10 @@ class AccelerateEngine(Engine):
         self.accelerator, self.inner, self.world_size = accelerator, inner, world_size
         self.kind = f"accelerate_{inner.kind}"
         self.label = self.kind
+        mixed = accelerator.mixed_precision
+        self.input_dtype = inner.input_dtype
+        self.precision_mechanism = (inner.precision_mechanism if isinstance(inner, DeepSpeedEngine) and mixed != "no"
+                                    else f"Accelerate mixed_precision={mixed}" if mixed != "no" else "none")
         if isinstance(inner, DeepSpeedEngine):
             self._count_state_inside_deepspeed_step(inner.ds)
 

@@ -29,6 +29,7 @@ from strategies.config import TrainingConfig
 from strategies.engine import Batch, LossFn
 from strategies.measure import peak_rss_bytes, reset_peak_rss, rss_bytes
 from strategies.optim import build_optimizer
+from strategies.precision import Amp, low_dtype
 
 
 class ComputeBaseline:
@@ -44,6 +45,10 @@ class ComputeBaseline:
         # learning rate that diverges, and every sample does the same arithmetic.
         self.optimizer = build_optimizer(self.replica.parameters(), training.model_copy(update={"lr": 0.0}))
         self.steps = steps
+        # Under mixed precision the replica computes in the same low dtype, by autocast whatever
+        # the backend's own mechanism (docs/precision.md says what that leaves out).
+        self.amp = Amp(device.type, low_dtype(training))
+        self.dtype = getattr(torch, training.dtype)
         self.samples: list[float] = []
         self._before = before
 
@@ -52,7 +57,9 @@ class ComputeBaseline:
 
     def _step(self, batches: Sequence[Batch], loss_sum: LossFn, n_global: int) -> None:
         for x, y in batches:
-            (loss_sum(self.replica(x), y) / n_global).backward()
+            with self.amp.context():
+                out = self.replica(x)
+            (loss_sum(out.to(self.dtype), y) / n_global).backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 

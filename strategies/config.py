@@ -43,8 +43,17 @@ class TrainingConfig(Section):
     grad_accum: int = Field(1, ge=1, description="micro-batches accumulated per optimizer step")
     epochs: float | None = Field(1, gt=0.0, description="passes over the training set (or set steps)")
     steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs when set")
+    loader: Literal["memory", "dataloader"] = Field(
+        "memory", description="memory: each rank indexes its batches from tensors it holds (the suite's own split); "
+                              "dataloader: a torch DataLoader with a DistributedSampler and worker processes")
+    loader_workers: int = Field(2, ge=0, description="with loader dataloader: worker processes per rank (0: load in "
+                                                     "the training process)")
     warmup_steps: int = Field(5, ge=0, description="first steps excluded from timing")
-    dtype: Literal["float32", "float64"] = "float32"
+    dtype: Literal["float32", "float64"] = Field(
+        "float32", description="dtype of the parameters (and of the master copies under mixed precision)")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="fp32: compute in training.dtype; bf16/fp16: mixed precision, by each backend's own "
+                            "mechanism (docs/precision.md)")
     grid_update_every: int = Field(0, ge=0, description="refit spline grids every N steps; 0 = never")
     grid_update_until: int | None = Field(None, ge=1, description="last step at which grids are refitted")
     log_every: int = Field(
@@ -60,6 +69,9 @@ class TrainingConfig(Section):
                 raise ValueError(f"betas must each lie in [0, 1), got {list(self.betas)}")
         if self.epochs is None and self.steps is None:
             raise ValueError("set either epochs or steps")
+        if self.precision != "fp32" and self.dtype != "float32":
+            raise ValueError(f"precision {self.precision} keeps float32 master weights, but dtype is {self.dtype}; "
+                             "set training.dtype=float32 (or training.precision=fp32)")
         if (self.micro_batch is None) == (self.global_batch is None):
             raise ValueError("set exactly one of micro_batch (per rank) and global_batch (over all ranks); "
                              "set the other to null")

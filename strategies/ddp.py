@@ -15,6 +15,7 @@ from strategies.config import StrategyConfig, TrainingConfig
 from strategies.distributed import DistEnv
 from strategies.engine import AveragingEngine, Engine, detached_copy
 from strategies.optim import build_optimizer
+from strategies.precision import Amp
 
 
 class DDPEngine(AveragingEngine):
@@ -45,4 +46,5 @@ class DDPConfig(StrategyConfig):
             model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
             bucket_cap_mb=self.bucket_cap_mb, static_graph=self.static_graph,
             gradient_as_bucket_view=self.gradient_as_bucket_view)
-        return DDPEngine(ddp, build_optimizer(ddp.parameters(), training), training, env.world_size)
+        return DDPEngine(ddp, build_optimizer(ddp.parameters(), training), training, env.world_size,
+                         Amp.autocast(training, env.device.type))

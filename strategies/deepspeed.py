@@ -32,6 +32,7 @@ from strategies.deepspeed_native import (
 from strategies.distributed import DistEnv
 from strategies.engine import Engine, detached_copy, optimizer_state_tensors, tensor_bytes
 from strategies.optim import build_optimizer
+from strategies.precision import LOW_DTYPES
 
 # strategy option -> its place in DeepSpeed's config (a path of keys)
 OPTION_KEYS: dict[str, tuple[str, ...]] = {
@@ -178,18 +179,32 @@ class DeepSpeedConfig(StrategyConfig):
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         optimizer = build_optimizer(model.parameters(), training)
+        initial = initial_weights(model, training)
         ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config, dist_init_required=False)
-        return DeepSpeedEngine(ds_engine, training, env.world_size, ds_config)
+        return DeepSpeedEngine(ds_engine, training, env.world_size, ds_config, initial)
+
+
+def initial_weights(model: nn.Module, training: TrainingConfig) -> dict[str, torch.Tensor] | None:
+    """Under bf16/fp16, the model's full-precision weights before DeepSpeed casts it (see DeepSpeedEngine)."""
+    return detached_copy(model.state_dict()) if training.precision != "fp32" else None
+
+
+def master_tensors(zero: Any) -> list[torch.Tensor]:
+    """The float32 master copies a DeepSpeed optimizer keeps: ZeRO 1-2's and 3's partitions, or
+    under bf16/fp16 at stage 0 whole copies; none in full precision at stage 0."""
+    return list(getattr(zero, "single_partition_of_fp32_groups", None) or getattr(zero, "fp32_partitioned_groups_flat", None)
+                or [m for group in getattr(zero, "fp32_groups", None) or [] for m in group])
 
 
 def deepspeed_state_bytes(ds_engine: Any) -> ModelStateBytes:
     """What a DeepSpeed engine holds on this rank. ZeRO keeps the module's working parameters
     (stage 3: only this rank's partition, ``ds_tensor``, between uses), fp32 master partitions of
-    them, reduced gradient partitions, and the wrapped optimizer's state on the master partitions."""
+    them, reduced gradient partitions, and the wrapped optimizer's state on the master partitions.
+    Under bf16/fp16 the working parameters are 16-bit and the masters float32, at stage 0 too."""
     zero = ds_engine.optimizer
     params = list(ds_engine.module.parameters())
     partitions = [p.ds_tensor for p in params if hasattr(p, "ds_tensor")]
-    masters = list(getattr(zero, "single_partition_of_fp32_groups", None) or getattr(zero, "fp32_partitioned_groups_flat", None) or [])
+    masters = master_tensors(zero)
     averaged = getattr(zero, "averaged_gradients", None) or {}
     averaged = [g for group in (averaged.values() if isinstance(averaged, dict) else averaged) for g in (group or []) if g is not None]
     inner = getattr(zero, "optimizer", zero)
@@ -206,7 +221,8 @@ class DeepSpeedEngine(Engine):
     checkpoint_format = "deepspeed"
     TAG = "state"
 
-    def __init__(self, ds_engine: Any, training: TrainingConfig, world_size: int, ds_config: dict[str, Any]) -> None:
+    def __init__(self, ds_engine: Any, training: TrainingConfig, world_size: int, ds_config: dict[str, Any],
+                 initial: dict[str, torch.Tensor] | None = None) -> None:
         super().__init__(ds_engine, ds_engine.optimizer, training)
         self.ds = ds_engine
         self.world_size = world_size
@@ -215,6 +231,12 @@ class DeepSpeedEngine(Engine):
         self._boundary = True
         offloaded = any(get_path(ds_config, OPTION_KEYS[k]) not in (None, "none") for k in ("offload_optimizer", "offload_param"))
         self.kind = zero_label(self.stage, offloaded)
+        low = next((LOW_DTYPES[key] for key in LOW_DTYPES if get_path(ds_config, (key, "enabled"))), None)
+        if low is not None:
+            # DeepSpeed casts the module, not its inputs; the optimizer steps float32 masters.
+            self.input_dtype = low
+            self.precision_mechanism = f"DeepSpeed {'bf16' if low == torch.bfloat16 else 'fp16 (dynamic loss scaling)'}"
+            self._start_like_the_others(initial)
 
     def gradient_sync(self, enabled: bool):
         self._boundary = enabled
@@ -233,6 +255,10 @@ class DeepSpeedEngine(Engine):
 
     def model_state_bytes(self) -> ModelStateBytes:
         return deepspeed_state_bytes(self.ds)
+
+    def updated_tensors(self) -> list[torch.Tensor]:
+        # ZeRO-3 empties its optimizer's param groups between steps; its masters are what it updates.
+        return master_tensors(self.ds.optimizer) or super().updated_tensors()
 
     def save(self, directory: Path) -> None:
         self.ds.save_checkpoint(str(directory), tag=self.TAG, save_latest=False)
@@ -255,13 +281,48 @@ class DeepSpeedEngine(Engine):
     def load(self, directory: Path) -> None:
         self.ds.load_checkpoint(str(directory), tag=self.TAG, load_optimizer_states=True, load_lr_scheduler_states=False)
 
+    @torch.no_grad()
+    def _start_like_the_others(self, initial: dict[str, torch.Tensor] | None) -> None:
+        """Under bf16/fp16 DeepSpeed starts from another point than every other strategy (0.19,
+        found by the bf16 parity tests): it makes its float32 masters from the module after
+        casting it to 16 bits, which rounds the initial weights, and at stage 0 it creates the
+        optimizer's state with one step on zero gradients, which leaves Adam's moments at zero but
+        its step count at 1, so every later bias correction is one step off (the first update is
+        0.74 lr instead of lr). Start from the suite's weights and, at stage 0, a fresh step count."""
+        if initial is not None:
+            self.load_full_state_dict(initial)
+        if self.stage > 0:
+            return
+        inner = getattr(self.ds.optimizer, "optimizer", self.ds.optimizer)
+        for state in inner.state.values():
+            if "step" in state:
+                state["step"] = torch.zeros_like(state["step"]) if isinstance(state["step"], torch.Tensor) else 0
+
+    def _stage0_masters(self) -> dict[int, torch.Tensor]:
+        """Stage 0 under bf16/fp16: the float32 master of each module parameter (by id), which its
+        optimizer keeps in lists beside the module's 16-bit ones; ZeRO 1-3 map theirs themselves."""
+        opt = self.ds.optimizer
+        return {id(low): high for lows, highs in zip(getattr(opt, "fp16_groups", []), getattr(opt, "fp32_groups", []))
+                for low, high in zip(lows, highs)}
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         import deepspeed
+        from deepspeed.utils import safe_get_full_fp32_param
 
         module = self.ds.module
         gather = deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None, enabled=self.stage == 3)
         with gather:
-            return detached_copy(module.state_dict())
+            state = detached_copy(module.state_dict())
+        if self.input_dtype is None:
+            return state  # full precision: the module's parameters are the weights
+        # Under bf16/fp16 the weights are the float32 masters (every rank takes part in gathering them).
+        masters = self._stage0_masters()
+        for name, param in module.named_parameters():
+            master = safe_get_full_fp32_param(param) if self.stage > 0 else masters.get(id(param))
+            if master is not None:
+                state[name] = master.detach().clone()
+        dtype = getattr(torch, self.training.dtype)
+        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
 
     @torch.no_grad()
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
@@ -272,9 +333,12 @@ class DeepSpeedEngine(Engine):
         names = dict(module.named_parameters())
         with deepspeed.zero.GatheredParameters(list(names.values()), modifier_rank=0, enabled=self.stage == 3):
             module.load_state_dict(state)  # the working copy the forward pass uses
-        if self.stage > 0:  # and ZeRO's fp32 master partitions, which the next step copies back
-            for name, param in names.items():
+        masters = self._stage0_masters()
+        for name, param in names.items():  # and the fp32 masters, which the next step copies back
+            if self.stage > 0:
                 safe_set_full_fp32_param(param, state[name].to(torch.float32))
+            elif id(param) in masters:
+                masters[id(param)].copy_(state[name])
 
     def distributed_type(self) -> str:
         return f"DEEPSPEED_ZERO{self.stage}"

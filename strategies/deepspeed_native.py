@@ -63,6 +63,13 @@ MISSPELLING_CUTOFF = 0.8
 FIXED_AUTOS: dict[KeyPath, Any] = {("zero_optimization", "stage3_gather_16bit_weights_on_model_save"): False}
 
 
+# DeepSpeed's dynamic loss scaling set to torch.amp.GradScaler's schedule, which the other
+# strategies' fp16 runs use: start at 2^16, halve on the first overflow (DeepSpeed's default
+# hysteresis waits for two), double after 2000 clean steps (DeepSpeed's default: 1000).
+GRAD_SCALER_SCHEDULE = {"loss_scale": 0, "initial_scale_power": 16, "hysteresis": 1, "consecutive_hysteresis": False,
+                        "loss_scale_window": 2000, "min_loss_scale": 1}
+
+
 class UncheckedDeepSpeedKeys(UserWarning):
     """A native DeepSpeed config holds keys the suite passes to DeepSpeed without checking."""
 
@@ -93,15 +100,15 @@ def training_keys(training: TrainingConfig, world_size: int) -> dict[KeyPath, tu
     """DeepSpeed keys whose values the experiment owns, each with the experiment keys it comes from."""
     micro = training.micro_batch_for(world_size)
     per_rank = "training.micro_batch" if training.micro_batch is not None else "training.global_batch"
-    half = f"training.dtype={training.dtype}"  # the suite trains in full precision (float32/float64)
+    precision = f"training.precision={training.precision}"
     return {
         ("train_micro_batch_size_per_gpu",): (micro, per_rank),
         ("gradient_accumulation_steps",): (training.grad_accum, "training.grad_accum"),
         ("train_batch_size",): (micro * training.grad_accum * world_size,
                                 f"{per_rank} x training.grad_accum x {world_size} ranks"),
         ("gradient_clipping",): (training.grad_clip, "training.grad_clip"),
-        ("fp16", "enabled"): (False, half),
-        ("bf16", "enabled"): (False, half),
+        ("fp16", "enabled"): (training.precision == "fp16", precision),
+        ("bf16", "enabled"): (training.precision == "bf16", precision),
     }
 
 
@@ -173,6 +180,10 @@ def resolve_native(native: dict[str, Any], training: TrainingConfig, world_size:
             problems.append(f"{'.'.join(path)}={as_json(given)}, but {origin} implies {as_json(value)}: set it to "
                             f"{as_json(value)} or \"auto\" in {source}")
         set_path(config, path, value)
+    if training.precision == "fp16":
+        for key, value in GRAD_SCALER_SCHEDULE.items():  # where the file leaves them open
+            if get_path(config, ("fp16", key)) in (None, AUTO):
+                set_path(config, ("fp16", key), value)
     for path, value in {**hidden_size_values(hidden), **FIXED_AUTOS}.items():
         if get_path(config, path) == AUTO:
             set_path(config, path, value)

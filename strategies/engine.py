@@ -20,14 +20,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from analysis.schema import ModelStateBytes
+from analysis.schema import ModelStateBytes, PrecisionInfo
 from strategies.config import TrainingConfig
+from strategies.precision import Amp, dtype_name
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs and targets of one micro-batch
 # A task's loss summed over a batch's samples, or its additive test statistics.
@@ -62,6 +64,24 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[torch.
         yield from (v for v in state.values() if isinstance(v, torch.Tensor))
 
 
+def watch_compute_dtypes(model: nn.Module) -> set[str]:
+    """The dtypes the modules holding parameters output in their first forward pass: what the
+    model computed in, whichever mechanism cast it (a model's own output may be cast back to
+    float32, as Accelerate does). Each hook removes itself after one call, so steps pay nothing."""
+    seen: set[str] = set()
+    handles = {}
+
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            seen.add(dtype_name(output.dtype))
+        handles.pop(id(module)).remove()
+
+    for module in model.modules():
+        if next(module.parameters(recurse=False), None) is not None:
+            handles[id(module)] = module.register_forward_hook(hook)
+    return seen
+
+
 def is_rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
@@ -76,10 +96,17 @@ class Engine:
     # labelled by the engine Accelerate chose: accelerate_ddp, accelerate_zero2, ...).
     kind = "single"
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig,
+                 amp: Amp | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.training = training
+        # What this engine runs of mixed precision itself (autocast, a gradient scaler); backends
+        # that cast their own parameters say how in ``precision_mechanism``.
+        self.amp = amp or Amp()
+        self.precision_mechanism = self.amp.describe()
+        self.input_dtype: torch.dtype | None = None  # a backend whose module is in a low dtype wants its inputs so
+        self.compute_dtypes = watch_compute_dtypes(model)
         # Model-state bytes are counted once, in a step, after the gradients exist and before the
         # update frees them: the loop arms the count, the engine takes it at that point.
         self.count_state_next_step = False
@@ -100,10 +127,17 @@ class Engine:
         total = torch.zeros((), device=batches[0][0].device, dtype=batches[0][0].dtype)
         for i, (x, y) in enumerate(batches):
             with self.gradient_sync(i == len(batches) - 1):
-                loss = loss_sum(self.model(x), y) / n_global
+                loss = loss_sum(self.forward(x), y) / n_global
                 self.backward(loss)
             total += loss.detach()
         return total
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The model's output for ``x``, in the experiment's dtype: mixed precision computes in a
+        low dtype, but the loss and the metrics are always taken in full precision."""
+        with self.amp.context():
+            out = self.model(x if self.input_dtype is None else x.to(self.input_dtype))
+        return out.to(getattr(torch, self.training.dtype))
 
     @torch.no_grad()
     def evaluate(self, batches: Iterable[Batch], metric_sums: MetricFn) -> dict[str, torch.Tensor]:
@@ -112,7 +146,7 @@ class Engine:
         self.model.eval()
         sums: dict[str, torch.Tensor] = {}
         for x, y in batches:
-            for name, value in metric_sums(self.model(x), y).items():
+            for name, value in metric_sums(self.forward(x), y).items():
                 sums[name] = sums[name] + value if name in sums else value
         self.model.train()
         return sums
@@ -127,7 +161,7 @@ class Engine:
         and micro-steps of these shares is the global mean. Backends that average gradients
         over ranks (or over accumulation steps) rescale it here so the gradient is exactly that
         of the global mean."""
-        loss.backward()
+        self.amp.scale(loss).backward()
 
     def clip_grad_norm(self, max_norm: float) -> None:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
@@ -135,9 +169,10 @@ class Engine:
     def step(self) -> None:
         """Clip (if configured), update the parameters, clear the gradients."""
         if self.training.grad_clip > 0:
+            self.amp.unscale(self.optimizer)
             self.clip_grad_norm(self.training.grad_clip)
         self._count_state_if_armed()
-        self.optimizer.step()
+        self.amp.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
 
     def model_state_bytes(self) -> ModelStateBytes:
@@ -149,6 +184,24 @@ class Engine:
             grads=tensor_bytes(p.grad for p in params if p.grad is not None),
             optimizer=tensor_bytes(optimizer_state_tensors(self.optimizer)),
         )
+
+    def precision_info(self) -> PrecisionInfo:
+        """What ran, read from the objects that ran it: the module's parameters, the tensors the
+        optimizer updates (a wrapper's inner optimizer: DeepSpeed's fp32 masters), the output of
+        the last forward pass."""
+        updated = self.updated_tensors()
+        return PrecisionInfo(
+            setting=self.training.precision, mechanism=self.precision_mechanism,
+            param_dtype=dtype_name(next(self.model.parameters()).dtype),
+            optimizer_dtype=dtype_name(updated[0].dtype) if updated else None,
+            compute_dtype="+".join(sorted(self.compute_dtypes)) or None)
+
+    def updated_tensors(self) -> list[torch.Tensor]:
+        """The tensors the optimizer updates (inside Accelerate's and DeepSpeed's wrappers)."""
+        inner = self.optimizer
+        while hasattr(inner, "optimizer"):
+            inner = inner.optimizer
+        return [p for group in inner.param_groups for p in group["params"]]
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state as a plain state dict with the unwrapped model's keys, on
@@ -192,9 +245,10 @@ class AveragingEngine(Engine):
     """An engine whose backend averages gradients over ranks (DDP, FSDP): the rank's share of
     the loss is scaled by the world size, so the average is the gradient of the global mean."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig, world_size: int) -> None:
-        super().__init__(model, optimizer, training)
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig, world_size: int,
+                 amp: Amp | None = None) -> None:
+        super().__init__(model, optimizer, training, amp)
         self.world_size = world_size
 
     def backward(self, loss: torch.Tensor) -> None:
-        (loss * self.world_size).backward()
+        self.amp.scale(loss * self.world_size).backward()

@@ -9,7 +9,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 from torch import nn
-from torch.distributed.fsdp import CPUOffload, FullStateDictConfig, ShardingStrategy, StateDictType
+from torch.distributed.fsdp import CPUOffload, FullStateDictConfig, MixedPrecision, ShardingStrategy, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
 from kanscale.errors import ConfigError
@@ -18,6 +18,7 @@ from strategies.dcp import ShardedCheckpoints
 from strategies.distributed import DistEnv
 from strategies.engine import AveragingEngine, Engine, detached_copy, frozen_parameters
 from strategies.optim import build_optimizer
+from strategies.precision import Amp, dtype_name, low_dtype
 
 
 class FSDP1Engine(ShardedCheckpoints, AveragingEngine):
@@ -71,6 +72,11 @@ class FSDP1Config(StrategyConfig):
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
         blocks = set(self.wrap_units(model))
+        low = low_dtype(training)
+        # Parameters are gathered in the low dtype for compute; gradients are reduced in float32,
+        # as DDP's are under autocast, and the sharded float32 parameters are the master copies.
+        # Buffers (spline knots) stay as they are: rounding knots moves every basis function.
+        mixed = MixedPrecision(param_dtype=low, reduce_dtype=torch.float32) if low is not None else None
         fsdp = FSDP(
             model,
             sharding_strategy=ShardingStrategy[self.sharding_strategy],
@@ -81,5 +87,11 @@ class FSDP1Config(StrategyConfig):
             forward_prefetch=self.forward_prefetch,
             use_orig_params=self.use_orig_params,
             ignored_states=frozen_parameters(model),
+            mixed_precision=mixed,
         )
-        return FSDP1Engine(fsdp, build_optimizer(fsdp.parameters(), training), training, env.world_size)
+        engine = FSDP1Engine(fsdp, build_optimizer(fsdp.parameters(), training), training, env.world_size,
+                             Amp.sharded_scaler(training, env.device.type))
+        if mixed is not None:
+            engine.precision_mechanism = engine.amp.describe(
+                f"FSDP1 MixedPrecision(param_dtype={dtype_name(low)}, reduce_dtype=float32)")
+        return engine

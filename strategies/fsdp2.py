@@ -21,6 +21,7 @@ from strategies.dcp import ShardedCheckpoints
 from strategies.distributed import DistEnv
 from strategies.engine import AveragingEngine, Engine, detached_copy, frozen_parameters
 from strategies.optim import build_optimizer
+from strategies.precision import Amp, dtype_name, low_dtype
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -57,28 +58,43 @@ class FSDP2Config(StrategyConfig):
     name: Literal["fsdp2"]
     reshard_after_forward: bool = Field(True, description="free gathered parameters after forward (ZeRO-3-like); false keeps them until backward (ZeRO-2-like)")
     cpu_offload: bool = Field(False, description="CPUOffloadPolicy: sharded parameters, gradients and optimizer step on the CPU (GPU runs)")
-    param_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(None, description="mixed precision: dtype of gathered parameters for compute; null = training.dtype")
-    reduce_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(None, description="mixed precision: dtype of the gradient reduce-scatter; null = param_dtype")
+    param_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="dtype of gathered parameters for compute; null = what training.precision says (set "
+                          "training.precision, which every backend follows)")
+    reduce_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="dtype of the gradient reduce-scatter; null = float32 (bfloat16 halves the bytes sent)")
     shard_largest_dim: bool = Field(True, description="shard each parameter along its longest dimension instead of dim 0")
 
     def label(self) -> str:
         return "fsdp2" if self.reshard_after_forward else "fsdp2_keep"
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
+        asked = DTYPES.get(self.param_dtype)
+        if asked is not None and asked != (low_dtype(training) or getattr(torch, training.dtype)):
+            raise ConfigError(f"strategy.param_dtype: {self.param_dtype} contradicts training.precision="
+                              f"{training.precision}; set training.precision (fp32, bf16 or fp16), which every backend "
+                              "follows, and leave strategy.param_dtype null")
         if self.cpu_offload and device_type != "cuda":
             raise ConfigError("strategy.cpu_offload: CPUOffloadPolicy moves shards between GPU and CPU and needs CUDA "
                               "devices; set strategy.cpu_offload=false on a CPU-only machine")
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
         mesh = init_device_mesh(env.device.type, (env.world_size,))
+        low = low_dtype(training)
+        reduce = DTYPES.get(self.reduce_dtype) or (torch.float32 if low is not None else None)
         options = dict(
             mesh=mesh, reshard_after_forward=self.reshard_after_forward,
             offload_policy=CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy(),
-            mp_policy=MixedPrecisionPolicy(param_dtype=DTYPES.get(self.param_dtype), reduce_dtype=DTYPES.get(self.reduce_dtype)),
+            mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce),
             shard_placement_fn=partial(shard_largest_dim, world_size=env.world_size) if self.shard_largest_dim else None,
             ignored_params=set(frozen_parameters(model)),
         )
         for block in self.wrap_units(model):
             fully_shard(block, **options)
         fully_shard(model, **options)
-        return FSDP2Engine(model, build_optimizer(model.parameters(), training), training, env.world_size)
+        engine = FSDP2Engine(model, build_optimizer(model.parameters(), training), training, env.world_size,
+                             Amp.sharded_scaler(training, env.device.type))
+        if low is not None or reduce is not None:
+            engine.precision_mechanism = engine.amp.describe(
+                f"FSDP2 MixedPrecisionPolicy(param_dtype={dtype_name(low)}, reduce_dtype={dtype_name(reduce)})")
+        return engine

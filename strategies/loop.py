@@ -134,7 +134,8 @@ class Trainer:
             self.engine: Engine = self.cfg.strategy.apply(self.model, self.cfg.training, self.env)
             self.record = self.record.model_copy(update={"strategy": self.record.strategy.model_copy(update={
                 "label": self.engine.label or self.record.strategy.label,
-                "distributed_type": self.engine.distributed_type(), "backend_config": self.engine.backend_config()})})
+                "distributed_type": self.engine.distributed_type(), "backend_config": self.engine.backend_config()}),
+                "precision": self.engine.precision_info()})
             if self.checkpoint is not None:
                 load_checkpoint(self.engine, self.env, self.checkpoint)
             self._train()
@@ -146,7 +147,8 @@ class Trainer:
             if self.probe is not None:
                 measured["measurement"] = measured["measurement"].model_copy(update=self.probe.results())
             self.record = self.record.model_copy(update={**measured, "test_metrics": test_metrics,
-                                                         "batch": self._batch_info(self.steps_done)})
+                                                         "batch": self._batch_info(self.steps_done),
+                                                         "precision": self.engine.precision_info()})
         except BaseException as exc:
             self._fail(exc)
             raise

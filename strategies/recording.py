@@ -11,8 +11,8 @@ from datetime import datetime, timezone
 import torch
 
 from analysis.schema import (
-    BatchInfo, MeasurementInfo, Memory, ModelInfo, ModelStateBytes, RunRecord, StepRecord, StrategyInfo, TaskInfo,
-    Throughput, Timings, Topology,
+    BatchInfo, MeasurementInfo, Memory, ModelInfo, ModelStateBytes, PrecisionInfo, RunRecord, StepRecord, StrategyInfo,
+    TaskInfo, Throughput, Timings, Topology,
 )
 from kan_models import ParamCount
 from strategies.baseline import TrainingPeaks
@@ -39,7 +39,8 @@ def batch_info(cfg: ExperimentConfig, plan: BatchPlan, micro_batch: int, steps_d
     t = cfg.training
     return BatchInfo(micro_batch=micro_batch, grad_accum=t.grad_accum, global_batch=plan.global_batch, steps=steps_done,
                      epochs=round(plan.epochs_done(steps_done), 6), warmup_steps=t.warmup_steps,
-                     timed_steps=max(0, steps_done - t.warmup_steps))
+                     timed_steps=max(0, steps_done - t.warmup_steps), loader=t.loader,
+                     loader_workers=t.loader_workers if t.loader == "dataloader" else 0)
 
 
 def initial_record(cfg: ExperimentConfig, env: DistEnv, run_id: str, params: ParamCount, batch: BatchInfo) -> RunRecord:
@@ -59,6 +60,7 @@ def initial_record(cfg: ExperimentConfig, env: DistEnv, run_id: str, params: Par
                           launcher=env.launcher, comm_backend=env.comm_backend, device_type=env.device.type,
                           device_name=device_name(env.device), threads_per_rank=torch.get_num_threads()),
         batch=batch, environment=environment_info(env),
+        precision=PrecisionInfo(setting=cfg.training.precision, mechanism="not started: the backend sets it up"),
     )
 
 

@@ -11,6 +11,7 @@ from strategies.config import StrategyConfig, TrainingConfig
 from strategies.distributed import DistEnv
 from strategies.engine import Engine
 from strategies.optim import build_optimizer
+from strategies.precision import Amp
 
 
 class SingleConfig(StrategyConfig):
@@ -28,4 +29,4 @@ class SingleConfig(StrategyConfig):
                 "launch one process or choose a distributed strategy (kanscale train --help lists the presets)")
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
-        return Engine(model, build_optimizer(model.parameters(), training), training)
+        return Engine(model, build_optimizer(model.parameters(), training), training, Amp.autocast(training, env.device.type))

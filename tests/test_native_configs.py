@@ -124,7 +124,7 @@ def dry_run_accelerate(config: Path) -> int:
      ["remove its optimizer block (set training.optimizer, training.lr, training.betas, training.eps and "
       "training.weight_decay instead)", "remove its scheduler block (the suite trains with a constant learning rate"]),
     ("tests/data/native/zero2_fp16.json", {},
-     ['fp16.enabled=true, but training.dtype=float32 implies false: set it to false or "auto" in '
+     ['fp16.enabled=true, but training.precision=fp32 implies false: set it to false or "auto" in '
       "tests/data/native/zero2_fp16.json"]),
     (None, {"mixed_precision": "no"},
      ["remove mixed_precision: Accelerate refuses it beside deepspeed_config.deepspeed_config_file"]),

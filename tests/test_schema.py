@@ -108,10 +108,32 @@ def test_a_torn_last_step_line_is_skipped(finished_run, tmp_path):
         read_steps(torn)
 
 
+def as_v3(record: RunRecord) -> dict:
+    """The record as kanscale 0.3 (schema v3) wrote it: no precision, no data loader."""
+    data = json.loads(record.model_dump_json())
+    data["schema_version"] = 3
+    data.pop("precision")
+    for field in ("loader", "loader_workers"):
+        data["batch"].pop(field)
+    return data
+
+
+def test_v3_records_are_migrated_on_read(finished_run, tmp_path):
+    record, _ = finished_run
+    v3 = as_v3(record)
+    shipped_v3 = json.loads((ROOT / "analysis/run_record.v3.schema.json").read_text())
+    jsonschema.validate(v3, shipped_v3)  # a genuine v3 record
+    (tmp_path / "summary.json").write_text(json.dumps(v3))
+    migrated = read_summary(tmp_path)
+    assert migrated.schema_version == 4 and migrated.precision.setting == "fp32"
+    assert "schema v3" in migrated.precision.mechanism and migrated.batch.loader == "memory"
+    assert json_schema(3) == shipped_v3 and json_schema(4) != shipped_v3
+
+
 def as_v2(record: RunRecord) -> dict:
     """The record as kanscale 0.2 (schema v2) wrote it: one clamped exposed-communication number
     and its check, no spreads, no timing windows."""
-    data = json.loads(record.model_dump_json())
+    data = as_v3(record)
     data["schema_version"] = 2
     comm = data.pop("comm")
     data["timings"]["comm_exposed_s"] = max(0.0, comm["replica"]["median_s"])
@@ -142,7 +164,7 @@ def test_v2_records_are_migrated_on_read(finished_run, tmp_path):
     jsonschema.validate(v2, {**shipped_v2, "$ref": "#/$defs/RunRecord"})  # a genuine v2 record
     (tmp_path / "summary.json").write_text(json.dumps(v2))
     migrated = read_summary(tmp_path)
-    assert migrated.schema_version == 3 and migrated.comm.replica.median_s == v2["timings"]["comm_exposed_s"]
+    assert migrated.schema_version == 4 and migrated.comm.replica.median_s == v2["timings"]["comm_exposed_s"]
     assert migrated.comm.trusted == "replica" and "clamped at 0" in migrated.comm.note
     assert migrated.measurement.timing == "per_step" and migrated.measurement.windows == record.batch.timed_steps
     assert json_schema(2) == shipped_v2
@@ -161,6 +183,6 @@ def test_v1_records_are_migrated_on_read(finished_run, tmp_path, name, options, 
     jsonschema.validate(v1, {**shipped_v1, "$ref": "#/$defs/RunRecord"})  # a genuine v1 record
     (tmp_path / "summary.json").write_text(json.dumps(v1))
     migrated = read_summary(tmp_path)
-    assert migrated.schema_version == 3 and migrated.test_metrics == {"mse": v1["test_mse"]}
+    assert migrated.schema_version == 4 and migrated.test_metrics == {"mse": v1["test_mse"]}
     assert migrated.strategy.label == label and migrated.strategy.reference == (name == "single")
-    assert json_schema(1) == shipped_v1 and json_schema(3) != shipped_v1
+    assert json_schema(1) == shipped_v1 and json_schema(4) != shipped_v1

@@ -54,12 +54,21 @@ def test_the_experiment_fills_every_training_value_explicitly(tmp_path):
     ({"optimizer": {"type": "AdamW"}}, "remove its optimizer block (set training.optimizer, training.lr, training.betas"),
     ({"scheduler": {"type": "WarmupLR"}}, "remove its scheduler block (the suite trains with a constant learning rate, "
                                           "training.lr)"),
-    ({"bf16": {"enabled": True}}, "bf16.enabled=true, but training.dtype=float32 implies false"),
+    ({"bf16": {"enabled": True}}, "bf16.enabled=true, but training.precision=fp32 implies false"),
 ])
 def test_a_native_file_that_contradicts_the_experiment_is_refused(tmp_path, native, message):
     with pytest.raises(ConfigError, match="cannot run as given") as err:
         deepspeed(tmp_path, native).resolve(TrainingConfig(), world_size=2)
     assert message in str(err.value)
+
+
+def test_a_native_file_that_sets_bf16_runs_when_the_experiment_asks_for_bf16(tmp_path):
+    resolved = deepspeed(tmp_path, {"bf16": {"enabled": True}}).resolve(TrainingConfig(precision="bf16"), world_size=2)
+    assert resolved["bf16"]["enabled"] is True and resolved["fp16"]["enabled"] is False
+    fp16 = deepspeed(tmp_path, {"fp16": {"enabled": "auto"}}).resolve(TrainingConfig(precision="fp16"), world_size=2)
+    # DeepSpeed's loss scaling follows torch.amp.GradScaler's schedule, as the other strategies' fp16 does
+    assert fp16["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "hysteresis": 1,
+                            "consecutive_hysteresis": False, "loss_scale_window": 2000, "min_loss_scale": 1}
 
 
 def test_the_native_file_decides_what_the_strategy_leaves_at_its_default(tmp_path):
@@ -231,6 +240,14 @@ def test_accelerate_launch_config_conflicts():
     launch = {"distributed_type": "DEEPSPEED", "mixed_precision": "bf16",
               "deepspeed_config": {"gradient_accumulation_steps": 4, "gradient_clipping": 1.0}}
     problems = launch_config_conflicts(launch, TrainingConfig(grad_accum=2), "cuda", model=MODEL)
-    assert problems == ["mixed_precision='bf16' but training.dtype is float32; set mixed_precision: 'no'",
+    assert problems == ["mixed_precision='bf16' but training.precision is fp32; set mixed_precision: 'no' (or "
+                        "training.precision to match)",
                         "deepspeed_config.gradient_accumulation_steps=4 but the experiment sets 2",
                         "deepspeed_config.gradient_clipping=1.0 but the experiment sets 0.0"]
+    # The experiment asking for bf16 lifts the refusal; 'no' (accelerate config's default) defers to it.
+    bf16 = TrainingConfig(grad_accum=4, grad_clip=1.0, precision="bf16")
+    assert launch_config_conflicts(launch, bf16, "cuda", model=MODEL) == []
+    assert launch_config_conflicts({**launch, "mixed_precision": "no"}, bf16, "cuda", model=MODEL) == []
+    assert launch_config_conflicts({**launch, "mixed_precision": "fp16"}, bf16, "cuda", model=MODEL) == [
+        "mixed_precision='fp16' but training.precision is bf16; set mixed_precision: 'bf16' (or training.precision to "
+        "match)"]

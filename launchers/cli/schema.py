@@ -7,16 +7,16 @@ import json
 import sys
 from pathlib import Path
 
-from analysis.schema import SCHEMA_VERSION
+from analysis.schema import FROZEN_SCHEMAS, SCHEMA_VERSION
 from launchers.cli.common import common_options
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
     schema = subcommands.add_parser("schema", parents=[common_options()], help="print the metrics schema (JSON Schema of run and step records)")
     schema.add_argument("--out", help="write to this file instead of stdout")
-    schema.add_argument("--schema-version", type=int, choices=[1, 2, SCHEMA_VERSION], default=SCHEMA_VERSION,
-                        help=f"{SCHEMA_VERSION} (default, what runs write), or 1 or 2 (older records, migrated to "
-                             f"{SCHEMA_VERSION} when read)")
+    schema.add_argument("--schema-version", type=int, choices=[*FROZEN_SCHEMAS, SCHEMA_VERSION], default=SCHEMA_VERSION,
+                        help=f"{SCHEMA_VERSION} (default, what runs write), or {' or '.join(map(str, FROZEN_SCHEMAS))} "
+                             f"(older records, migrated to {SCHEMA_VERSION} when read)")
     schema.set_defaults(func=main)
 
 

@@ -32,7 +32,7 @@ def state_digest(state: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for key in sorted(state):
         h.update(key.encode())
-        h.update(state[key].detach().cpu().contiguous().numpy().tobytes())
+        h.update(state[key].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())  # any dtype, bf16 too
     return h.hexdigest()
 
 
@@ -87,6 +87,7 @@ def main(jobs_path: str, results_path: str) -> None:
         results[job["id"]] = {
             "losses": [s.loss for s in trainer.combined],
             "model_state": record.memory.model_state.model_dump(),
+            "precision": record.precision.model_dump(),
             "distributed_type": record.strategy.distributed_type,
             "ranks_identical": len(set(digests)) == 1,
             "status": record.status,

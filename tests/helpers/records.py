@@ -4,8 +4,8 @@ from pathlib import Path
 
 from analysis.records import RunWriter
 from analysis.schema import (
-    BatchInfo, CommExposure, Environment, MeasurementInfo, Memory, ModelInfo, ModelStateBytes, RunRecord, Spread,
-    StrategyInfo, TaskInfo, Throughput, Timings, Topology,
+    BatchInfo, CommExposure, Environment, MeasurementInfo, Memory, ModelInfo, ModelStateBytes, PrecisionInfo, RunRecord,
+    Spread, StrategyInfo, TaskInfo, Throughput, Timings, Topology,
 )
 
 
@@ -14,7 +14,8 @@ def make_record(run_id: str, *, study: str = "strong", strategy: str = "ddp", wo
                 params: int = 100, peak_rss: int = 10_000, state=(400, 400, 800, 0), final_loss: float = 0.5,
                 micro_batch: int = 64, grid: int = 5, order: int = 3, options: dict | None = None,
                 backend_config: dict | None = None, label: str | None = None, window: tuple[float, float] | None = None,
-                comm_agree: bool | None = None, threads: int | None = None, cpus: int | None = None) -> RunRecord:
+                comm_agree: bool | None = None, threads: int | None = None, cpus: int | None = None,
+                precision: str = "fp32") -> RunRecord:
     """``window``: the (slowest, fastest) timing window's samples/s; ``comm_agree``: whether the
     two exposed-communication methods agreed (None: there was one)."""
     step = 0.01
@@ -44,6 +45,7 @@ def make_record(run_id: str, *, study: str = "strong", strategy: str = "ddp", wo
                                                                             optimizer=state[2], master_params=state[3])),
         final_loss=final_loss, test_metrics={"mse": final_loss},
         environment=Environment(python="3", torch="2", platform="test", hosts=["h"], cpu_count=cpus),
+        precision=PrecisionInfo(setting=precision, mechanism="hand-made"),
     )
 
 
