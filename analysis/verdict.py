@@ -79,6 +79,7 @@ def points(runs: pd.DataFrame) -> pd.DataFrame:
             "step_ms": at["step_ms"].median(), "peak_memory_bytes": at["peak_memory_bytes"].median(),
             "peak_memory_kind": at["peak_memory_kind"].iloc[0], "model_state_bytes": at["model_state_bytes"].median(),
             "reference": bool(at["strategy.reference"].iloc[0]), "core_load": at["core_load"].max(),
+            "precision": at["precision.setting"].iloc[0],
             "threads": at["topology.threads_per_rank"].iloc[0] if "topology.threads_per_rank" in at else None,
             "cores": at["environment.cpu_count"].iloc[0] if "environment.cpu_count" in at else None,
         })
@@ -133,18 +134,25 @@ def least_memory(table: pd.DataFrame) -> str:
 
 
 def not_scaling(table: pd.DataFrame) -> str | None:
-    reference = table[table["reference"] & (table["world_size"] == 1)]
-    if reference.empty:
+    """Each strategy against the one-process run of its own precision (a study may sweep it)."""
+    references = table[table["reference"] & (table["world_size"] == 1)]
+    if references.empty:
         return None
-    one = reference.iloc[0]
+    several = references["precision"].nunique() > 1
     slower = []
-    for strategy, rows in table[table["world_size"] > 1].groupby("strategy"):
-        best = rows.sort_values("samples_per_s").iloc[-1]
+    for (strategy, precision), rows in table[table["world_size"] > 1].groupby(["strategy", "precision"]):
+        own = references[references["precision"] == precision]
+        if own.empty:
+            continue
+        best, one = rows.sort_values("samples_per_s").iloc[-1], own.iloc[0]
         if best["high"] < one["low"]:
-            slower.append(f"{where(best)} ({rate(best)})")
+            slower.append(f"{where(best)} ({rate(best)})" + (f" against {where(one)} ({rate(one)})" if several else ""))
+    one = references.iloc[0]
     if not slower:
-        return f"none: every strategy at more than one rank reaches the one-process rate ({rate(one)}) within its spread"
-    return f"slower than one process ({rate(one)}): " + "; ".join(slower)
+        within = "of its precision " if several else f"({rate(one)}) "
+        return f"none: every strategy at more than one rank reaches the one-process rate {within}within its spread"
+    return ("slower than one process of the same precision: " if several
+            else f"slower than one process ({rate(one)}): ") + "; ".join(slower)
 
 
 def unfinished(runs: pd.DataFrame) -> str | None:
@@ -188,6 +196,14 @@ def caveats(table: pd.DataFrame) -> list[str]:
         notes.append("the two exposed-communication methods disagree beyond noise for "
                      + ", ".join(f"{r['strategy']} (trust the {r['comm_trusted']})" for _, r in differ.iterrows())
                      + "; the comm column uses the trusted one, and docs/metrics.md explains both")
+    singles = table[table["reference"] & (table["world_size"] == 1)].set_index("precision")
+    for low in ("bf16", "fp16"):
+        if low in singles.index and "fp32" in singles.index:
+            ratio = singles.loc[low, "samples_per_s"] / singles.loc["fp32", "samples_per_s"]
+            if singles.loc[low, "high"] < singles.loc["fp32", "low"]:
+                notes.append(f"{low} is slower than fp32 here ({ratio:.2f}x in one process, the intervals apart): on this "
+                             f"machine and model its casts and kernels cost more than they save; the ranking of "
+                             "precisions may differ on GPUs, whose low-precision arithmetic is several times faster")
     if (table["runs"] == 1).all():
         notes.append("each point ran once: intervals are the spread of its rate over its timing windows, not over "
                      "repeats (set `repeats: N` in the study for that)")

@@ -21,6 +21,13 @@ def format_summary(record: RunRecord, run_dir: Path) -> str:
         f"training   {b.steps} steps = {b.epochs:g} epochs, global batch {b.global_batch} "
         f"(micro {b.micro_batch} x accum {b.grad_accum} x {topo.world_size} ranks), {b.timed_steps} timed",
     ]
+    p = r.precision
+    if p.setting != "fp32" or p.compute_dtype not in (None, "float32", "float64"):
+        asked = {"bf16": "bfloat16", "fp16": "float16"}.get(p.setting)
+        lines.append(f"precision  {p.setting} by {p.mechanism}: computed in {p.compute_dtype}, parameters {p.param_dtype}, "
+                     f"optimizer on {p.optimizer_dtype}"
+                     + (f" (NOT {asked}: the model's operations are ones {p.mechanism} leaves in full precision)"
+                        if asked and p.compute_dtype and asked not in p.compute_dtype else ""))
     if r.throughput and r.timings:
         lines.append(f"speed      {r.throughput.samples_per_s:,.0f} samples/s ({r.throughput.samples_per_s_per_rank:,.0f} per rank); "
                      f"step p50 {r.timings.step_p50_s * 1e3:.2f} ms, p95 {r.timings.step_p95_s * 1e3:.2f} ms; "

@@ -45,7 +45,14 @@ check fsdp1             torchrun_train fsdp1 --strategy fsdp1
 check fsdp1_cpu_offload torchrun_train fsdp1_offload --strategy fsdp1 --set strategy.cpu_offload=true
 check fsdp2             torchrun_train fsdp2 --strategy fsdp2
 check fsdp2_cpu_offload torchrun_train fsdp2_offload --strategy fsdp2 --set strategy.cpu_offload=true
-check fsdp2_bf16        torchrun_train fsdp2_bf16 --strategy fsdp2 --set strategy.param_dtype=bfloat16 --set strategy.reduce_dtype=float32
+# training.precision on GPUs: each backend's own mechanism (docs/precision.md); fp16 adds loss scaling
+check ddp_bf16          torchrun_train ddp_bf16 --strategy ddp --set training.precision=bf16
+check ddp_fp16          torchrun_train ddp_fp16 --strategy ddp --set training.precision=fp16
+check fsdp1_bf16        torchrun_train fsdp1_bf16 --strategy fsdp1 --set training.precision=bf16
+check fsdp2_bf16        torchrun_train fsdp2_bf16 --strategy fsdp2 --set training.precision=bf16
+check zero0_bf16        torchrun_train zero0_bf16 --strategy zero0 --set training.precision=bf16
+check zero2_fp16        torchrun_train zero2_fp16 --strategy zero2 --set training.precision=fp16
+check accelerate_fp16   accelerate_train acc_fp16 configs/accelerate/ddp.yaml --set training.precision=fp16
 check zero2             torchrun_train zero2 --strategy zero2
 check zero3_offload     torchrun_train zero3_offload --strategy zero3_offload
 check accelerate_ddp    accelerate_train acc_ddp configs/accelerate/ddp.yaml
@@ -53,7 +60,8 @@ check accelerate_fsdp1  accelerate_train acc_fsdp1 configs/accelerate/fsdp1.yaml
 check accelerate_fsdp2  accelerate_train acc_fsdp2 configs/accelerate/fsdp2.yaml
 check accelerate_zero3  accelerate_train acc_zero3 configs/accelerate/deepspeed_zero3.yaml
 
-# Every record: NCCL backend, CUDA peak memory present, the distributed type Accelerate ran.
+# Every record: NCCL backend, CUDA peak memory present, the distributed type Accelerate ran, and
+# a low precision really computed in.
 check records $PY - "$OUT/runs" <<'PYEOF'
 import sys
 from pathlib import Path
@@ -62,10 +70,12 @@ bad = 0
 for summary in sorted(Path(sys.argv[1]).glob("*/*/summary.json")):
     r = read_summary(summary)
     ok = r.status == "ok" and r.topology.comm_backend == "nccl" and (r.memory.peak_device_bytes or 0) > 0
+    ok = ok and (r.precision.setting == "fp32" or r.precision.compute_dtype in ("bfloat16", "float16"))
     bad += not ok
     print(f"{'ok ' if ok else 'BAD'} {summary.parent.parent.name:14s} {r.strategy.label:18s} "
           f"{r.throughput.samples_per_s if r.throughput else 0:12,.0f} samples/s  peak {r.memory.peak_device_bytes if r.memory else None} B  "
-          f"comm {100 * (r.comm_overhead or 0):.1f}%  loss {r.final_loss}")
+          f"comm {100 * (r.comm_overhead or 0):.1f}%  loss {r.final_loss}  {r.precision.setting}: {r.precision.mechanism}, "
+          f"computed in {r.precision.compute_dtype}")
 sys.exit(1 if bad else 0)
 PYEOF
 

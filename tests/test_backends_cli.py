@@ -46,3 +46,16 @@ def test_accelerate_launch(tmp_path, config, distributed_type, label):
     assert (record.status, record.topology.world_size, record.topology.launcher) == ("ok", 2, "accelerate")
     assert record.strategy.distributed_type == distributed_type
     assert record.strategy.label == label  # the backend Accelerate chose, in the strategies' vocabulary
+
+
+@pytest.mark.parametrize("config,mechanism", [("ddp_cpu.yaml", "Accelerate mixed_precision=bf16"),
+                                              ("deepspeed_zero2.yaml", "DeepSpeed bf16")])
+def test_an_accelerate_launch_config_that_sets_bf16_runs_an_experiment_that_asks_for_bf16(tmp_path, config, mechanism):
+    launch = tmp_path / config
+    launch.write_text((ROOT / "configs/accelerate" / config).read_text().replace("mixed_precision: 'no'", "mixed_precision: bf16"))
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch"]
+    run([*accelerate, "--config_file", str(launch), "--num_processes=2", *TRAIN, "--out", str(tmp_path / "runs"),
+         "--set", "strategy.name=accelerate", "--set", "training.precision=bf16"])
+    record = only_record(tmp_path / "runs")
+    assert record.status == "ok" and record.precision.mechanism == mechanism
+    assert (record.precision.setting, record.precision.compute_dtype) == ("bf16", "bfloat16")

@@ -124,3 +124,20 @@ def test_precision_is_an_axis_the_analysis_keeps_apart(tmp_path):
     runs = derive(load_runs(tmp_path)[0]).set_index("run_id")
     assert runs.loc["d16", "strategy_label"] == "ddp+bf16" and runs.loc["s32", "strategy_label"] == "single"
     assert runs.loc["d16", "speedup"] == pytest.approx(1.5)  # against single+bf16, not single in fp32
+
+
+def test_the_verdict_measures_each_precision_against_one_process_of_the_same_precision(tmp_path):
+    from analysis.verdict import verdict
+
+    for record in (make_record("s32", strategy="single", samples_per_s=1000, window=(950, 1050)),
+                   make_record("s16", strategy="single", samples_per_s=600, window=(580, 620), precision="bf16"),
+                   make_record("d32", world=2, micro_batch=32, samples_per_s=800, window=(780, 820)),
+                   make_record("d16", world=2, micro_batch=32, samples_per_s=700, window=(680, 720), precision="bf16")):
+        write_record(tmp_path, record)
+    runs = load_runs(tmp_path)[0]
+    (scale,) = verdict(derive(runs), runs[runs["status"] != "ok"]).scales
+    findings = dict(scale.findings)
+    # ddp+bf16 is slower than single in fp32 but faster than single in bf16: it scales
+    assert findings["Does not scale"] == ("slower than one process of the same precision: ddp at 2 ranks (800 samples/s "
+                                          "[780-820]) against single at 1 rank (1,000 samples/s [950-1,050])")
+    assert any("bf16 is slower than fp32 here (0.60x in one process" in text for text in scale.caveats)
