@@ -54,8 +54,9 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
     ok["efficiency"] = ok["speedup"] / ok["world_size"]
     ok["retention"] = ok["samples_per_s_per_rank"] / ok["baseline_samples_per_s"]
     ok["comm_overhead_pct"] = 100 * ok["comm_overhead"]
-    for column, source in (("step_ms", "timings.step_mean_s"), ("compute_ms", "timings.compute_s"),
-                           ("comm_ms", "timings.comm_exposed_s"), ("comm_check_ms", "comm.check.median_s")):
+    for column, source in (("step_ms", "timings.step_mean_s"), ("data_ms", "timings.data_s"),
+                           ("compute_ms", "timings.compute_s"), ("comm_ms", "timings.comm_exposed_s"),
+                           ("comm_check_ms", "comm.check.median_s")):
         ok[column] = 1e3 * optional(ok, source).astype(float)
     device_peak = optional(ok, "memory.peak_device_bytes")
     ok["peak_memory_bytes"] = device_peak.fillna(ok["memory.peak_rss_bytes"])
@@ -68,9 +69,11 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
         ok[column] = optional(ok, source).fillna(ok["samples_per_s"])
     ok["comm_agree"] = optional(ok, "comm.agree")
     ok["comm_trusted"] = optional(ok, "comm.trusted")
-    # Ranks x threads per machine against its cores: at 1 or more, ranks compete with the
-    # communication threads and everything else for cores; above 1, with each other too.
-    ok["core_load"] = ok["topology.procs_per_node"] * optional(ok, "topology.threads_per_rank") / optional(
+    # Ranks x (threads + DataLoader workers) per machine against its cores: at 1 or more, ranks
+    # compete with the communication threads and everything else for cores; above 1, with each
+    # other too.
+    workers = optional(ok, "batch.loader_workers").fillna(0)
+    ok["core_load"] = ok["topology.procs_per_node"] * (optional(ok, "topology.threads_per_rank") + workers) / optional(
         ok, "environment.cpu_count")
     return ok
 

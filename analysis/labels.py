@@ -9,11 +9,14 @@ def strategy_label(record: RunRecord) -> str:
     """The strategy's label as the run recorded it (``ddp``, ``fsdp1_grad_op``, ``zero3_offload``,
     ``accelerate_ddp``, ...), with ``+<probe>_probe`` when a measurement probe (the published
     study's, ``paper``) ran alongside and changed the training, and ``+bf16``/``+fp16`` under mixed
-    precision: a study with precision as an axis compares ``ddp`` with ``ddp+bf16``."""
+    precision, and ``+dataloader_<N>workers`` where the batches came from a DataLoader: a study
+    with precision or the data path as an axis compares ``ddp`` with ``ddp+bf16`` and
+    ``ddp+dataloader_2workers``."""
     probe = record.measurement.comm_probe if record.measurement is not None else "none"
     precision = record.precision.setting
     return (record.strategy.label + ("" if probe == "none" else f"+{probe}_probe")
-            + ("" if precision == "fp32" else f"+{precision}"))
+            + ("" if precision == "fp32" else f"+{precision}")
+            + ("" if record.batch.loader == "memory" else f"+dataloader_{record.batch.loader_workers}workers"))
 
 
 def topology_label(record: RunRecord) -> str:

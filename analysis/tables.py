@@ -47,6 +47,7 @@ EFFICIENCY = Column("efficiency", "efficiency", percent)
 RETENTION = Column("retention", "per-rank retention", percent)
 COMM = Column("comm_overhead", "comm overhead", percent)
 STEP_MS = Column("step_ms", "step ms", fixed(2))
+DATA_MS = Column("data_ms", "data ms", fixed(2))
 COMPUTE_MS = Column("compute_ms", "compute ms", fixed(2))
 COMM_MS = Column("comm_ms", "exposed comm ms", fixed(2))
 CHECK_MS = Column("comm_check_ms", "blocked ms (check)", fixed(2))
@@ -63,7 +64,8 @@ LOSS = Column("final_loss", "final loss", general)
 STUDY_COLUMNS: dict[str, list[Column]] = {
     "strong": [SAMPLES, SPEEDUP, EFFICIENCY, COMM, PEAK, LOSS],
     "weak": [SAMPLES, PER_RANK, RETENTION, COMM, LOSS],
-    "comm": [STEP_MS, COMPUTE_MS, COMM_MS, CHECK_MS, COMM, SAMPLES],
+    "comm": [STEP_MS, DATA_MS, COMPUTE_MS, COMM_MS, CHECK_MS, COMM, SAMPLES],
+    "loader": [SAMPLES, STEP_MS, DATA_MS, COMPUTE_MS, COMM_MS, LOSS],
     "model_size": [SAMPLES, COMM, PEAK, STATE, LOSS],
     "memory": [PEAK, STATE, STATE_PARAMS, STATE_GRADS, STATE_OPT, STATE_MASTER, PER_BYTE],
 }

@@ -79,7 +79,7 @@ def points(runs: pd.DataFrame) -> pd.DataFrame:
             "step_ms": at["step_ms"].median(), "peak_memory_bytes": at["peak_memory_bytes"].median(),
             "peak_memory_kind": at["peak_memory_kind"].iloc[0], "model_state_bytes": at["model_state_bytes"].median(),
             "reference": bool(at["strategy.reference"].iloc[0]), "core_load": at["core_load"].max(),
-            "precision": at["precision.setting"].iloc[0],
+            "precision": at["precision.setting"].iloc[0], "workers": at["batch.loader_workers"].iloc[0],
             "threads": at["topology.threads_per_rank"].iloc[0] if "topology.threads_per_rank" in at else None,
             "cores": at["environment.cpu_count"].iloc[0] if "environment.cpu_count" in at else None,
         })
@@ -185,6 +185,7 @@ def caveats(table: pd.DataFrame) -> list[str]:
     if not loaded.empty and loaded["core_load"].iloc[-1] >= 1:
         row = loaded.iloc[-1]
         ranks = f"{row['world_size'] // int(row['topology'].split('x')[0])} ranks x {row['threads']:.0f} thread(s)"
+        ranks += f" and {row['workers']:.0f} DataLoader worker(s) each" if row["workers"] else ""
         notes.append(f"{ranks} per machine on its {row['cores']:.0f} core(s): "
                      + ("more threads than cores, so the ranks took turns on the cores" if row["core_load"] > 1 else
                         "the ranks took every core, so communication threads and everything else on the machine competed "

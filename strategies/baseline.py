@@ -55,7 +55,7 @@ class ComputeBaseline:
     def _held(self) -> int:
         return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else rss_bytes()
 
-    def _step(self, batches: Sequence[Batch], loss_sum: LossFn, n_global: int) -> None:
+    def _step(self, batches: Sequence[Batch], n_global: int, loss_sum: LossFn) -> None:
         for x, y in batches:
             with self.amp.context():
                 out = self.replica(x)
@@ -63,19 +63,20 @@ class ComputeBaseline:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def warm_up(self, batches: Sequence[Batch], loss_sum: LossFn, n_global: int, steps: int) -> None:
+    def warm_up(self, batches: Sequence[Batch], n_global: int, loss_sum: LossFn, steps: int) -> None:
         """Untimed steps (the optimizer's state comes to exist), then what the replica holds."""
         for _ in range(max(1, steps)):
-            self._step(batches, loss_sum, n_global)
+            self._step(batches, n_global, loss_sum)
         self._sync()
         self.held_bytes = max(0, self._held() - self._before)
 
-    def sample(self, batches: Sequence[Batch], loss_sum: LossFn, n_global: int) -> float:
-        """The median time of ``steps`` replica steps over ``batches``."""
+    def sample(self, batches: Sequence[Batch], n_global: int, loss_sum: LossFn) -> float:
+        """The median time of ``steps`` replica steps over ``batches`` (``n_global`` samples in
+        the step over all ranks)."""
         times = []
         for _ in range(self.steps):
             start = time.perf_counter()
-            self._step(batches, loss_sum, n_global)
+            self._step(batches, n_global, loss_sum)
             self._sync()
             times.append(time.perf_counter() - start)
         self.samples.append(statistics.median(times))

@@ -30,11 +30,11 @@ from kan_models import build_model, count_parameters
 from kan_models.compile import compile_model
 from kanscale.errors import ConfigError
 from strategies.checkpoint import load_checkpoint, save_checkpoint
-from strategies.data import rank_micro_batches
 from strategies.distributed import DistEnv
 from strategies.engine import Batch, Engine
 from strategies.experiment import ExperimentConfig, dump_yaml
 from strategies.export import read_export
+from strategies.loader import MemoryBatches, batch_source
 from strategies.failures import (
     STOPPED, FailureReport, check_finite, inject_fault, raise_on_sigterm, read_reports, reporting_failure, reports_dir,
     reports_locked, root_cause, write_report,
@@ -96,6 +96,13 @@ class Trainer:
         self.steps_done = self.start_step
         self.written = self.start_step  # of self.combined, the steps in steps.jsonl
         self.record = initial_record(cfg, env, run_dir.name, self.params, self._batch_info(self.start_step))
+        # The suite's own split, for shapes, the baseline's warm-up and grid refits; and the
+        # experiment's data path (the same, or a DataLoader), which the steps take their batches from.
+        x, y = self.data.x_train, self.data.y_train
+        self.memory = MemoryBatches(x, y, self.plan, t, env.dp_size, env.dp_rank)
+        self.source = batch_source(x, y, self.plan, t, self.micro_batch, env.dp_size, env.dp_rank, env.device,
+                                   self.start_step)
+        self.last_batches: tuple[list[Batch], int] = self.memory.batches(self.start_step)
         if self.attempt.previous is not None:
             self.record = self.record.model_copy(update={
                 "started_at": self.attempt.previous.started_at,
@@ -154,20 +161,15 @@ class Trainer:
             raise
         finally:
             self.progress.close()
+            self.source.close()
         self._write()
         return self.record
-
-    def _local_batches(self, indices: torch.Tensor) -> list[Batch]:
-        """This rank's micro-batches of one global batch (its data-parallel share)."""
-        env, t = self.env, self.cfg.training
-        return [(self.data.x_train[i], self.data.y_train[i])
-                for i in rank_micro_batches(indices, t.grad_accum, env.dp_size, env.dp_rank)]
 
     def _compile(self, model: torch.nn.Module) -> float:
         """Compile the (unwrapped) model in place on a batch of the training shape; returns the
         compile time. Backends that replace parameters (FSDP, ZeRO-3) may recompile during the
         first steps, which the warm-up steps absorb."""
-        sample = self._local_batches(self.plan.global_indices(0))[0][0]
+        sample = self.memory.batches(0)[0][0][0]
         return compile_model(model, sample)[1]
 
     def _build_baseline(self) -> ComputeBaseline:
@@ -183,8 +185,7 @@ class Trainer:
             return model
 
         baseline = ComputeBaseline(replica, self.env.device, t, self.cfg.measurement.baseline_steps)
-        indices = self.plan.global_indices(self.start_step)
-        baseline.warm_up(self._local_batches(indices), self.cfg.task.loss_sum, len(indices), steps=min(t.warmup_steps, 3))
+        baseline.warm_up(*self.last_batches, self.cfg.task.loss_sum, steps=min(t.warmup_steps, 3))
         return baseline
 
     def _train(self) -> None:
@@ -202,8 +203,7 @@ class Trainer:
             # Between windows: the training's memory peaks, then the baseline on the window's last
             # micro-batches (its own step's memory never counts), then the one combining collective.
             self.peaks.read()
-            indices = self.plan.global_indices(end - 1)
-            compute_s = self.baseline.sample(self._local_batches(indices), self.cfg.task.loss_sum, len(indices))
+            compute_s = self.baseline.sample(*self.last_batches, self.cfg.task.loss_sum)
             self.peaks.reset()
             steps, window = combine_window(env, index, first, samples, compute_s, wall_s, t.warmup_steps)
             finite = [s for s in steps if math.isfinite(s.loss)]
@@ -232,13 +232,12 @@ class Trainer:
         env, engine = self.env, self.engine
         inject_fault(self.cfg.fault, env.rank, step + 1)
         timer.start_step()
-        indices = self.plan.global_indices(step)
-        batches = self._local_batches(indices)
+        batches, n_global = self.last_batches = self.source.batches(step)
         timer.data_ready()
         if self._grid_update_due(step):
-            self._update_grid(indices)
+            self._update_grid(self.plan.global_indices(step))
         engine.count_state_next_step = step == self.plan.total_steps - 1
-        loss_share = engine.forward_backward(batches, self.cfg.task.loss_sum, n_global=len(indices))
+        loss_share = engine.forward_backward(batches, self.cfg.task.loss_sum, n_global=n_global)
         if self.probe is not None:
             self.probe.after_backward(engine, batches, step)
         engine.step()
