@@ -56,13 +56,21 @@ class ModelConfig(BaseModel):
     def build(self) -> nn.Module:
         raise NotImplementedError
 
-    def parameter_count(self) -> ParamCount:
-        """The model's parameter count without allocating it: the model is built on the meta
-        device, whose tensors have shapes but no storage, so a model far too large for this
-        machine is counted in milliseconds (for the memory check before launch)."""
+    def sketch(self) -> nn.Module:
+        """The model without allocating it: built on the meta device, whose tensors have shapes
+        but no storage, so a model far too large for this machine is looked at in milliseconds
+        (for the checks before launch)."""
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
             torch.manual_seed(0)  # some constructors read the seed (pykan)
-            return count_parameters(self.build())
+            return self.build()
+
+    def parameter_count(self) -> ParamCount:
+        return count_parameters(self.sketch())
+
+    def refits_grids(self) -> bool:
+        """Whether the model has grids for ``training.grid_update_every`` to refit."""
+        model = self.sketch()
+        return bool(getattr(model, "supports_grid_update", hasattr(model, "update_grid")))
 
     def describe(self) -> str:
         """One line naming the model, e.g. ``bspline [2, 64, 1] grid=10 k=3``."""

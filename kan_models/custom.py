@@ -28,7 +28,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import nn
 
-from kan_models.base import ModelConfig, ParamCount, count_parameters
+from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
 
 
@@ -88,13 +88,13 @@ class CustomConfig(ModelConfig):
             raise ConfigError(f"model.factory: {self.factory} returned a {type(model).__name__}, not a torch.nn.Module")
         return model
 
-    def parameter_count(self) -> ParamCount:
+    def sketch(self) -> nn.Module:
         """On the meta device where the factory allows it; a factory that computes with its
         tensors while it builds (as pykan does) is built for real, on the CPU."""
         try:
-            return super().parameter_count()
+            return super().sketch()
         except ConfigError:
             raise
         except Exception:  # noqa: BLE001 - whatever the user's code does on meta tensors
             with torch.random.fork_rng(devices=[]):
-                return count_parameters(self.build())
+                return self.build()

@@ -58,6 +58,9 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines
         supporting = ", ".join(name for name, cls in STRATEGIES.items() if probe in cls.probes)
         raise ConfigError(f"measurement.comm_probe: strategy {cfg.strategy.label()} does not support the {probe} probe "
                           f"({PROBES[probe]}); use strategy {supporting} or set measurement.comm_probe=none")
+    if t.grid_update_every and not cfg.model.refits_grids():
+        raise ConfigError(f"training.grid_update_every: a {cfg.model.family} model has no grids to refit (only spline "
+                          "KANs do: bspline, pykan, or a custom model with update_grid); set training.grid_update_every=0")
     if t.init_from is not None and not Path(t.init_from).is_file():
         raise ConfigError(f"training.init_from: {t.init_from} does not exist; give a file written by kanscale export")
     check_output_dir(cfg.output.dir, "output.dir", "for the run records")
