@@ -10,6 +10,12 @@ timings, with saved-tensor hooks: the storage of every tensor autograd packs, ea
 not counting parameters and buffers (they live anyway). On CUDA every phase is bracketed by
 ``torch.cuda.synchronize`` and the peak of ``torch.cuda.max_memory_allocated`` over one train step
 is reported too.
+
+How far each step is from the machine's arithmetic limit: the step's arithmetic is taken as
+6 x batch x trainable parameters (a multiply-add per weight and sample forward, two backward: the
+dense-network rule, which for a KAN layer is its spline and base GEMMs over all G + k bases), the
+limit is that over the machine's dense GEMM rate, measured here on the same threads and dtype,
+and the ``of limit`` column is the limit's time over the measured train step.
 """
 
 from __future__ import annotations
@@ -129,6 +135,21 @@ def saved_bytes(model: nn.Module, step_loss: Callable[[], torch.Tensor]) -> int:
     return sum(packed.values())
 
 
+def gemm_rate(device: torch.device, size: int = 2048, repeats: int = 3) -> float:
+    """The machine's dense float32 GEMM rate in FLOP/s: the best of ``repeats`` square products."""
+    a, b = (torch.randn(size, size, device=device) for _ in range(2))
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    a @ b  # noqa: B018 - the first product allocates and picks its kernel
+    best = float("inf")
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        a @ b  # noqa: B018
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size ** 3 / best
+
+
 def _spread(seconds: list[float]) -> dict[str, float]:
     ms = [s * 1e3 for s in seconds]
     return {"median": statistics.median(ms), "min": min(ms), "max": max(ms)}
@@ -171,6 +192,7 @@ def measure(workload: str, impl: str, plan: Plan) -> dict[str, Any]:
                     phases[name].append(seconds)
         row.update({name: _spread(seconds) for name, seconds in phases.items()})
         row["samples_per_s"] = w.batch / (row["step_ms"]["median"] / 1e3)
+        row["step_flops"] = 6 * w.batch * row["params"]
         row["saved_bytes"] = saved_bytes(model, lambda: F.mse_loss(model(x), y))
         row["peak_device_bytes"] = _peak_device_bytes(model, opt, x, y) if plan.device.type == "cuda" else None
     except Exception as err:  # one failing implementation (e.g. a compile error) must not end the run
@@ -188,11 +210,14 @@ def _peak_device_bytes(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Te
     return torch.cuda.max_memory_allocated(x.device)
 
 
-def add_ratios(rows: list[dict[str, Any]]) -> None:
+def add_ratios(rows: list[dict[str, Any]], flops_per_s: float) -> None:
     """Throughput relative to eager pykan and to the eager reference B-spline of the same
-    workload, and bytes saved for backward relative to the reference's."""
+    workload, bytes saved for backward relative to the reference's, and the fraction of the
+    arithmetic limit (at ``flops_per_s``) each train step reaches."""
     ok = {(r["workload"], r["impl"]): r for r in rows if r["status"] == "ok"}
     for r in rows:
+        if r["status"] == "ok":
+            r["limit_fraction"] = r["step_flops"] / flops_per_s / (r["step_ms"]["median"] / 1e3)
         pykan, ref = ok.get((r["workload"], "pykan")), ok.get((r["workload"], "reference"))
         ours = r["status"] == "ok"
         r["vs_pykan"] = r["samples_per_s"] / pykan["samples_per_s"] if ours and pykan else None
@@ -220,6 +245,8 @@ def run(plan: Plan, progress: Callable[[str], None] = lambda line: None) -> dict
     threads = torch.get_num_threads()
     torch.set_num_threads(plan.threads)
     try:
+        flops_per_s = gemm_rate(plan.device)
+        progress(f"dense float32 GEMM rate: {flops_per_s / 1e9:,.1f} GFLOP/s on {plan.threads} thread(s)")
         rows = []
         for workload in plan.workloads:
             for impl in plan.impls:
@@ -227,8 +254,8 @@ def run(plan: Plan, progress: Callable[[str], None] = lambda line: None) -> dict
                 start = time.perf_counter()
                 rows.append(measure(workload, impl, plan))
                 progress(f"{workload} {impl}: {_progress_line(rows[-1])} ({time.perf_counter() - start:.0f} s)")
-        add_ratios(rows)
-        return {"environment": environment(plan),
+        add_ratios(rows, flops_per_s)
+        return {"environment": {**environment(plan), "gemm_flops_per_s": flops_per_s},
                 "workloads": {n: {"widths": WORKLOADS[n].widths, "grid": WORKLOADS[n].grid, "k": WORKLOADS[n].k,
                                   "batch": WORKLOADS[n].batch, "about": WORKLOADS[n].about} for n in plan.workloads},
                 "results": rows}
@@ -249,19 +276,21 @@ def markdown(doc: dict[str, Any]) -> str:
     lines = [f"Measured {env['date']} on {hardware} ({env['device']}, {env['threads']} thread(s)), "
              f"torch {env['torch']}, pykan {env['pykan']}. Times in ms: median (min-max); "
              "ratios: samples/s over eager pykan's and the eager reference B-spline's, "
-             "saved bytes over the reference's."]
+             "saved bytes over the reference's; of limit: the step's arithmetic (6 x batch x parameters) at the "
+             f"machine's measured dense GEMM rate ({env['gemm_flops_per_s'] / 1e9:,.1f} GFLOP/s) over the train step."]
     for name, w in doc["workloads"].items():
         lines += ["", f"**{name}**: {w['about']}, widths {w['widths']}, grid {w['grid']}, k {w['k']}, batch {w['batch']}", "",
                   "| impl | compile s | forward | backward | train step | samples/s | x pykan | x reference "
-                  "| saved for backward | x reference | peak device |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| of limit | saved for backward | x reference | peak device |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in (r for r in doc["results"] if r["workload"] == name):
             if r["status"] != "ok":
-                lines.append(f"| {r['impl']} | {r['status']}: {r['note']} |" + " |" * 9)
+                lines.append(f"| {r['impl']} | {r['status']}: {r['note']} |" + " |" * 10)
                 continue
             cells = [r["impl"], _num(r["compile_s"], ".1f"), _ms(r["forward_ms"]), _ms(r["backward_ms"]),
                      _ms(r["step_ms"]), f"{r['samples_per_s']:,.0f}", _num(r["vs_pykan"], ".1f", "x"),
-                     _num(r["vs_reference"], ".2f", "x"), _bytes(r["saved_bytes"]),
+                     _num(r["vs_reference"], ".2f", "x"), _num(100 * r["limit_fraction"], ".1f", "%"),
+                     _bytes(r["saved_bytes"]),
                      _num(r["saved_vs_reference"], ".3f"), _bytes(r["peak_device_bytes"])]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

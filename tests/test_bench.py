@@ -25,8 +25,14 @@ def test_quick_bench_writes_json_and_a_markdown_table_with_ratios(tmp_path, caps
     # the fast layer keeps only its inputs for backward; the reference keeps the recursion's tensors
     assert rows["fast"]["saved_bytes"] < rows["reference"]["saved_bytes"] / 4
     assert doc["environment"]["threads"] == 1 and doc["environment"]["torch"] == torch.__version__
+    # the arithmetic limit: 6 x batch x parameters at the measured GEMM rate, over the step
+    rate = doc["environment"]["gemm_flops_per_s"]
+    assert rate > 1e8
+    for r in rows.values():
+        assert r["step_flops"] == 6 * doc["workloads"]["tiny"]["batch"] * r["params"]
+        assert r["limit_fraction"] == pytest.approx(r["step_flops"] / rate / (r["step_ms"]["median"] / 1e3))
     table = out.with_suffix(".md").read_text()
-    assert "| impl |" in table and "x pykan" in table and "x reference" in table
+    assert "| impl |" in table and "x pykan" in table and "x reference" in table and "| of limit |" in table
     assert "| fast |" in table and "widths [2, 8, 1]" in table
     captured = capsys.readouterr()
     assert table.strip() in captured.out
