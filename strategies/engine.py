@@ -187,8 +187,8 @@ class Engine:
 
     def precision_info(self) -> PrecisionInfo:
         """What ran, read from the objects that ran it: the module's parameters, the tensors the
-        optimizer updates (a wrapper's inner optimizer: DeepSpeed's fp32 masters), the output of
-        the last forward pass."""
+        optimizer updates (a wrapper's inner optimizer: DeepSpeed's fp32 masters), and what the
+        modules returned in the first forward pass (:func:`watch_compute_dtypes`)."""
         updated = self.updated_tensors()
         return PrecisionInfo(
             setting=self.training.precision, mechanism=self.precision_mechanism,

@@ -12,7 +12,7 @@ from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop import Trainer
 from tests.helpers.launch import run_jobs
-from tests.test_parity import STRATEGIES
+from tests.test_parity import STRATEGIES, max_rel_diff
 
 STEPS = 14  # 640 samples, global batch 64: an epoch boundary at step 10, inside the run
 MODEL = {"family": "bspline", "widths": [2, 8, 1], "grid": 5, "grid_range": [-2.0, 2.0]}
@@ -30,11 +30,6 @@ def single(cfg: dict) -> tuple[list[float], object]:
     trainer = Trainer(parse_experiment(cfg), DistEnv(), show_progress=False)
     record = trainer.run()
     return [s.loss for s in trainer.combined], record
-
-
-def rel(a: list[float], b: list[float]) -> float:
-    assert len(a) == len(b) == STEPS
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +53,7 @@ def test_the_dataloader_path_has_parity_with_its_one_process_run(runs, strategy,
     result = results[f"{strategy}/{accum}"]
     assert result["status"] == "ok" and result["ranks_identical"]
     reference = refs[accum][0]
-    assert rel(result["losses"], reference) < 1e-5
+    assert max_rel_diff(result["losses"], reference, STEPS) < 1e-5
     assert reference[-1] < reference[0]  # it trained
 
 

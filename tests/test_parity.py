@@ -48,8 +48,8 @@ def single_losses(cfg: dict) -> list[float]:
     return [s.loss for s in trainer.combined]
 
 
-def max_rel_diff(a: list[float], b: list[float]) -> float:
-    assert len(a) == len(b) == STEPS
+def max_rel_diff(a: list[float], b: list[float], steps: int = STEPS) -> float:
+    assert len(a) == len(b) == steps
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
