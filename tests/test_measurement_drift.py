@@ -4,6 +4,7 @@ load, and a run without communication must go on reading about none. A baseline 
 before training (schema v2) would read the slowdown as communication."""
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -17,11 +18,18 @@ from tests.helpers.launch import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 600
-HOGS = 3  # busy processes on a 2-core machine: the training rank gets about half a core
+HOGS = 2  # busy processes on the training's core: it gets about a third of it
+# The run and the hogs share one core, so the load is the same whatever CI's machine has: unpinned
+# hogs on a machine with spare cores slowed nothing (CI once measured the loaded steps faster).
+CORE = max(os.sched_getaffinity(0))
+
+
+def on_the_core() -> None:
+    os.sched_setaffinity(0, {CORE})
 
 
 def start_hogs() -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(HOGS)]
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=on_the_core) for _ in range(HOGS)]
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +37,8 @@ def loaded_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("drift")
     cmd = [sys.executable, "-m", "launchers.cli", "train", "quickstart", "--out", str(out), "--no-progress",
            "--set", f"training.steps={STEPS}", "--set", "training.log_every=10", "--set", "task.n_train=40000"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=on_the_core)
     hogs: list[subprocess.Popen] = []
     try:
         deadline = time.monotonic() + 240
@@ -68,7 +77,9 @@ def test_the_compute_baseline_follows_the_load(loaded_run):
     compute_ratio = statistics.median(s.compute_s for s in during) / statistics.median(s.compute_s for s in before)
     step_ratio = statistics.median(s.time_s_max for s in during) / statistics.median(s.time_s_max for s in before)
     print(f"baseline under load / before: {compute_ratio:.2f} (steps: {step_ratio:.2f})")
-    assert compute_ratio == pytest.approx(step_ratio, rel=0.3)
+    # A baseline fixed before the load would read 1.0 against a step ratio near 3; a third of a core
+    # comes in time slices as long as a few steps, so the two ratios agree only to about a third.
+    assert compute_ratio == pytest.approx(step_ratio, rel=0.35)
 
 
 def test_a_run_without_communication_still_reads_about_none(loaded_run):
