@@ -25,7 +25,7 @@ import pandas as pd
 # What makes runs comparable across world sizes.
 GROUP = ["study", "strategy_label", "model_label", "task_label", "batch.micro_batch", "batch.grad_accum"]
 # What makes a strategy's run comparable with the one-process reference, when it has no 1-rank run.
-SINGLE_GROUP = ["study", "model_label", "task_label", "batch.global_batch", "precision.setting"]
+SINGLE_GROUP = ["study", "model_label", "task_label", "batch.global_batch", "precision.setting", "compile.setting"]
 # What makes runs repeats of one point.
 POINT = GROUP + ["topology.world_size", "topology.nodes"]
 

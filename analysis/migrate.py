@@ -14,6 +14,9 @@ one number stands for the whole run (no spread over windows).
 
 v3 -> v4: the record says its ``precision`` and its batch its ``loader``. Every v3 run computed
 in full precision from in-memory batches, which is what its migration says.
+
+v4 -> v5: the record says what ``training.compile`` compiled. v4 could compile only the model
+(``model.compile``), and recorded a compile time exactly when it did.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 from analysis.schema import SCHEMA_VERSION
 
-READABLE_VERSIONS = (1, 2, 3, SCHEMA_VERSION)
+READABLE_VERSIONS = (1, 2, 3, 4, SCHEMA_VERSION)
 V2_COMM_NOTE = ("recorded by schema v2: compute timed once before training on a replica, with a barrier around every "
                 "step; the difference was clamped at 0, so 0 may stand for a negative one")
 _FSDP1_LABELS = {"FULL_SHARD": "fsdp1", "SHARD_GRAD_OP": "fsdp1_grad_op", "NO_SHARD": "fsdp1_no_shard",
@@ -35,7 +38,8 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     version = data.get("schema_version")
     if version == SCHEMA_VERSION:
         return data
-    steps = {1: [_v1_to_v2, _v2_to_v3, _v3_to_v4], 2: [_v2_to_v3, _v3_to_v4], 3: [_v3_to_v4]}
+    later = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5]
+    steps = {v: later[v - 1:] for v in (1, 2, 3, 4)}
     if version in steps:
         for step in steps[version]:
             data = step(data)
@@ -76,6 +80,15 @@ def _v3_to_v4(v3: dict[str, Any]) -> dict[str, Any]:
     record["precision"] = {"setting": "fp32", "mechanism": "none (schema v3 ran in full precision)"}
     if isinstance(record.get("batch"), dict):
         record["batch"].update(loader="memory", loader_workers=0)
+    return record
+
+
+def _v4_to_v5(v4: dict[str, Any]) -> dict[str, Any]:
+    record = copy.deepcopy(v4)
+    record["schema_version"] = 5
+    compiled = (record.get("timings") or {}).get("compile_s") is not None
+    record["compile"] = ({"setting": "model", "mechanism": "torch.compile(model) (schema v4)"} if compiled else
+                         {"setting": "none", "mechanism": "eager (schema v4)"})
     return record
 
 

@@ -1,4 +1,4 @@
-"""Metrics schema v4: the run record (one per run, ``summary.json``) and the step records (one
+"""Metrics schema v5: the run record (one per run, ``summary.json``) and the step records (one
 per optimizer step, ``steps.jsonl``). Every strategy writes exactly these fields; analysis reads
 nothing else. Records are validated when written and when read; ``kanscale schema`` prints the
 JSON Schema generated from these classes (also shipped as ``analysis/run_record.schema.json``).
@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import models_json_schema
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 Status = Literal["ok", "failed", "incomplete"]
 
 
@@ -129,6 +129,14 @@ class ModelStateBytes(Record):
     master_params: int = Field(0, ge=0, description="fp32 master copies of parameters kept by ZeRO-style optimizers")
 
 
+class CompileInfo(Record):
+    """What ``training.compile`` compiled."""
+
+    setting: Literal["none", "model", "step"] = Field(description="training.compile as asked")
+    mechanism: str = Field(description="what was compiled, and how: torch.compile(model), or the step's parts")
+    mode: str = Field("default", description="torch.compile's mode (reduce-overhead: CUDA graphs)")
+
+
 class PrecisionInfo(Record):
     """What the run computed in, read from the objects that ran it."""
 
@@ -196,7 +204,7 @@ class RunRecord(Record):
          "then": {"required": list(OK_REQUIRES), "properties": {f: {"not": {"type": "null"}} for f in OK_REQUIRES}}},
         {"if": {"properties": {"status": {"const": "failed"}}, "required": ["status"]}, "then": {"required": ["error"]}},
     ]})
-    schema_version: Literal[4] = SCHEMA_VERSION
+    schema_version: Literal[5] = SCHEMA_VERSION
     run_id: str
     name: str
     status: Status
@@ -221,6 +229,7 @@ class RunRecord(Record):
     final_loss: float | None = Field(None, description="training loss of the last step (global mean)")
     test_metrics: dict[str, float] | None = Field(None, description="the task's named test metrics, e.g. mse")
     precision: PrecisionInfo
+    compile: CompileInfo
     environment: Environment
 
     @model_validator(mode="after")
@@ -268,4 +277,4 @@ def json_schema(version: int = SCHEMA_VERSION) -> dict[str, Any]:
 
 
 # Earlier versions' schemas, as they were shipped (without a root: validate against $defs/RunRecord).
-FROZEN_SCHEMAS = {v: f"run_record.v{v}.schema.json" for v in (1, 2, 3)}
+FROZEN_SCHEMAS = {v: f"run_record.v{v}.schema.json" for v in (1, 2, 3, 4)}

@@ -39,8 +39,6 @@ class ModelConfig(BaseModel):
 
     family: str
     widths: list[int] = Field(description="layer widths including input and output, e.g. [2, 64, 1]")
-    compile: bool = Field(False, description="compile the model with torch.compile before training "
-                          "(kan_models.compile.compile_model); the compile time is recorded apart from step times")
     wrap: WrapPolicy | None = Field(None, description="the FSDP units; default: one per KAN layer for the zoo's families, "
                                                       "each child module with parameters for a custom model")
 

@@ -28,13 +28,15 @@ def format_summary(record: RunRecord, run_dir: Path) -> str:
                      f"optimizer on {p.optimizer_dtype}"
                      + (f" (NOT {asked}: the model's operations are ones {p.mechanism} leaves in full precision)"
                         if asked and p.compute_dtype and asked not in p.compute_dtype else ""))
+    if r.compile is not None and r.compile.setting != "none":
+        lines.append(f"compile    {r.compile.setting}: {r.compile.mechanism}")
     if r.throughput and r.timings:
         lines.append(f"speed      {r.throughput.samples_per_s:,.0f} samples/s ({r.throughput.samples_per_s_per_rank:,.0f} per rank); "
                      f"step p50 {r.timings.step_p50_s * 1e3:.2f} ms, p95 {r.timings.step_p95_s * 1e3:.2f} ms, "
                      f"data {r.timings.data_s * 1e3:.2f} ms ({b.loader}"
                      + (f", {b.loader_workers} workers" if b.loader == "dataloader" else "") + "); "
                      f"comm overhead {100 * (r.comm_overhead or 0):.1f}%"
-                     + (f"; torch.compile {r.timings.compile_s:.1f} s (not in step times)" if r.timings.compile_s else ""))
+                     + (f"; compiling {r.timings.compile_s:.1f} s (not in step times)" if r.timings.compile_s else ""))
         if r.comm:
             lines.append(f"comm       {r.comm.note}")
     if r.memory:

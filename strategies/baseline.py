@@ -2,7 +2,8 @@
 
 An unwrapped replica of the model, with the same optimizer doing the same arithmetic, runs this
 rank's share of a step (forward and backward over the same micro-batches, then the optimizer
-step) with no communication at all. It is sampled between timing windows, all ranks at once, so
+step) with no communication at all: a plain one-process :class:`Engine`, compiled as the
+training's step is. It is sampled between timing windows, all ranks at once, so
 it sees the machine as the training around it does: when the machine slows down halfway through
 a run, the baseline slows down with it, and a difference of the two stays a difference of like
 with like.
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from strategies.config import TrainingConfig
-from strategies.engine import Batch, LossFn
+from strategies.engine import Batch, Engine, LossFn
 from strategies.measure import peak_rss_bytes, reset_peak_rss, rss_bytes
 from strategies.optim import build_optimizer
 from strategies.precision import Amp, low_dtype
@@ -40,15 +41,15 @@ class ComputeBaseline:
                  steps: int) -> None:
         self.device = device
         before = self._held()
-        self.replica = build_replica()
+        replica = build_replica()
         # A learning rate of 0: the weights stay put, so the timing cannot be spoilt by a
         # learning rate that diverges, and every sample does the same arithmetic.
-        self.optimizer = build_optimizer(self.replica.parameters(), training.model_copy(update={"lr": 0.0}))
-        self.steps = steps
+        still = training.model_copy(update={"lr": 0.0})
         # Under mixed precision the replica computes in the same low dtype, by autocast whatever
         # the backend's own mechanism (docs/precision.md says what that leaves out).
-        self.amp = Amp(device.type, low_dtype(training))
-        self.dtype = getattr(torch, training.dtype)
+        self.engine = Engine(replica, build_optimizer(replica.parameters(), still), still,
+                             Amp(device.type, low_dtype(training)))
+        self.steps = steps
         self.samples: list[float] = []
         self._before = before
 
@@ -56,12 +57,8 @@ class ComputeBaseline:
         return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else rss_bytes()
 
     def _step(self, batches: Sequence[Batch], n_global: int, loss_sum: LossFn) -> None:
-        for x, y in batches:
-            with self.amp.context():
-                out = self.replica(x)
-            (loss_sum(out.to(self.dtype), y) / n_global).backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.engine.forward_backward(batches, loss_sum, n_global)
+        self.engine.step()
 
     def warm_up(self, batches: Sequence[Batch], n_global: int, loss_sum: LossFn, steps: int) -> None:
         """Untimed steps (the optimizer's state comes to exist), then what the replica holds."""

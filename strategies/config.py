@@ -54,6 +54,12 @@ class TrainingConfig(Section):
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="fp32: compute in training.dtype; bf16/fp16: mixed precision, by each backend's own "
                             "mechanism (docs/precision.md)")
+    compile: Literal["none", "model", "step"] = Field(
+        "none", description="model: torch.compile the model; step: compile the whole step (forward and loss as one "
+                            "graph, the backward by compiled autograd where the backend allows, the optimizer step); "
+                            "compile times are recorded apart from step times (docs/performance.md)")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        "default", description="torch.compile's mode; reduce-overhead captures CUDA graphs (CUDA only)")
     grid_update_every: int = Field(0, ge=0, description="refit spline grids every N steps; 0 = never")
     grid_update_until: int | None = Field(None, ge=1, description="last step at which grids are refitted")
     log_every: int = Field(
@@ -72,6 +78,12 @@ class TrainingConfig(Section):
         if self.precision != "fp32" and self.dtype != "float32":
             raise ValueError(f"precision {self.precision} keeps float32 master weights, but dtype is {self.dtype}; "
                              "set training.dtype=float32 (or training.precision=fp32)")
+        if self.compile == "step" and self.precision == "fp16":
+            raise ValueError("compile step cannot compile fp16's GradScaler step (it asks the host whether a gradient "
+                             "overflowed each step); use precision bf16, or compile model")
+        if self.compile_mode != "default" and self.compile == "none":
+            raise ValueError(f"compile_mode {self.compile_mode} needs something compiled; set training.compile to "
+                             "model or step")
         if (self.micro_batch is None) == (self.global_batch is None):
             raise ValueError("set exactly one of micro_batch (per rank) and global_batch (over all ranks); "
                              "set the other to null")
@@ -138,6 +150,9 @@ class StrategyConfig(Section):
     preferred_launcher: ClassVar[str | None] = None
     # measurement.comm_probe values this strategy supports besides ``none``.
     probes: ClassVar[frozenset[str]] = frozenset()
+    # Whether ``training.compile: step`` can compile this backend's step (DeepSpeed's and
+    # Accelerate's engines run their own backward and optimizer step).
+    compiles_step: ClassVar[bool] = False
     # The experiment's model, set by resolved(): a backend may size its config by it (DeepSpeed's "auto").
     _model: ModelConfig | None = PrivateAttr(None)
 

@@ -37,11 +37,15 @@ class DDPConfig(StrategyConfig):
 
     name: Literal["ddp"]
     probes: ClassVar[frozenset[str]] = frozenset({"paper"})  # the published study instrumented DDP
+    compiles_step: ClassVar[bool] = True
     bucket_cap_mb: float = Field(25.0, gt=0.0, description="gradient bucket size in MiB")
     static_graph: bool = Field(False, description="tell DDP the graph does not change between steps")
     gradient_as_bucket_view: bool = Field(False, description="gradients are views into the buckets (saves a copy)")
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
+        if training.compile == "step":
+            # Compiled autograd captures DDP's gradient all-reduce only as its Python reducer.
+            torch._dynamo.config.optimize_ddp = "python_reducer"
         ddp = DistributedDataParallel(
             model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
             bucket_cap_mb=self.bucket_cap_mb, static_graph=self.static_graph,

@@ -27,7 +27,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from analysis.schema import ModelStateBytes, PrecisionInfo
+from analysis.schema import CompileInfo, ModelStateBytes, PrecisionInfo
+from strategies.compiled_step import StepCompilation
 from strategies.config import TrainingConfig
 from strategies.precision import Amp, dtype_name
 
@@ -95,6 +96,8 @@ class Engine:
     # Which backend this engine drives, in the strategies' vocabulary (an Accelerate run is
     # labelled by the engine Accelerate chose: accelerate_ddp, accelerate_zero2, ...).
     kind = "single"
+    # Whether compiled autograd runs this backend's backward correctly (strategies/compiled_step.py).
+    compiled_autograd = True
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig,
                  amp: Amp | None = None) -> None:
@@ -114,6 +117,10 @@ class Engine:
         # What the run is called when only the running backend knows (Accelerate picks its
         # backend from the launch config); None: the strategy config's label.
         self.label: str | None = None
+        # training.compile: step compiles the forward and loss, the backward and the optimizer step.
+        self.compilation = (StepCompilation(optimizer, self.compiled_autograd, training.compile_mode)
+                            if training.compile == "step" else None)
+        self._loss_share = self.compilation.region(self.loss_share) if self.compilation else self.loss_share
 
     def _count_state_if_armed(self) -> None:
         if self.count_state_next_step:
@@ -125,12 +132,19 @@ class Engine:
         (``n_global`` samples in the whole step, over every rank); return this rank's share of
         that loss, detached. Summed over the ranks, the shares are the global mean."""
         total = torch.zeros((), device=batches[0][0].device, dtype=batches[0][0].dtype)
+        backward = self.compilation.backward if self.compilation else contextlib.nullcontext
         for i, (x, y) in enumerate(batches):
             with self.gradient_sync(i == len(batches) - 1):
-                loss = loss_sum(self.forward(x), y) / n_global
-                self.backward(loss)
+                loss = self._loss_share(x, y, loss_sum, n_global)
+                with backward():
+                    self.backward(loss)
             total += loss.detach()
         return total
+
+    def loss_share(self, x: torch.Tensor, y: torch.Tensor, loss_sum: LossFn, n_global: int) -> torch.Tensor:
+        """This micro-batch's share of the global batch's mean loss (compiled as one graph under
+        ``training.compile: step``)."""
+        return loss_sum(self.forward(x), y) / n_global
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The model's output for ``x``, in the experiment's dtype: mixed precision computes in a
@@ -172,7 +186,10 @@ class Engine:
             self.amp.unscale(self.optimizer)
             self.clip_grad_norm(self.training.grad_clip)
         self._count_state_if_armed()
-        self.amp.step(self.optimizer)
+        if self.compilation is not None:
+            self.compilation.optimizer_step()  # fp16's scaler is refused with it (TrainingConfig)
+        else:
+            self.amp.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
 
     def model_state_bytes(self) -> ModelStateBytes:
@@ -195,6 +212,14 @@ class Engine:
             param_dtype=dtype_name(next(self.model.parameters()).dtype),
             optimizer_dtype=dtype_name(updated[0].dtype) if updated else None,
             compute_dtype="+".join(sorted(self.compute_dtypes)) or None)
+
+    def compile_info(self) -> CompileInfo:
+        """What ``training.compile`` compiled, and how."""
+        setting = self.training.compile
+        mechanism = {"none": "eager", "model": "torch.compile(model)"}.get(setting)
+        if self.compilation is not None:
+            mechanism = self.compilation.describe()
+        return CompileInfo(setting=setting, mechanism=mechanism, mode=self.training.compile_mode)
 
     def updated_tensors(self) -> list[torch.Tensor]:
         """The tensors the optimizer updates (inside Accelerate's and DeepSpeed's wrappers)."""

@@ -36,6 +36,23 @@ class ExperimentConfig(Section):
     output: OutputConfig = OutputConfig()
     fault: FaultConfig | None = Field(None, description="fault injection, for testing failure handling")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _compile_moved_to_training(cls, data: Any) -> Any:
+        """``model.compile: true``, the spelling before ``training.compile`` (config.yaml of older
+        runs has it), reads as ``training.compile: model``."""
+        model = data.get("model") if isinstance(data, dict) else None
+        if not isinstance(model, dict) or "compile" not in model:
+            return data
+        model = dict(model)
+        if model.pop("compile") is True:
+            training = dict(data.get("training") or {})
+            if training.setdefault("compile", "model") != "model":
+                raise ValueError(f"model.compile: true contradicts training.compile: {training['compile']}; "
+                                 "drop model.compile (training.compile says what is compiled)")
+            data = {**data, "training": training}
+        return {**data, "model": model}
+
     @model_validator(mode="after")
     def _model_fits_task(self) -> "ExperimentConfig":
         if self.model.widths[0] != self.task.input_dim:

@@ -36,6 +36,9 @@ def shard_largest_dim(param: nn.Parameter, world_size: int) -> Shard:
 
 
 class FSDP2Engine(ShardedCheckpoints, AveragingEngine):
+    # FSDP2's reduce-scatter runs from hooks compiled autograd's captured backward leaves out: under
+    # it the gradients were never reduced (strategies/compiled_step.py).
+    compiled_autograd = False
     kind = "fsdp2"
 
     @contextlib.contextmanager
@@ -64,6 +67,8 @@ class FSDP2Config(StrategyConfig):
     reduce_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="dtype of the gradient reduce-scatter; null = float32 (bfloat16 halves the bytes sent)")
     shard_largest_dim: bool = Field(True, description="shard each parameter along its longest dimension instead of dim 0")
+
+    compiles_step: ClassVar[bool] = True
 
     def label(self) -> str:
         return "fsdp2" if self.reshard_after_forward else "fsdp2_keep"

@@ -58,6 +58,7 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines
         supporting = ", ".join(name for name, cls in STRATEGIES.items() if probe in cls.probes)
         raise ConfigError(f"measurement.comm_probe: strategy {cfg.strategy.label()} does not support the {probe} probe "
                           f"({PROBES[probe]}); use strategy {supporting} or set measurement.comm_probe=none")
+    check_compile(cfg, device_type)
     if t.grid_update_every and not cfg.model.refits_grids():
         raise ConfigError(f"training.grid_update_every: a {cfg.model.family} model has no grids to refit (only spline "
                           "KANs do: bspline, pykan, or a custom model with update_grid); set training.grid_update_every=0")
@@ -74,6 +75,17 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines
 def check_device(cfg: ExperimentConfig, device_type: str) -> None:
     if device_type == "cuda" and not torch.cuda.is_available() and cfg.runtime.device == "cuda":
         raise ConfigError("runtime.device: cuda was asked for but this machine has no CUDA device; set runtime.device=cpu or auto")
+
+
+def check_compile(cfg: ExperimentConfig, device_type: str) -> None:
+    t = cfg.training
+    if t.compile == "step" and not cfg.strategy.compiles_step:
+        supporting = ", ".join(name for name, cls in STRATEGIES.items() if cls.compiles_step)
+        raise ConfigError(f"training.compile: strategy {cfg.strategy.label()} runs its own backward and optimizer step, "
+                          f"which compile step cannot compile; use strategy {supporting}, or training.compile=model")
+    if t.compile_mode in ("reduce-overhead", "max-autotune") and device_type != "cuda":
+        raise ConfigError(f"training.compile_mode: {t.compile_mode} captures CUDA graphs, which a {device_type} run has "
+                          "none of; use compile_mode default (or max-autotune-no-cudagraphs)")
 
 
 def check_batch_fits_data(t: TrainingConfig, n_train: int, world_size: int, step: int) -> None:

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import torch
 
 from analysis.schema import (
-    BatchInfo, MeasurementInfo, Memory, ModelInfo, ModelStateBytes, PrecisionInfo, RunRecord, StepRecord, StrategyInfo,
+    BatchInfo, CompileInfo, MeasurementInfo, Memory, ModelInfo, ModelStateBytes, PrecisionInfo, RunRecord, StepRecord, StrategyInfo,
     TaskInfo, Throughput, Timings, Topology,
 )
 from kan_models import ParamCount
@@ -61,6 +61,8 @@ def initial_record(cfg: ExperimentConfig, env: DistEnv, run_id: str, params: Par
                           device_name=device_name(env.device), threads_per_rank=torch.get_num_threads()),
         batch=batch, environment=environment_info(env),
         precision=PrecisionInfo(setting=cfg.training.precision, mechanism="not started: the backend sets it up"),
+        compile=CompileInfo(setting=cfg.training.compile, mechanism="not started: the engine compiles",
+                            mode=cfg.training.compile_mode),
     )
 
 

@@ -21,6 +21,7 @@ class SingleConfig(StrategyConfig):
     needs_process_group: ClassVar[bool] = False
     reference: ClassVar[bool] = True
     preferred_launcher: ClassVar[str | None] = "none"
+    compiles_step: ClassVar[bool] = True
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         if world_size > 1:

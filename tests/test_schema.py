@@ -108,11 +108,29 @@ def test_a_torn_last_step_line_is_skipped(finished_run, tmp_path):
         read_steps(torn)
 
 
+@pytest.mark.parametrize("compile_s", [None, 4.2])
+def test_v4_records_are_migrated_on_read(finished_run, tmp_path, compile_s):
+    record, _ = finished_run
+    v4 = json.loads(record.model_dump_json())
+    v4["schema_version"] = 4
+    v4.pop("compile")
+    v4["timings"]["compile_s"] = compile_s
+    shipped_v4 = json.loads((ROOT / "analysis/run_record.v4.schema.json").read_text())
+    jsonschema.validate(v4, shipped_v4)  # a genuine v4 record
+    (tmp_path / "summary.json").write_text(json.dumps(v4))
+    migrated = read_summary(tmp_path)
+    # v4 compiled only the model (model.compile), and recorded a compile time exactly when it did
+    assert migrated.schema_version == 5 and migrated.compile.setting == ("none" if compile_s is None else "model")
+    assert "schema v4" in migrated.compile.mechanism
+    assert json_schema(4) == shipped_v4 and json_schema(5) != shipped_v4
+
+
 def as_v3(record: RunRecord) -> dict:
     """The record as kanscale 0.3 (schema v3) wrote it: no precision, no data loader."""
     data = json.loads(record.model_dump_json())
     data["schema_version"] = 3
     data.pop("precision")
+    data.pop("compile")
     for field in ("loader", "loader_workers"):
         data["batch"].pop(field)
     return data
@@ -125,9 +143,9 @@ def test_v3_records_are_migrated_on_read(finished_run, tmp_path):
     jsonschema.validate(v3, shipped_v3)  # a genuine v3 record
     (tmp_path / "summary.json").write_text(json.dumps(v3))
     migrated = read_summary(tmp_path)
-    assert migrated.schema_version == 4 and migrated.precision.setting == "fp32"
+    assert migrated.schema_version == 5 and migrated.precision.setting == "fp32"
     assert "schema v3" in migrated.precision.mechanism and migrated.batch.loader == "memory"
-    assert json_schema(3) == shipped_v3 and json_schema(4) != shipped_v3
+    assert json_schema(3) == shipped_v3 and json_schema(5) != shipped_v3
 
 
 def as_v2(record: RunRecord) -> dict:
@@ -164,7 +182,7 @@ def test_v2_records_are_migrated_on_read(finished_run, tmp_path):
     jsonschema.validate(v2, {**shipped_v2, "$ref": "#/$defs/RunRecord"})  # a genuine v2 record
     (tmp_path / "summary.json").write_text(json.dumps(v2))
     migrated = read_summary(tmp_path)
-    assert migrated.schema_version == 4 and migrated.comm.replica.median_s == v2["timings"]["comm_exposed_s"]
+    assert migrated.schema_version == 5 and migrated.comm.replica.median_s == v2["timings"]["comm_exposed_s"]
     assert migrated.comm.trusted == "replica" and "clamped at 0" in migrated.comm.note
     assert migrated.measurement.timing == "per_step" and migrated.measurement.windows == record.batch.timed_steps
     assert json_schema(2) == shipped_v2
@@ -183,6 +201,6 @@ def test_v1_records_are_migrated_on_read(finished_run, tmp_path, name, options, 
     jsonschema.validate(v1, {**shipped_v1, "$ref": "#/$defs/RunRecord"})  # a genuine v1 record
     (tmp_path / "summary.json").write_text(json.dumps(v1))
     migrated = read_summary(tmp_path)
-    assert migrated.schema_version == 4 and migrated.test_metrics == {"mse": v1["test_mse"]}
+    assert migrated.schema_version == 5 and migrated.test_metrics == {"mse": v1["test_mse"]}
     assert migrated.strategy.label == label and migrated.strategy.reference == (name == "single")
-    assert json_schema(1) == shipped_v1 and json_schema(4) != shipped_v1
+    assert json_schema(1) == shipped_v1 and json_schema(5) != shipped_v1

@@ -88,6 +88,7 @@ def main(jobs_path: str, results_path: str) -> None:
             "losses": [s.loss for s in trainer.combined],
             "model_state": record.memory.model_state.model_dump(),
             "precision": record.precision.model_dump(),
+            "compile": record.compile.model_dump() if record.compile else None,
             "distributed_type": record.strategy.distributed_type,
             "ranks_identical": len(set(digests)) == 1,
             "status": record.status,

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from analysis.records import RunWriter
 from analysis.schema import (
-    BatchInfo, CommExposure, Environment, MeasurementInfo, Memory, ModelInfo, ModelStateBytes, PrecisionInfo, RunRecord,
+    BatchInfo, CommExposure, CompileInfo, Environment, MeasurementInfo, Memory, ModelInfo, ModelStateBytes, PrecisionInfo, RunRecord,
     Spread, StrategyInfo, TaskInfo, Throughput, Timings, Topology,
 )
 
@@ -46,6 +46,7 @@ def make_record(run_id: str, *, study: str = "strong", strategy: str = "ddp", wo
         final_loss=final_loss, test_metrics={"mse": final_loss},
         environment=Environment(python="3", torch="2", platform="test", hosts=["h"], cpu_count=cpus),
         precision=PrecisionInfo(setting=precision, mechanism="hand-made"),
+        compile=CompileInfo(setting="none", mechanism="eager"),
     )
 
 
