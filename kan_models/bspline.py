@@ -13,12 +13,13 @@ SiLU base path remains; on the k extension intervals at either end the bases no 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from kan_models.base import Interval, LayerStack, ModelConfig
@@ -148,11 +149,23 @@ class BSplineConfig(ModelConfig):
     impl: Literal["fast", "reference"] = Field(
         "fast", description="fast: closed-form bases on the uniform grid, lean backward (grid update stays "
         "uniform, grid_eps unused); reference: Cox-de Boor over all bases, grid_eps grid updates")
+    product: Literal["auto", "dense", "sparse"] = Field(
+        "auto", description="how the fast layer multiplies its bases with the coefficients: dense (one GEMM over all "
+        "G + k bases), sparse (CSR over the k + 1 non-zero ones), auto: sparse on CPUs from 20 bases per non-zero one")
+
+    @model_validator(mode="after")
+    def _product_needs_fast(self) -> "BSplineConfig":
+        if self.product != "auto" and self.impl != "fast":
+            raise ValueError(f"product {self.product} is a choice of the fast layer; set impl=fast or product=auto")
+        return self
 
     def build(self) -> LayerStack:
         from kan_models.bspline_fast import FastBSplineKANLayer  # it builds on this module
 
-        layer = FastBSplineKANLayer if self.impl == "fast" else BSplineKANLayer
+        if self.impl == "fast":
+            layer = functools.partial(FastBSplineKANLayer, product=self.product)
+        else:
+            layer = BSplineKANLayer
         return LayerStack([
             layer(i, o, self.grid, self.k, self.grid_range, self.grid_eps, self.noise_scale)
             for i, o in zip(self.widths[:-1], self.widths[1:])

@@ -14,8 +14,11 @@ bases cost k + 1 polynomial evaluations per input instead of the Cox-de Boor rec
 G + k bases and k levels.
 
 The k + 1 values are scattered into a dense (batch, in, G + k) block for one matrix product with
-the coefficients (on CPUs and GPUs a dense GEMM beats any gather of (batch, in, k + 1, out)
-coefficient windows), plus the SiLU base path. A custom autograd function saves only its inputs:
+the coefficients, plus the SiLU base path. The GEMM does (G + k) / (k + 1) times the arithmetic
+that is needed, and still wins on a CPU while that is small: sparse products (CSR) run far below
+the dense rate. Past ``SPARSE_FROM`` bases per non-zero (grids of about 100 intervals and more,
+measured in docs/performance.md) the layer keeps the k + 1 values as a CSR matrix instead, for
+the forward product, the weight gradient and the input gradient (a sampled product). A custom autograd function saves only its inputs:
 backward recomputes the local bases (cheap) instead of keeping the (batch, in, G + k) basis and
 the recursion's intermediates alive between forward and backward.
 
@@ -35,6 +38,7 @@ whichever side the rounding of u picks.
 from __future__ import annotations
 
 import math
+import warnings
 from fractions import Fraction
 from functools import cache
 from typing import NamedTuple
@@ -134,6 +138,33 @@ def dense_bases(local: LocalBases, n_bases: int) -> torch.Tensor:
     return local.values.new_zeros(batch, n_in, n_bases).scatter_add_(-1, local.index, local.values)
 
 
+def sparse_bases(local: LocalBases, n_bases: int) -> torch.Tensor:
+    """The same (batch, in * n_bases) matrix as :func:`dense_bases`, as CSR: each row holds its
+    in * (k + 1) values in order (feature, basis), the clamped non-existent ones (value zero)
+    included, so a row's column numbers never decrease and its values keep ``local``'s layout."""
+    batch, n_in, width = local.values.shape
+    columns = local.index + torch.arange(n_in, device=local.index.device).view(1, -1, 1) * n_bases
+    rows = torch.arange(0, batch * n_in * width + 1, n_in * width, device=local.index.device)
+    with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state": the tests check it
+        warnings.filterwarnings("ignore", "Sparse CSR tensor support", UserWarning)
+        return torch.sparse_csr_tensor(rows, columns.reshape(-1), local.values.reshape(-1), size=(batch, n_in * n_bases))
+
+
+# Bases per non-zero basis, (G + k) / (k + 1), from which the CPU layer multiplies sparsely. A
+# dense GEMM runs several times the rate of torch's CSR products here, so it wins until it does
+# that many times the work. One layer's forward and backward (in 256, out 1024, batch 1024, k 3,
+# one thread): dense 628 / sparse 944 ms at G = 40, 1,176 / 1,018 at G = 80, 2,243 / 1,481 at
+# G = 160 (docs/performance.md). On CUDA the crossover is
+# not measured yet, so CUDA stays dense unless asked (``product: sparse``).
+SPARSE_FROM = 20
+
+
+def use_sparse(product: str, n_bases: int, k: int, device: torch.device) -> bool:
+    if product != "auto":
+        return product == "sparse"
+    return device.type == "cpu" and n_bases >= SPARSE_FROM * (k + 1)
+
+
 def spline_weight(coef: torch.Tensor, scale_spline: torch.Tensor) -> torch.Tensor:
     return coef * scale_spline.unsqueeze(-1)
 
@@ -160,21 +191,24 @@ class FastBSplineFunction(torch.autograd.Function):
     alive anyway) and recomputes the bases, block by block, in backward."""
 
     @staticmethod
-    def forward(x, knots, coef, scale_base, scale_spline, k):  # noqa: D102 (see the class)
+    def forward(x, knots, coef, scale_base, scale_spline, k, sparse=False):  # noqa: D102 (see the class)
         out = F.linear(F.silu(x), scale_base)
         n_out, n_in, n_bases = coef.shape
         for cols, row_blocks in blocks(len(x), n_in, n_out, n_bases):
             weight = spline_weight(coef[:, cols], scale_spline[:, cols]).flatten(1)
             for rows in row_blocks:
-                dense = dense_bases(local_bases(x[rows, cols], knots[cols], k), n_bases)
-                out[rows].addmm_(dense.flatten(1), weight.T)
+                local = local_bases(x[rows, cols], knots[cols], k)
+                if sparse:
+                    out[rows] += torch.sparse.mm(sparse_bases(local, n_bases), weight.T)
+                else:
+                    out[rows].addmm_(dense_bases(local, n_bases).flatten(1), weight.T)
         return out
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
-        x, knots, coef, scale_base, scale_spline, k = inputs
+        x, knots, coef, scale_base, scale_spline, k, sparse = inputs
         ctx.save_for_backward(x, knots, coef, scale_base, scale_spline)
-        ctx.k = k
+        ctx.k, ctx.sparse = k, sparse
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -191,11 +225,17 @@ class FastBSplineFunction(torch.autograd.Function):
             grad_weight = coef.new_zeros(n_out, n_cols * n_bases) if need_coef or need_spline else None
             for rows in row_blocks:
                 local = local_bases(x[rows, cols], knots[cols], ctx.k, derivative=need_x)
-                if grad_weight is not None:
-                    grad_weight.addmm_(grad_out[rows].T, dense_bases(local, n_bases).flatten(1))
-                if need_x:
-                    grad_bases = (grad_out[rows] @ weight).view(-1, n_cols, n_bases)  # d loss / d B_j(x_i)
-                    grad_x[rows, cols] = (grad_bases.gather(-1, local.index) * local.slopes).sum(-1)
+                bases = sparse_bases(local, n_bases) if ctx.sparse else dense_bases(local, n_bases).flatten(1)
+                if grad_weight is not None and ctx.sparse:
+                    grad_weight += torch.sparse.mm(bases.t(), grad_out[rows]).T
+                elif grad_weight is not None:
+                    grad_weight.addmm_(grad_out[rows].T, bases)
+                if need_x:  # d loss / d B_j(x_i), for the k + 1 bases j each input touches
+                    if ctx.sparse:
+                        touched = torch.sparse.sampled_addmm(bases, grad_out[rows], weight, beta=0.0).values()
+                    else:
+                        touched = (grad_out[rows] @ weight).view(-1, n_cols, n_bases).gather(-1, local.index)
+                    grad_x[rows, cols] = (touched.view(local.slopes.shape) * local.slopes).sum(-1)
             if grad_weight is not None:
                 grad_weight = grad_weight.view(n_out, n_cols, n_bases)
             if need_spline:
@@ -206,7 +246,7 @@ class FastBSplineFunction(torch.autograd.Function):
         if need_x:
             sig = torch.sigmoid(x)  # silu' = sig (1 + x (1 - sig)), in ops that support double backward
             grad_x = grad_x + (grad_out @ scale_base) * sig * (1 + x * (1 - sig))
-        return grad_x, None, grad_coef, grad_base, grad_spline, None
+        return grad_x, None, grad_coef, grad_base, grad_spline, None, None
 
 
 def cardinal_terms(k: int) -> tuple[tuple[float, float], ...]:
@@ -254,8 +294,9 @@ class FastBSplineKANLayer(BSplineKANLayer):
     dict) computed in closed form on its uniform grid. Its grid update refits to a uniform grid
     over the data's range (pykan's grid_eps = 1), whatever ``grid_eps`` says."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, product: str = "auto", **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.product = product  # dense, sparse, or auto: by size (:func:`use_sparse`)
         self.register_load_state_dict_pre_hook(_refuse_non_uniform_knots)
 
     def basis(self, x: torch.Tensor) -> torch.Tensor:
@@ -269,19 +310,26 @@ class FastBSplineKANLayer(BSplineKANLayer):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.coef.dtype
         args = (x.to(dtype), self.knots.to(dtype), self.coef.to(dtype), self.scale_base.to(dtype),
                 self.scale_spline.to(dtype), self.k)
-        if torch.compiler.is_compiling():
+        sparse = use_sparse(self.product, self.coef.shape[-1], self.k, x.device)
+        if torch.compiler.is_compiling() and not sparse:
             if len(x) * self.in_features * self.coef.shape[-1] > BLOCK_ELEMENTS:
                 # Bases too large to keep: recompute them in backward rather than let Inductor save
                 # them. Measured on the wide model: the same step time, 290 -> 9 MiB saved; on the
                 # study model (53 KiB of bases) recomputing cost 60% of the step, so small keeps them.
                 return checkpoint(pointwise_forward, *args, use_reentrant=False)
             return pointwise_forward(*args)
-        with torch.autocast(device, enabled=False):
-            return FastBSplineFunction.apply(*args)
+        return eager_layer(*args, sparse)
 
     def refit_knots(self, x: torch.Tensor) -> torch.Tensor:
         low, span = observed_span(x)
         return uniform_knots(self.grid, self.k, low, low + span, self.in_features)
+
+
+@torch.compiler.disable  # CSR products do not compile: under torch.compile a sparse layer runs eagerly
+def eager_layer(x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, scale_base: torch.Tensor,
+                scale_spline: torch.Tensor, k: int, sparse: bool) -> torch.Tensor:
+    with torch.autocast(x.device.type, enabled=False):
+        return FastBSplineFunction.apply(x, knots, coef, scale_base, scale_spline, k, sparse)
 
 
 def _refuse_non_uniform_knots(module, state_dict, prefix, local_metadata, strict, missing_keys,

@@ -20,6 +20,7 @@ and the ``of limit`` column is the limit's time over the measured train step.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import platform
 import statistics
@@ -34,6 +35,7 @@ from torch import nn
 from analysis.host import cpu_model
 from kan_models import build_model, parse_model_config
 from kan_models.compile import compile_model
+from strategies.compiled_step import StepCompilation
 
 PYKAN_TOO_BIG = ("pykan keeps (batch, out, in) activations per layer (4 GiB each here) and its symbolic "
                  "branch loops over every edge in Python: minutes per step")
@@ -55,12 +57,15 @@ WORKLOADS: dict[str, Workload] = {
     "study": Workload([2, 64, 1], 10, 3, 512, warmup=10, repeats=50, about="the published study's pykan model"),
     "wide": Workload([256, 1024, 1024, 1], 10, 3, 1024, warmup=1, repeats=5, about="a wide model",
                      skip={"pykan": PYKAN_TOO_BIG}),
+    "fine": Workload([256, 1024, 1], 160, 3, 1024, warmup=1, repeats=3,
+                     about="a fine grid, as pykan's grid extension reaches (41 bases per non-zero one)",
+                     skip={"pykan": PYKAN_TOO_BIG}),
     "tiny": Workload([2, 8, 1], 3, 3, 64, warmup=1, repeats=3, about="a smoke test"),
 }
 
 
 def implementation_config(name: str, w: Workload) -> dict[str, Any]:
-    """The model config of an implementation (without ``+compile``) at a workload's size. rbf
+    """The model config of an implementation (without ``+compile``/``+step``) at a workload's size. rbf
     and chebyshev get as many basis functions per edge as the B-spline's G + k, the MLP as many
     trainable parameters as the B-spline KAN."""
     spline = {"grid": w.grid, "k": w.k}
@@ -69,6 +74,8 @@ def implementation_config(name: str, w: Workload) -> dict[str, Any]:
         "pykan-lean": {"family": "pykan", **spline, "symbolic_enabled": False, "save_act": False},
         "reference": {"family": "bspline", **spline, "impl": "reference"},
         "fast": {"family": "bspline", **spline, "impl": "fast"},
+        "fast-dense": {"family": "bspline", **spline, "impl": "fast", "product": "dense"},
+        "fast-sparse": {"family": "bspline", **spline, "impl": "fast", "product": "sparse"},
         "rbf": {"family": "rbf", "grid": w.grid + w.k},
         "chebyshev": {"family": "chebyshev", "degree": w.grid + w.k - 1},
         "mlp": {"family": "mlp", "match": {"family": "bspline", **spline}},
@@ -76,7 +83,18 @@ def implementation_config(name: str, w: Workload) -> dict[str, Any]:
     return {**configs[name], "widths": w.widths}
 
 
-IMPLEMENTATIONS = ["pykan", "pykan-lean", "reference", "fast", "rbf", "chebyshev", "mlp"]
+IMPLEMENTATIONS = ["pykan", "pykan-lean", "reference", "fast", "fast-dense", "fast-sparse", "rbf", "chebyshev", "mlp"]
+# +compile: torch.compile the model (training.compile: model); +step: compile the whole train
+# step as training.compile: step does (strategies/compiled_step.py).
+MODES = ("+compile", "+step")
+
+
+def split_impl(impl: str) -> tuple[str, str]:
+    """An implementation name as (model implementation, mode suffix or "")."""
+    for mode in MODES:
+        if impl.endswith(mode):
+            return impl.removesuffix(mode), mode
+    return impl, ""
 DEFAULT_IMPLS = ["pykan", "pykan+compile", "reference", "reference+compile", "fast", "fast+compile",
                  "rbf", "chebyshev", "mlp"]
 
@@ -92,18 +110,18 @@ class Plan:
 
 def make_plan(models: str | None, impls: str | None, threads: int, repeats: int | None, device: str) -> Plan:
     """Validate the ``kanscale bench`` flags; ValueError names the flag and the fix."""
-    def names(text: str | None, known: list[str], default: list[str], flag: str, suffix: str = "") -> list[str]:
+    def names(text: str | None, known: list[str], default: list[str], flag: str, suffixes: bool = False) -> list[str]:
         chosen = [n.strip() for n in text.split(",") if n.strip()] if text else default
         for n in chosen:
-            if n.removesuffix(suffix) not in known:
+            if (split_impl(n)[0] if suffixes else n) not in known:
                 raise ValueError(f"{flag}: unknown name {n!r}; choose from {', '.join(known)}"
-                                 + (f" (append {suffix} to compile)" if suffix else ""))
+                                 + (" (append +compile to compile the model, +step the whole step)" if suffixes else ""))
         if not chosen:
             raise ValueError(f"{flag}: give at least one name, e.g. {known[0]}")
         return chosen
 
     workloads = names(models, list(WORKLOADS), ["study", "wide"], "--models")
-    chosen = names(impls, IMPLEMENTATIONS, DEFAULT_IMPLS, "--impl", "+compile")
+    chosen = names(impls, IMPLEMENTATIONS, DEFAULT_IMPLS, "--impl", suffixes=True)
     if threads < 1:
         raise ValueError(f"--threads: must be at least 1, got {threads}")
     if repeats is not None and repeats < 1:
@@ -158,7 +176,7 @@ def _spread(seconds: list[float]) -> dict[str, float]:
 def measure(workload: str, impl: str, plan: Plan) -> dict[str, Any]:
     """One row of the benchmark: an implementation on a workload."""
     w = WORKLOADS[workload]
-    base = impl.removesuffix("+compile")
+    base, mode = split_impl(impl)
     row: dict[str, Any] = {"workload": workload, "impl": impl, "batch": w.batch}
     reason = w.skip.get(base.split("-")[0])
     if reason:
@@ -171,29 +189,37 @@ def measure(workload: str, impl: str, plan: Plan) -> dict[str, Any]:
     y = x.square().sum(1, keepdim=True)
     sync = (lambda: torch.cuda.synchronize(plan.device)) if plan.device.type == "cuda" else (lambda: None)
     try:
-        row["compile_s"] = compile_model(model, x)[1] if impl.endswith("+compile") else None
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+        row["compile_s"] = compile_model(model, x)[1] if mode == "+compile" else None
+        # Eager and +compile: torch's fused Adam. +step compiles Adam's own step into one kernel.
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=mode != "+step")
+        forward, backward, optimizer_step = (lambda: F.mse_loss(model(x), y)), contextlib.nullcontext, opt.step
+        if mode == "+step":
+            compiled = StepCompilation(opt, compiled_autograd=True)
+            forward, backward, optimizer_step = compiled.region(forward), compiled.backward, compiled.optimizer_step
         phases: dict[str, list[float]] = {"forward_ms": [], "backward_ms": [], "step_ms": []}
         for i in range(w.warmup + (plan.repeats or w.repeats)):
             opt.zero_grad(set_to_none=True)
             sync()
             t0 = time.perf_counter()
-            loss = F.mse_loss(model(x), y)
+            loss = forward()
             sync()
             t1 = time.perf_counter()
-            loss.backward()
+            with backward():
+                loss.backward()
             sync()
             t2 = time.perf_counter()
-            opt.step()
+            optimizer_step()
             sync()
             t3 = time.perf_counter()
+            if i == 0 and mode == "+step":
+                row["compile_s"] = t3 - t0  # the whole step compiles in its first call
             if i >= w.warmup:
                 for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t0)):
                     phases[name].append(seconds)
         row.update({name: _spread(seconds) for name, seconds in phases.items()})
         row["samples_per_s"] = w.batch / (row["step_ms"]["median"] / 1e3)
         row["step_flops"] = 6 * w.batch * row["params"]
-        row["saved_bytes"] = saved_bytes(model, lambda: F.mse_loss(model(x), y))
+        row["saved_bytes"] = saved_bytes(model, forward)
         row["peak_device_bytes"] = _peak_device_bytes(model, opt, x, y) if plan.device.type == "cuda" else None
     except Exception as err:  # one failing implementation (e.g. a compile error) must not end the run
         return {**row, "status": "failed", "note": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}

@@ -9,7 +9,7 @@ from typing import Any
 
 from analysis.projection import ModelShape
 from kan_models import build_model, parse_model_config
-from launchers.bench import implementation_config
+from launchers.bench import implementation_config, split_impl
 
 
 def model_shape(config: dict[str, Any]) -> ModelShape:
@@ -26,4 +26,4 @@ def model_shape(config: dict[str, Any]) -> ModelShape:
 
 def bench_model_config(doc: dict[str, Any], workload: str, impl: str) -> dict[str, Any]:
     """The model a row (``workload``, ``impl``) of a ``kanscale bench`` JSON measured."""
-    return implementation_config(impl.removesuffix("+compile"), SimpleNamespace(**doc["workloads"][workload]))
+    return implementation_config(split_impl(impl)[0], SimpleNamespace(**doc["workloads"][workload]))

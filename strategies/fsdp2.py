@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from functools import partial
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field

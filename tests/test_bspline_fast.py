@@ -228,3 +228,52 @@ def test_a_compiled_layer_too_large_to_keep_its_bases_recomputes_them_and_matche
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
     # Inductor would keep (batch, in, G + k) bases; recomputing them keeps little more than x
     assert saved_bytes(model, x) < bases / 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("grid", [1, 5, 10])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_the_sparse_product_matches_reference_inside_on_knots_and_outside(dtype, grid, k):
+    ref = reference_layer(grid, k, dtype)
+    sparse = FastBSplineKANLayer(3, 4, grid, k, (LOW, HIGH), product="sparse").to(dtype)
+    sparse.load_state_dict(ref.state_dict())
+    x = probe_points(ref, dtype)
+    assert_agree(outputs_and_grads(sparse, sparse, x), outputs_and_grads(ref, ref, x), dtype)
+
+
+def test_the_sparse_product_matches_reference_across_blocks():
+    n_in, n_out, grid, k, batch = 160, 1024, 10, 3, 1100
+    assert len(blocks(batch, n_in, n_out, grid + k)) > 1
+    torch.manual_seed(0)
+    ref = BSplineKANLayer(n_in, n_out, grid, k, (LOW, HIGH)).double()
+    with torch.no_grad():
+        ref.knots.copy_(uniform_knots(grid, k, LOW, HIGH, n_in))
+    sparse = FastBSplineKANLayer(n_in, n_out, grid, k, (LOW, HIGH), product="sparse").double()
+    sparse.load_state_dict(ref.state_dict())
+    x = torch.rand(batch, n_in, dtype=torch.float64) * 4 - 1.5
+    assert_agree(outputs_and_grads(sparse, sparse, x), outputs_and_grads(ref, ref, x), torch.float64)
+
+
+def test_auto_multiplies_sparsely_from_the_measured_crossover_on_cpus_only():
+    from kan_models.bspline_fast import SPARSE_FROM, use_sparse
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert use_sparse("auto", SPARSE_FROM * 4, 3, cpu) and not use_sparse("auto", SPARSE_FROM * 4 - 1, 3, cpu)
+    assert not use_sparse("auto", 1000, 3, cuda)  # not measured on GPUs: dense unless asked
+    assert use_sparse("sparse", 4, 3, cpu) and not use_sparse("dense", 1000, 3, cpu)
+    layers = build_model(parse_model_config({"family": "bspline", "widths": [2, 1], "grid": 80, "k": 3}), 0).blocks
+    assert layers[0].product == "auto"
+    with pytest.raises(ValidationError, match="product sparse is a choice of the fast layer"):
+        parse_model_config({"family": "bspline", "widths": [2, 1], "impl": "reference", "product": "sparse"})
+
+
+def test_a_compiled_model_runs_its_sparse_layers_eagerly_and_matches():
+    cfg = parse_model_config({"family": "bspline", "widths": [3, 4, 1], "grid": 5, "k": 3, "product": "sparse"})
+    eager, model = build_model(cfg, seed=0), build_model(cfg, seed=0)
+    x = torch.rand(64, 3) * 2 - 1
+    compile_model(model, x)
+    torch.testing.assert_close(model(x), eager(x), rtol=1e-5, atol=1e-6)
+    for m in (model, eager):
+        m(x).square().sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)

@@ -16,7 +16,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                                        "(see docs/performance.md).")
     bench.add_argument("--models", help="comma-separated workloads: study, wide, tiny (default: study,wide)")
     bench.add_argument("--impl", help="comma-separated implementations: pykan, pykan-lean, reference, fast, rbf, "
-                                      "chebyshev, mlp, each optionally with +compile (default: pykan, pykan+compile, "
+                                      "chebyshev, mlp, each optionally with +compile (the model compiled) or +step (the whole "
+                                      "train step compiled: forward and loss, compiled autograd, the optimizer) (default: pykan, pykan+compile, "
                                       "reference, reference+compile, fast, fast+compile, rbf, chebyshev, mlp)")
     bench.add_argument("--threads", type=int, default=1, help="intra-op CPU threads (default 1, as in the study)")
     bench.add_argument("--repeats", type=int, help="timed train steps per measurement (default: study 50, wide 5)")
