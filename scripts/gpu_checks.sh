@@ -53,6 +53,13 @@ check fsdp2_bf16        torchrun_train fsdp2_bf16 --strategy fsdp2 --set trainin
 check zero0_bf16        torchrun_train zero0_bf16 --strategy zero0 --set training.precision=bf16
 check zero2_fp16        torchrun_train zero2_fp16 --strategy zero2 --set training.precision=fp16
 check accelerate_fp16   accelerate_train acc_fp16 configs/accelerate/ddp.yaml --set training.precision=fp16
+# training.compile: step on GPUs (docs/performance.md): compiled autograd under DDP, eager backward
+# under FSDP2, and CUDA graphs (reduce-overhead) on the study's model, which is launch-bound there
+check ddp_compile_step  torchrun_train ddp_step --strategy ddp --set training.compile=step
+check fsdp2_compile_step torchrun_train fsdp2_step --strategy fsdp2 --set training.compile=step
+check single_cudagraphs $PY -m launchers.cli train "$EXP" "${COMMON[@]}" --out "$OUT/runs/single_graphs" --strategy single --set training.compile=step \
+  --set training.compile_mode=reduce-overhead --set 'model.widths=[2, 64, 1]' --set model.grid=10 \
+  --set training.micro_batch=512
 check zero2             torchrun_train zero2 --strategy zero2
 check zero3_offload     torchrun_train zero3_offload --strategy zero3_offload
 check accelerate_ddp    accelerate_train acc_ddp configs/accelerate/ddp.yaml
@@ -80,7 +87,10 @@ sys.exit(1 if bad else 0)
 PYEOF
 
 check commbench_nccl $PY -m launchers.cli commbench --device cuda --nproc-per-node "$NPROC" --out "$OUT/commbench.json"
-check bench $PY -m launchers.cli bench --out "$OUT/bench.json"
+# Kernel speed: the study's, the wide and the fine-grid workloads, with the whole step compiled and
+# the sparse product (whose crossover with the dense one is not measured on GPUs yet)
+check bench $PY -m launchers.cli bench --models study,wide,fine \
+  --impl pykan,pykan+compile,reference,fast,fast+compile,fast+step,fast-dense,fast-sparse,mlp --out "$OUT/bench.json"
 # Does the suite's clock (CUDA events, one synchronize per window) slow the training? Its DDP rate
 # against a hand-written DDP loop, interleaved; the table is OUT_DIR/bench_timing.md.
 bench_timing() {

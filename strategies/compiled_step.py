@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from kan_models.compile import any_batch_size
+
 
 class StepCompilation:
     """What an engine compiles under ``training.compile: step``: ``optimizer``'s step, the
@@ -40,7 +42,13 @@ class StepCompilation:
         self._backward_compiler = torch.compile(dynamic=False, **self.options) if compiled_autograd else None
 
     def region(self, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-        return torch.compile(fn, **self.options)
+        """``fn(x, y, ...)`` compiled for every batch size at once (see :func:`any_batch_size`)."""
+        compiled = torch.compile(fn, **self.options)
+
+        def call(x: torch.Tensor, y: torch.Tensor, *rest: Any) -> torch.Tensor:
+            return compiled(any_batch_size(x), any_batch_size(y), *rest)
+
+        return call
 
     def backward(self) -> contextlib.AbstractContextManager:
         if self._backward_compiler is None:

@@ -150,8 +150,8 @@ class StrategyConfig(Section):
     preferred_launcher: ClassVar[str | None] = None
     # measurement.comm_probe values this strategy supports besides ``none``.
     probes: ClassVar[frozenset[str]] = frozenset()
-    # Whether ``training.compile: step`` can compile this backend's step (DeepSpeed's and
-    # Accelerate's engines run their own backward and optimizer step).
+    # Whether ``training.compile: step`` compiles this backend's step (tested with parity); DeepSpeed's
+    # and Accelerate's engines run their own backward and optimizer step.
     compiles_step: ClassVar[bool] = False
     # The experiment's model, set by resolved(): a backend may size its config by it (DeepSpeed's "auto").
     _model: ModelConfig | None = PrivateAttr(None)

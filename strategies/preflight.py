@@ -81,8 +81,9 @@ def check_compile(cfg: ExperimentConfig, device_type: str) -> None:
     t = cfg.training
     if t.compile == "step" and not cfg.strategy.compiles_step:
         supporting = ", ".join(name for name, cls in STRATEGIES.items() if cls.compiles_step)
-        raise ConfigError(f"training.compile: strategy {cfg.strategy.label()} runs its own backward and optimizer step, "
-                          f"which compile step cannot compile; use strategy {supporting}, or training.compile=model")
+        raise ConfigError(f"training.compile: step compiles the whole step under strategy {supporting} only, not "
+                          f"{cfg.strategy.label()} (DeepSpeed and Accelerate run their own backward and optimizer "
+                          "step); use one of those strategies, or training.compile=model")
     if t.compile_mode in ("reduce-overhead", "max-autotune") and device_type != "cuda":
         raise ConfigError(f"training.compile_mode: {t.compile_mode} captures CUDA graphs, which a {device_type} run has "
                           "none of; use compile_mode default (or max-autotune-no-cudagraphs)")

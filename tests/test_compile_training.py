@@ -5,6 +5,7 @@ fsdp2 at two real ranks; compile times are recorded apart from the step times, a
 says what was compiled."""
 
 import pytest
+import torch
 
 from analysis.labels import strategy_label
 from kanscale.errors import ConfigError
@@ -76,3 +77,29 @@ def test_the_old_model_compile_spelling_reads_as_training_compile_model():
     assert parse_experiment({**cfg, "model": {**cfg["model"], "compile": False}}).training.compile == "none"
     with pytest.raises(ConfigError, match="model.compile: true contradicts training.compile: step"):
         parse_experiment({**old, "training": {**cfg["training"], "compile": "step"}})
+
+
+@pytest.mark.parametrize("compile", ["model", "step"])
+def test_a_short_last_batch_does_not_compile_again(compile):
+    # An epoch's last batch is short; compiling again would land inside a timed window.
+    from torch._dynamo.utils import counters
+
+    from kan_models import build_model, parse_model_config
+    from kan_models.compile import compile_model
+    from strategies.config import TrainingConfig
+    from strategies.engine import Engine
+    from strategies.optim import build_optimizer
+
+    model = build_model(parse_model_config({"family": "bspline", "widths": [2, 8, 1], "grid": 5}), 0)
+    training = TrainingConfig(compile=compile, steps=4)
+    batches = [torch.rand(n, 2) for n in (256, 256, 40, 256, 40)]
+    if compile == "model":
+        compile_model(model, batches[0])
+    engine = Engine(model, build_optimizer(model.parameters(), training), training)
+    compiled = []
+    for x in batches:
+        engine.forward_backward([(x, x.square().sum(1, keepdim=True))], lambda out, y: (out - y).square().sum(), len(x))
+        engine.step()
+        compiled.append((counters["frames"]["ok"], counters["compiled_autograd"]["captures"]))
+    assert compiled[0][0] > 0
+    assert compiled[-1] == compiled[1], f"compiled again after the first steps: {compiled}"
