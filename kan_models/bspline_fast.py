@@ -147,14 +147,16 @@ def sparse_bases(local: LocalBases, n_bases: int) -> torch.Tensor:
     rows = torch.arange(0, batch * n_in * width + 1, n_in * width, device=local.index.device)
     with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state": the tests check it
         warnings.filterwarnings("ignore", "Sparse CSR tensor support", UserWarning)
-        return torch.sparse_csr_tensor(rows, columns.reshape(-1), local.values.reshape(-1), size=(batch, n_in * n_bases))
+        # Valid by construction (rows of equal length, columns in order): no invariant checks.
+        return torch.sparse_csr_tensor(rows, columns.reshape(-1), local.values.reshape(-1), size=(batch, n_in * n_bases),
+                                       check_invariants=False)
 
 
 # Bases per non-zero basis, (G + k) / (k + 1), from which the CPU layer multiplies sparsely. A
 # dense GEMM runs several times the rate of torch's CSR products here, so it wins until it does
 # that many times the work. One layer's forward and backward (in 256, out 1024, batch 1024, k 3,
-# one thread): dense 628 / sparse 944 ms at G = 40, 1,176 / 1,018 at G = 80, 2,243 / 1,481 at
-# G = 160 (docs/performance.md). On CUDA the crossover is
+# one thread; scripts/bench_sparse_crossover.py): dense / sparse 257 / 817 ms at G = 10, 817 / 819
+# at G = 40, 1,302 / 1,075 at G = 80, 2,360 / 1,439 at G = 160 (docs/performance.md). On CUDA the crossover is
 # not measured yet, so CUDA stays dense unless asked (``product: sparse``).
 SPARSE_FROM = 20
 

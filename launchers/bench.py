@@ -192,7 +192,7 @@ def measure(workload: str, impl: str, plan: Plan) -> dict[str, Any]:
         row["compile_s"] = compile_model(model, x)[1] if mode == "+compile" else None
         # Eager and +compile: torch's fused Adam. +step compiles Adam's own step into one kernel.
         opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=mode != "+step")
-        forward, backward, optimizer_step = (lambda: F.mse_loss(model(x), y)), contextlib.nullcontext, opt.step
+        forward, backward, optimizer_step = (lambda x, y: F.mse_loss(model(x), y)), contextlib.nullcontext, opt.step
         if mode == "+step":
             compiled = StepCompilation(opt, compiled_autograd=True)
             forward, backward, optimizer_step = compiled.region(forward), compiled.backward, compiled.optimizer_step
@@ -201,7 +201,7 @@ def measure(workload: str, impl: str, plan: Plan) -> dict[str, Any]:
             opt.zero_grad(set_to_none=True)
             sync()
             t0 = time.perf_counter()
-            loss = forward()
+            loss = forward(x, y)
             sync()
             t1 = time.perf_counter()
             with backward():
@@ -219,7 +219,7 @@ def measure(workload: str, impl: str, plan: Plan) -> dict[str, Any]:
         row.update({name: _spread(seconds) for name, seconds in phases.items()})
         row["samples_per_s"] = w.batch / (row["step_ms"]["median"] / 1e3)
         row["step_flops"] = 6 * w.batch * row["params"]
-        row["saved_bytes"] = saved_bytes(model, forward)
+        row["saved_bytes"] = saved_bytes(model, lambda: forward(x, y))
         row["peak_device_bytes"] = _peak_device_bytes(model, opt, x, y) if plan.device.type == "cuda" else None
     except Exception as err:  # one failing implementation (e.g. a compile error) must not end the run
         return {**row, "status": "failed", "note": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}

@@ -8,7 +8,8 @@
 #
 # Each check prints PASS/FAIL and goes on; the summary is OUT_DIR/summary.txt, the run records
 # are under OUT_DIR/runs, the kernel benchmark table is OUT_DIR/bench.md, NCCL's collective
-# latency and bandwidth OUT_DIR/commbench.md, the timing overhead OUT_DIR/bench_timing.md.
+# latency and bandwidth OUT_DIR/commbench.md, the timing overhead OUT_DIR/bench_timing.md, the
+# sparse product's crossover OUT_DIR/sparse_crossover.md.
 set -u
 OUT=${1:-${OUT:-gpu_checks}}
 mkdir -p "$OUT/runs"
@@ -98,4 +99,10 @@ bench_timing() {
     --out "$OUT/bench_timing.json" > "$OUT/bench_timing.log" && grep '^|' "$OUT/bench_timing.log" > "$OUT/bench_timing.md"
 }
 check bench_timing bench_timing
+# The sparse product's crossover with the dense one on this GPU (SPARSE_FROM is CPU-measured);
+# the table is OUT_DIR/sparse_crossover.md
+sparse_crossover() {
+  $PY scripts/bench_sparse_crossover.py --device cuda --grids 10 40 80 160 320 > "$OUT/sparse_crossover.md"
+}
+check sparse_crossover sparse_crossover
 cat "$SUMMARY"

@@ -12,11 +12,12 @@ from launchers.cli import main
 
 def test_quick_bench_writes_json_and_a_markdown_table_with_ratios(tmp_path, capsys):
     out = tmp_path / "bench" / "tiny.json"
-    code = main(["bench", "--models", "tiny", "--impl", "pykan,reference,fast,mlp", "--repeats", "2", "--out", str(out)])
+    code = main(["bench", "--models", "tiny", "--impl", "pykan,reference,fast,fast-sparse,fast+step,mlp", "--repeats", "2",
+                 "--out", str(out)])
     assert code == 0
     doc = json.loads(out.read_text())
     rows = {r["impl"]: r for r in doc["results"]}
-    assert list(rows) == ["pykan", "reference", "fast", "mlp"]
+    assert list(rows) == ["pykan", "reference", "fast", "fast-sparse", "fast+step", "mlp"]
     assert all(r["status"] == "ok" and r["samples_per_s"] > 0 for r in rows.values())
     assert rows["pykan"]["vs_pykan"] == 1.0 and rows["reference"]["vs_reference"] == 1.0
     assert rows["fast"]["vs_pykan"] == pytest.approx(rows["fast"]["samples_per_s"] / rows["pykan"]["samples_per_s"])
@@ -24,6 +25,9 @@ def test_quick_bench_writes_json_and_a_markdown_table_with_ratios(tmp_path, caps
         assert r["step_ms"]["min"] <= r["step_ms"]["median"] <= r["step_ms"]["max"]
     # the fast layer keeps only its inputs for backward; the reference keeps the recursion's tensors
     assert rows["fast"]["saved_bytes"] < rows["reference"]["saved_bytes"] / 4
+    # the whole step compiled: its first step is the compile time; the sparse product keeps only inputs too
+    assert rows["fast+step"]["compile_s"] > rows["fast+step"]["step_ms"]["max"] / 1e3
+    assert rows["fast-sparse"]["saved_bytes"] == rows["fast"]["saved_bytes"]
     assert doc["environment"]["threads"] == 1 and doc["environment"]["torch"] == torch.__version__
     # the arithmetic limit: 6 x batch x parameters at the measured GEMM rate, over the step
     rate = doc["environment"]["gemm_flops_per_s"]
@@ -55,7 +59,7 @@ def test_pykan_is_skipped_on_the_wide_workload_with_the_reason():
 
 @pytest.mark.parametrize("flags,message", [
     (["--impl", "fastest"], "--impl: unknown name 'fastest'"),
-    (["--models", "huge"], "--models: unknown name 'huge'; choose from study, wide, tiny"),
+    (["--models", "huge"], "--models: unknown name 'huge'; choose from study, wide, fine, tiny"),
     (["--threads", "0"], "--threads: must be at least 1"),
     (["--repeats", "0"], "--repeats: must be at least 1"),
     (["--out", "table.md"], "--out: give a .json file (the Markdown table goes next to it as .md), got table.md"),
