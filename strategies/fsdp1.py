@@ -4,7 +4,7 @@ unit per KAN layer, so only one layer's parameters are gathered at a time."""
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -22,6 +22,9 @@ from strategies.precision import Amp, dtype_name, low_dtype
 
 
 class FSDP1Engine(ShardedCheckpoints, AveragingEngine):
+    # Under compiled autograd FSDP1's hooks assign the full gradient to the flat shard (a size
+    # mismatch at 2 ranks, measured): its backward stays eager (strategies/compiled_step.py).
+    compiled_autograd = False
     kind = "fsdp1"
 
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
@@ -48,6 +51,7 @@ class FSDP1Config(StrategyConfig):
     """FullyShardedDataParallel (FSDP1): flat parameters sharded per KAN layer."""
 
     name: Literal["fsdp1"]
+    compiles_step: ClassVar[bool] = True
     sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"] = Field(
         "FULL_SHARD", description="what is sharded: params+grads+optimizer / grads+optimizer / nothing / full within a node")
     cpu_offload: bool = Field(False, description="keep sharded parameters on the CPU between uses (GPU runs)")
