@@ -54,7 +54,7 @@ class StepCompilation:
     def backward(self) -> contextlib.AbstractContextManager:
         if self._backward_compiler is None:
             return contextlib.nullcontext()
-        # Compiled autograd has no public switch for one call in torch 2.6-2.13 but this context
+        # Compiled autograd has no public switch for one call in torch 2.13 but this context
         # (the config flag applies only to backward passes inside a compiled region).
         from torch._dynamo import compiled_autograd
 
