@@ -31,7 +31,7 @@ demo: $(STAMP)
 	$(BIN)/kanscale analyze runs/demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests --ignore=tests/cluster
+	$(BIN)/python -m pytest -q --durations=15 tests --ignore=tests/cluster
 
 test-cluster: $(STAMP)
 	bash scripts/cluster_packages.sh

@@ -77,9 +77,11 @@ def test_the_compute_baseline_follows_the_load(loaded_run):
     compute_ratio = statistics.median(s.compute_s for s in during) / statistics.median(s.compute_s for s in before)
     step_ratio = statistics.median(s.time_s_max for s in during) / statistics.median(s.time_s_max for s in before)
     print(f"baseline under load / before: {compute_ratio:.2f} (steps: {step_ratio:.2f})")
-    # A baseline fixed before the load would read 1.0 against a step ratio near 3; a third of a core
-    # comes in time slices as long as a few steps, so the two ratios agree only to about a third.
-    assert compute_ratio == pytest.approx(step_ratio, rel=0.35)
+    # A baseline fixed before the load would read 1.0 against a step ratio near 3. The baseline is
+    # two short samples per window, and a third of a core comes in time slices as long as a few
+    # steps, so its ratio scatters around the steps' (measured 0.78x to 1.44x of it over 7 runs):
+    # it must follow at least half the slowdown, and not exceed twice it.
+    assert 1 + (step_ratio - 1) / 2 < compute_ratio < 2 * step_ratio
 
 
 def test_a_run_without_communication_still_reads_about_none(loaded_run):
