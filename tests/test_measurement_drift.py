@@ -79,7 +79,7 @@ def test_the_compute_baseline_follows_the_load(loaded_run):
     print(f"baseline under load / before: {compute_ratio:.2f} (steps: {step_ratio:.2f})")
     # A baseline fixed before the load would read 1.0 against a step ratio near 3. The baseline is
     # two short samples per window, and a third of a core comes in time slices as long as a few
-    # steps, so its ratio scatters around the steps' (measured 0.78x to 1.44x of it over 7 runs):
+    # steps, so its ratio scatters around the steps' (0.78x to 1.44x of it in the 5 runs recorded):
     # it must follow at least half the slowdown, and not exceed twice it.
     assert 1 + (step_ratio - 1) / 2 < compute_ratio < 2 * step_ratio
 
