@@ -213,19 +213,25 @@ def saved_bytes(forward, x: torch.Tensor) -> int:
     return sum(storages.values())
 
 
+def assert_compiled_matches_eager(cfg, x: torch.Tensor, atol: float, grad_atol: float) -> torch.nn.Module:
+    """Build the model twice, compile one: outputs and parameter gradients on ``x`` agree."""
+    eager, model = build_model(cfg, seed=0), build_model(cfg, seed=0)
+    compile_model(model, x)
+    torch.testing.assert_close(model(x), eager(x), rtol=1e-5, atol=atol)
+    for m in (model, eager):
+        m(x).square().sum().backward()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=grad_atol)
+    return model
+
+
 def test_a_compiled_layer_too_large_to_keep_its_bases_recomputes_them_and_matches_eager():
     from kan_models.bspline_fast import BLOCK_ELEMENTS
 
     cfg = parse_model_config({"family": "bspline", "widths": [64, 8], "grid": 10, "k": 3})
-    eager, model = build_model(cfg, seed=0), build_model(cfg, seed=0)
     x = torch.rand(BLOCK_ELEMENTS // (64 * 13) + 64, 64) * 2 - 1
     bases = x.numel() * 13 * 4
-    compile_model(model, x)
-    torch.testing.assert_close(model(x), eager(x), rtol=1e-5, atol=1e-5)
-    for m in (model, eager):
-        m(x).square().sum().backward()
-    for p, q in zip(model.parameters(), eager.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+    model = assert_compiled_matches_eager(cfg, x, atol=1e-5, grad_atol=1e-4)
     # Inductor would keep (batch, in, G + k) bases; recomputing them keeps little more than x
     assert saved_bytes(model, x) < bases / 4
 
@@ -269,11 +275,4 @@ def test_auto_multiplies_sparsely_from_the_measured_crossover_on_cpus_only():
 
 def test_a_compiled_model_runs_its_sparse_layers_eagerly_and_matches():
     cfg = parse_model_config({"family": "bspline", "widths": [3, 4, 1], "grid": 5, "k": 3, "product": "sparse"})
-    eager, model = build_model(cfg, seed=0), build_model(cfg, seed=0)
-    x = torch.rand(64, 3) * 2 - 1
-    compile_model(model, x)
-    torch.testing.assert_close(model(x), eager(x), rtol=1e-5, atol=1e-6)
-    for m in (model, eager):
-        m(x).square().sum().backward()
-    for p, q in zip(model.parameters(), eager.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    assert_compiled_matches_eager(cfg, torch.rand(64, 3) * 2 - 1, atol=1e-6, grad_atol=1e-6)
