@@ -170,7 +170,8 @@ class Trainer:
         compile time. Backends that replace parameters (FSDP, ZeRO-3) may recompile during the
         first steps, which the warm-up steps absorb."""
         sample = self.memory.batches(0)[0][0][0]
-        return compile_model(model, sample)[1]
+        mode = self.cfg.training.compile_mode
+        return compile_model(model, sample, **({} if mode == "default" else {"mode": mode}))[1]
 
     def _build_baseline(self) -> ComputeBaseline:
         """The compute-only replica (compiled when the model is), warmed up on this attempt's
