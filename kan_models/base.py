@@ -112,6 +112,22 @@ class LayerStack(nn.Module):
 
 
 @dataclass(frozen=True)
+class LayerSplit:
+    """How tensor parallelism may cut one KAN layer (strategies/tensor_parallel.py). Names are the
+    layer's own parameters and buffers (``coef``, ``spline.weight``); a tensor named in neither
+    map stays whole on every rank.
+
+    A KAN layer is an elementwise expansion of each input followed by a contraction over inputs,
+    so its outputs split like a linear layer's columns (``outputs``: each rank computes some
+    outputs from the whole input) and its inputs like its rows (``inputs``: each rank contracts
+    some inputs and the partial outputs are summed)."""
+
+    outputs: dict[str, int]  # tensor -> its dimension along the layer's outputs
+    inputs: dict[str, int] | None  # tensor -> its dimension along the inputs; None: needs the whole input
+    once: tuple[str, ...] = ()  # added to the output after the contraction (a bias): one rank adds it
+
+
+@dataclass(frozen=True)
 class ParamCount:
     trainable: int
     total: int

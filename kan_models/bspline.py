@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
-from kan_models.base import Interval, LayerStack, ModelConfig
+from kan_models.base import Interval, LayerSplit, LayerStack, ModelConfig
 
 
 def uniform_knots(grid: int, k: int, low: float | torch.Tensor, high: float | torch.Tensor,
@@ -103,6 +103,11 @@ class BSplineKANLayer(nn.Module):
 
     def basis(self, x: torch.Tensor) -> torch.Tensor:
         return bspline_basis(x, self.knots, self.k)
+
+    def layer_split(self) -> LayerSplit:
+        # Every parameter is (out, in[, G + k]); the knots are one row per input.
+        return LayerSplit(outputs={"coef": 0, "scale_base": 0, "scale_spline": 0},
+                          inputs={"coef": 1, "scale_base": 1, "scale_spline": 1, "knots": 0})
 
     def spline_weight(self) -> torch.Tensor:
         return self.coef * self.scale_spline.unsqueeze(-1)

@@ -12,7 +12,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from kan_models.base import LayerStack, ModelConfig
+from kan_models.base import LayerSplit, LayerStack, ModelConfig
 
 
 def chebyshev_polynomials(z: torch.Tensor, degree: int) -> torch.Tensor:
@@ -33,6 +33,9 @@ class ChebyshevKANLayer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         polys = chebyshev_polynomials(torch.tanh(x), self.degree)  # (batch, in, D + 1)
         return polys.flatten(1) @ self.coef.flatten(1).T
+
+    def layer_split(self) -> LayerSplit:
+        return LayerSplit(outputs={"coef": 0}, inputs={"coef": 1})
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, degree={self.degree}"

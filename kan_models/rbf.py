@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from kan_models.base import Interval, LayerStack, ModelConfig
+from kan_models.base import Interval, LayerSplit, LayerStack, ModelConfig
 
 
 class RBFKANLayer(nn.Module):
@@ -42,6 +42,15 @@ class RBFKANLayer(nn.Module):
         if self.base is not None:
             out = out + self.base(F.silu(x))
         return out
+
+    def layer_split(self) -> LayerSplit:
+        outputs = {"spline.weight": 0, **({"base.weight": 0, "base.bias": 0} if self.base is not None else {})}
+        if isinstance(self.norm, nn.LayerNorm):
+            # The LayerNorm's statistics run over the whole input row: the inputs do not split.
+            return LayerSplit(outputs=outputs, inputs=None)
+        # spline.weight is (out, in * G), in-major like the flattened bases: a chunk of whole inputs.
+        inputs = {"spline.weight": 1, **({"base.weight": 1} if self.base is not None else {})}
+        return LayerSplit(outputs=outputs, inputs=inputs, once=("base.bias",) if self.base is not None else ())
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, grid={self.grid}"

@@ -89,15 +89,16 @@ class TrainingConfig(Section):
                              "set the other to null")
         return self
 
-    def micro_batch_for(self, world_size: int) -> int:
-        """Samples per rank per micro-step at this world size."""
+    def micro_batch_for(self, shares: int) -> int:
+        """Samples per rank per micro-step when every global batch is cut into ``shares``
+        (the world size under data parallelism; the data-parallel size under tensor parallelism)."""
         if self.micro_batch is not None:
             return self.micro_batch
-        ranks_x_accum = self.grad_accum * world_size
+        ranks_x_accum = self.grad_accum * shares
         if self.global_batch % ranks_x_accum:
             raise ConfigError(
                 f"training.global_batch: {self.global_batch} samples cannot be split evenly over grad_accum "
-                f"({self.grad_accum}) x world size ({world_size}) = {ranks_x_accum}; use a multiple of {ranks_x_accum}")
+                f"({self.grad_accum}) x data-parallel ranks ({shares}) = {ranks_x_accum}; use a multiple of {ranks_x_accum}")
         return self.global_batch // ranks_x_accum
 
 
@@ -153,6 +154,9 @@ class StrategyConfig(Section):
     # Whether ``training.compile: step`` compiles this backend's step (tested with parity); DeepSpeed's
     # and Accelerate's engines run their own backward and optimizer step.
     compiles_step: ClassVar[bool] = False
+    # Whether ``training.compile: model`` runs under this backend (tensor parallelism's local_map
+    # layers are not compiled: untested).
+    compiles_model: ClassVar[bool] = True
     # The experiment's model, set by resolved(): a backend may size its config by it (DeepSpeed's "auto").
     _model: ModelConfig | None = PrivateAttr(None)
 
@@ -186,6 +190,21 @@ class StrategyConfig(Section):
         """What the backend will be given, for ``--dry-run`` (a title and the config), where the
         strategy merges one from several sources; None where it does not."""
         return None
+
+    def ranks_per_replica(self, world_size: int) -> int:
+        """Ranks that hold parts of one model replica and train on the same samples: 1 for data
+        parallelism; the TP degree where a backend splits the model (strategies/tp.py)."""
+        return 1
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """How many shares every global batch is cut into at ``world_size``."""
+        return world_size // self.ranks_per_replica(world_size)
+
+    def compute_replica(self, model: nn.Module, env: DistEnv) -> nn.Module:
+        """What the compute-only baseline times on this rank (strategies/baseline.py), made from a
+        plain copy of the model: the whole model under data parallelism; a backend that splits the
+        model returns this rank's part, with no collectives."""
+        return model
 
     def launch_config(self) -> str | None:
         """The launcher config file this strategy is meant to run under, where it has one."""

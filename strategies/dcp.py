@@ -1,5 +1,6 @@
 """Sharded checkpoints with torch.distributed.checkpoint (DCP): each rank writes and reads only
-its own shards, the format FSDP1 and FSDP2 are meant to be saved in."""
+its own shards, the format FSDP1, FSDP2 and tensor parallelism are meant to be saved in; and the
+whole-model state dicts of models whose parameters are DTensors."""
 
 from __future__ import annotations
 
@@ -9,7 +10,10 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_model_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
+
+from strategies.engine import detached_copy
 
 
 def torch_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -56,3 +60,18 @@ class ShardedCheckpoints:
         with tempfile.TemporaryDirectory() as tmp:
             dcp_to_torch_save(directory, Path(tmp) / "full.pt")
             return torch.load(Path(tmp) / "full.pt", map_location="cpu", weights_only=False)["model"]
+
+
+class DTensorStateDicts:
+    """Engine mixin for models whose parameters are DTensors (FSDP2, tensor parallel, both): the
+    whole state gathered on every rank, and loaded back into the shards."""
+
+    model: nn.Module
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        state = self.model.state_dict()
+        return detached_copy({k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()})
+
+    @torch.no_grad()
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))

@@ -59,6 +59,11 @@ class DistEnv:
         if self.dp_rank is None or self.dp_size is None:
             self.dp_rank, self.dp_size = self.rank, self.world_size
 
+    def split_into_replicas(self, ranks_per_replica: int) -> None:
+        """Ranks r * ranks_per_replica .. (r + 1) * ranks_per_replica - 1 hold replica r, as a
+        (dp, tp) device mesh lays them out (the inner dimension varies fastest)."""
+        self.dp_size, self.dp_rank = self.world_size // ranks_per_replica, self.rank // ranks_per_replica
+
     @property
     def ranks_per_replica(self) -> int:
         """Ranks that hold parts of one model replica and see the same samples (1 for pure data

@@ -10,16 +10,15 @@ from typing import ClassVar, Literal
 import torch
 from pydantic import Field
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import Shard
 
 from kanscale.errors import ConfigError
 from strategies.config import StrategyConfig, TrainingConfig
-from strategies.dcp import ShardedCheckpoints
+from strategies.dcp import DTensorStateDicts, ShardedCheckpoints
 from strategies.distributed import DistEnv
-from strategies.engine import AveragingEngine, Engine, detached_copy, frozen_parameters
+from strategies.engine import AveragingEngine, Engine, frozen_parameters
 from strategies.optim import build_optimizer
 from strategies.precision import Amp, dtype_name, low_dtype
 
@@ -35,7 +34,7 @@ def shard_largest_dim(param: nn.Parameter, world_size: int) -> Shard:
     return Shard(max(dims, key=lambda d: param.shape[d])) if param.dim() else Shard(0)
 
 
-class FSDP2Engine(ShardedCheckpoints, AveragingEngine):
+class FSDP2Engine(DTensorStateDicts, ShardedCheckpoints, AveragingEngine):
     # FSDP2's reduce-scatter runs from hooks compiled autograd's captured backward leaves out: under
     # it the gradients were never reduced (strategies/compiled_step.py).
     compiled_autograd = False
@@ -45,14 +44,6 @@ class FSDP2Engine(ShardedCheckpoints, AveragingEngine):
     def gradient_sync(self, enabled: bool):
         self.model.set_requires_gradient_sync(enabled)
         yield
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        state = self.model.state_dict()
-        return detached_copy({k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()})
-
-    @torch.no_grad()
-    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
 
 
 class FSDP2Config(StrategyConfig):
@@ -84,20 +75,25 @@ class FSDP2Config(StrategyConfig):
                               "devices; set strategy.cpu_offload=false on a CPU-only machine")
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
-        mesh = init_device_mesh(env.device.type, (env.world_size,))
+        return self.shard(model, training, init_device_mesh(env.device.type, (env.world_size,)), env)
+
+    def shard(self, model: nn.Module, training: TrainingConfig, mesh: DeviceMesh, env: DistEnv,
+              engine_class: type[FSDP2Engine] = FSDP2Engine) -> FSDP2Engine:
+        """fully_shard every unit and the root over the 1-D ``mesh`` (all ranks, or the data-parallel
+        dimension of a 2-D mesh: strategies/tp.py); gradients are averaged over its ranks."""
         low = low_dtype(training)
         reduce = DTYPES.get(self.reduce_dtype) or (torch.float32 if low is not None else None)
         options = dict(
             mesh=mesh, reshard_after_forward=self.reshard_after_forward,
             offload_policy=CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy(),
             mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce),
-            shard_placement_fn=partial(shard_largest_dim, world_size=env.world_size) if self.shard_largest_dim else None,
+            shard_placement_fn=partial(shard_largest_dim, world_size=mesh.size()) if self.shard_largest_dim else None,
             ignored_params=set(frozen_parameters(model)),
         )
         for block in self.wrap_units(model):
             fully_shard(block, **options)
         fully_shard(model, **options)
-        engine = FSDP2Engine(model, build_optimizer(model.parameters(), training), training, env.world_size,
+        engine = engine_class(model, build_optimizer(model.parameters(), training), training, mesh.size(),
                              Amp.sharded_scaler(training, env.device.type))
         if low is not None or reduce is not None:
             engine.precision_mechanism = engine.amp.describe(

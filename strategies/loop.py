@@ -69,7 +69,8 @@ class Trainer:
         if cfg.runtime.threads:
             torch.set_num_threads(cfg.runtime.threads)
         self.plan = preflight(cfg, env.device.type, env.world_size)
-        self.micro_batch = t.micro_batch_for(env.world_size)
+        env.split_into_replicas(cfg.strategy.ranks_per_replica(env.world_size))
+        self.micro_batch = t.micro_batch_for(env.dp_size)
         self.dtype = getattr(torch, t.dtype)
         self.data = cfg.task.generate(t.seed).to(env.device, self.dtype)
         self.model = build_model(cfg.model, t.seed)
@@ -183,7 +184,7 @@ class Trainer:
             model.load_state_dict(self.model.state_dict())
             if t.compile == "model":
                 self._compile(model)  # the model's compiled code is cached by now
-            return model
+            return self.cfg.strategy.compute_replica(model, self.env)
 
         baseline = ComputeBaseline(replica, self.env.device, t, self.cfg.measurement.baseline_steps)
         baseline.warm_up(*self.last_batches, self.cfg.task.loss_sum, steps=min(t.warmup_steps, 3))

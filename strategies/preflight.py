@@ -47,8 +47,9 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines
     check_device(cfg, device_type)
     cfg.strategy.preflight(cfg.training, device_type, world_size)
     t = cfg.training
-    plan = BatchPlan(cfg.task.n_train, t.micro_batch_for(world_size) * t.grad_accum * world_size, t.seed, t.epochs, t.steps)
-    check_batch_fits_data(t, cfg.task.n_train, world_size, plan.global_batch)
+    shares = cfg.strategy.data_parallel_size(world_size)  # the world size, but for tensor parallelism
+    plan = BatchPlan(cfg.task.n_train, t.micro_batch_for(shares) * t.grad_accum * shares, t.seed, t.epochs, t.steps)
+    check_batch_fits_data(t, cfg.task.n_train, shares, plan.global_batch)
     if plan.total_steps <= t.warmup_steps:
         raise ConfigError(
             f"training.warmup_steps: {t.warmup_steps} warm-up steps leave none of the {plan.total_steps} steps to time; "
@@ -84,19 +85,22 @@ def check_compile(cfg: ExperimentConfig, device_type: str) -> None:
         raise ConfigError(f"training.compile: step compiles the whole step under strategy {supporting} only, not "
                           f"{cfg.strategy.label()} (DeepSpeed and Accelerate run their own backward and optimizer "
                           "step); use one of those strategies, or training.compile=model")
+    if t.compile == "model" and not cfg.strategy.compiles_model:
+        raise ConfigError(f"training.compile: model is not run under strategy {cfg.strategy.label()} (its layers run "
+                          "through DTensor's local_map, which the suite has not compiled); set training.compile=none")
     if t.compile_mode in ("reduce-overhead", "max-autotune") and device_type != "cuda":
         raise ConfigError(f"training.compile_mode: {t.compile_mode} captures CUDA graphs, which a {device_type} run has "
                           "none of; use compile_mode default (or max-autotune-no-cudagraphs)")
 
 
-def check_batch_fits_data(t: TrainingConfig, n_train: int, world_size: int, step: int) -> None:
-    """Refuse a step (``step`` samples over all ranks) larger than the training set: it would
-    train on the whole set while the record reported the larger batch."""
-    accum_x_ranks = t.grad_accum * world_size
+def check_batch_fits_data(t: TrainingConfig, n_train: int, shares: int, step: int) -> None:
+    """Refuse a step (``step`` samples over all ``shares`` data-parallel ranks) larger than the
+    training set: it would train on the whole set while the record reported the larger batch."""
+    accum_x_ranks = t.grad_accum * shares
     if step <= n_train:
         return
-    sizes = (f"a step takes {t.micro_batch_for(world_size)} samples per rank x grad_accum {t.grad_accum} x {world_size} "
-             f"rank(s) = {step}, but task.n_train has {n_train}")
+    sizes = (f"a step takes {t.micro_batch_for(shares)} samples per rank x grad_accum {t.grad_accum} x {shares} "
+             f"data-parallel rank(s) = {step}, but task.n_train has {n_train}")
     if n_train < accum_x_ranks:
         raise ConfigError(f"task.n_train: {sizes}, fewer than one per rank and micro-step; raise task.n_train to at "
                           f"least {accum_x_ranks}")

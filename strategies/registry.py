@@ -19,6 +19,7 @@ from strategies.engine import Engine
 from strategies.fsdp1 import FSDP1Config
 from strategies.fsdp2 import FSDP2Config
 from strategies.single import SingleConfig
+from strategies.tp import FSDP2TPConfig, TPConfig
 
 # checkpoint format -> how to merge a checkpoint of it into one state dict, from the engine
 # classes that write each format
@@ -33,6 +34,8 @@ STRATEGIES: dict[str, type[StrategyConfig]] = {
     "fsdp2": FSDP2Config,
     "deepspeed": DeepSpeedConfig,
     "accelerate": AccelerateConfig,
+    "tp": TPConfig,
+    "fsdp2_tp": FSDP2TPConfig,
 }
 
 AnyStrategyConfig = Annotated[Union[tuple(STRATEGIES.values())], Field(discriminator="name")]

@@ -109,7 +109,7 @@ def test_zero_stage_4_and_unknown_strategy_options():
     (["strategy.name=fsdp1", "strategy.sharding_strategy=HYBRID_SHARD"], 2, "strategy.sharding_strategy: HYBRID_SHARD"),
     (["strategy.name=single"], 2, "strategy.name: single trains in one process but 2 ranks"),
     (["training.micro_batch=null", "training.global_batch=1000", "strategy.name=ddp"], 3,
-     "training.global_batch: 1000 samples cannot be split evenly over grad_accum (1) x world size (3)"),
+     "training.global_batch: 1000 samples cannot be split evenly over grad_accum (1) x data-parallel ranks (3)"),
     (["strategy.name=fsdp2", "measurement.comm_probe=paper"], 2, "measurement.comm_probe: strategy fsdp2 does not support the paper probe"),
 ])
 def test_preflight_refuses_what_cannot_run_here(overrides, world, message):
