@@ -88,6 +88,12 @@ def run_projection(request: ProjectionRequest) -> int:
     net = network(request)
     found, model = profiles(request)
     shape, per_node = model_shape(model), request.ranks_per_node or net.ranks_per_node
+    cut = [s for s in strategies if pj.STRATEGIES[s].tp != 1]
+    if cut and not shape.widths:
+        if request.strategies:
+            raise ConfigError(f"--strategies: {', '.join(cut)} cut layers that declare how (bspline, rbf, chebyshev); "
+                              f"the profile's model, {shape.label}, has none; leave them out")
+        strategies = [s for s in strategies if s not in cut]  # the default: every strategy that can run it
     options = {"micro_batch": request.micro_batch, "global_batch": request.global_batch,
                "compute_scale": request.compute_scale, "contention": request.contention, "probe": request.probe}
     rows = checked("--cluster" if request.cluster else "--network", pj.project, strategies, shape, found, net, ranks,

@@ -78,7 +78,7 @@ def launcher_for(study: StudyConfig, point: Point) -> str:
     return preferred or study.launcher
 
 
-def point_request(study: StudyConfig, point: Point, out: Path) -> RunRequest:
+def point_request(study: StudyConfig, point: Point, out: Path, oversubscribe: bool = False) -> RunRequest:
     launcher = launcher_for(study, point)
     local_multinode = point.nodes > 1 and launcher != "slurm"
     if local_multinode and launcher == "deepspeed" and point.nodes > len(LOCAL_HOSTS):
@@ -90,7 +90,7 @@ def point_request(study: StudyConfig, point: Point, out: Path) -> RunRequest:
                       overrides=point.overrides, strategy=point.strategy,
                       slurm=study.slurm, job_name=f"kanscale-{study.study}-{point.key}"[:64], all_nodes_here=local_multinode,
                       hosts=LOCAL_HOSTS[: point.nodes] if local_multinode and launcher == "deepspeed" else [],
-                      progress=False)
+                      progress=False, oversubscribe=oversubscribe)
 
 
 def matches(point: Point, only: list[str]) -> bool:
@@ -106,7 +106,8 @@ def matches(point: Point, only: list[str]) -> bool:
 
 
 def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = False, only: list[str] = (),
-              submit_jobs: bool = False, wait: bool = False, progress: bool | None = None) -> list[PointResult]:
+              submit_jobs: bool = False, wait: bool = False, progress: bool | None = None,
+              oversubscribe: bool = False) -> list[PointResult]:
     study = load_study(study_path)
     out_dir = Path(out)
     check_output_dir(out_dir, "--out", "for the sweep's runs")
@@ -135,7 +136,7 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
             result = PointResult(point.key, "submitted", job_id=alive[point.key],
                                  detail=f"job {alive[point.key]} of an earlier submission still lives; not submitted again")
         else:
-            result = run_point(study, point, out_dir, done, resumable, dry_run, submit_jobs)
+            result = run_point(study, point, out_dir, done, resumable, dry_run, submit_jobs, oversubscribe)
         results.append(result)
         if dry_run:
             if result.status == "failed":  # the point's commands are not printed: say why
@@ -198,13 +199,14 @@ def records_under(out: Path) -> list[RunRecord]:
 
 
 def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, list[RunRecord]],
-              resumable: dict[RunKey, list[RunRecord]], dry_run: bool, submit_jobs: bool) -> PointResult:
+              resumable: dict[RunKey, list[RunRecord]], dry_run: bool, submit_jobs: bool,
+              oversubscribe: bool = False) -> PointResult:
     """Run one point. When resuming, ``done`` holds the complete runs (the point's n-th repeat
     is skipped if n of them exist) and ``resumable`` the unfinished ones to continue from their
     checkpoints (both are empty otherwise)."""
     start = time.monotonic()
     try:
-        request = point_request(study, point, out)
+        request = point_request(study, point, out, oversubscribe)
         cfg, request, launch = plan(request)
         key = run_key(cfg.digest(), point.nodes, point.procs_per_node)
         finished = done.get(key, [])

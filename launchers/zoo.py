@@ -14,14 +14,16 @@ from launchers.bench import implementation_config, split_impl
 
 def model_shape(config: dict[str, Any]) -> ModelShape:
     """Parameter element counts of a zoo model: per trainable tensor, per sharding unit (the
-    root's own parameters, then each KAN layer: what FSDP gathers one at a time)."""
+    root's own parameters, then each KAN layer: what FSDP gathers one at a time), and the layer
+    widths where tensor parallelism can cut its layers."""
     cfg = parse_model_config(config)
     model = build_model(cfg, seed=0)
     tensors = tuple(p.numel() for p in model.parameters() if p.requires_grad)
     layers = [sum(p.numel() for p in block.parameters() if p.requires_grad) for block in model.blocks]
     root = sum(tensors) - sum(layers)
     return ModelShape(label=cfg.describe(), tensors=tensors, units=tuple(([root] if root else []) + layers),
-                      params=sum(p.numel() for p in model.parameters()))
+                      params=sum(p.numel() for p in model.parameters()),
+                      widths=tuple(cfg.widths) if all(hasattr(b, "layer_split") for b in model.blocks) else ())
 
 
 def bench_model_config(doc: dict[str, Any], workload: str, impl: str) -> dict[str, Any]:

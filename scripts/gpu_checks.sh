@@ -61,6 +61,11 @@ check fsdp2_compile_step torchrun_train fsdp2_step --strategy fsdp2 --set traini
 check single_cudagraphs $PY -m launchers.cli train "$EXP" "${COMMON[@]}" --out "$OUT/runs/single_graphs" --strategy single --set training.compile=step \
   --set training.compile_mode=reduce-overhead --set 'model.widths=[2, 64, 1]' --set model.grid=10 \
   --set training.micro_batch=512
+# tensor parallelism on NCCL (with one GPU: the DTensor and local_map path at TP degree 1)
+check tp                torchrun_train tp --strategy tp
+check tp_bf16           torchrun_train tp_bf16 --strategy tp --set training.precision=bf16
+check fsdp2_tp          torchrun_train fsdp2_tp --strategy fsdp2_tp --set strategy.tp_degree="$NPROC"
+
 check zero2             torchrun_train zero2 --strategy zero2
 check zero3_offload     torchrun_train zero3_offload --strategy zero3_offload
 check accelerate_ddp    accelerate_train acc_ddp configs/accelerate/ddp.yaml

@@ -236,3 +236,28 @@ def test_projection_of_a_measured_two_rank_run(tmp_path, tmp_path_factory):
     state = two.memory.model_state
     assert projected.state_bytes == pytest.approx(state.params + state.grads + state.optimizer + state.master_params,
                                                   rel=0.01)
+
+
+def test_tensor_parallel_by_hand():
+    """Three layers (widths 2, 10, 20, 1) under the pairs plan: layer 0 colwise, layer 1 rowwise
+    (all-reduce of its 100 x 20 output forward), layer 2 rowwise left over (all-reduce of its
+    100 x 1 output forward, all-gather of its input gradient backward); the model's input needs no
+    gradient, and within a pair the shard is handed over with no exchange."""
+    shape = pj.ModelShape(label="tp", tensors=(1000, 2000, 3000), units=(1000, 2000, 3000), params=6000,
+                          widths=(2, 10, 20, 1))
+    exchanges = [(f and (f.op, f.nbytes), b and (b.op, b.nbytes)) for f, b in pj.tp_exchanges(shape, 100)]
+    assert exchanges == [(None, None), (("all_reduce", 8000), None), (("all_reduce", 400), ("all_gather", 8000))]
+    one_node = pj.Network(source="hand", links=FLAT.links, ranks_per_node=4, overlap=False)
+    tp = step("tp", 4, one_node, shape=shape)
+    comm = (60 + 12) * US + (60 + 0.6) * US + (30 + 6) * US  # per P = 4 ring: 2(P-1) or P-1 latencies, 1 ns/B
+    assert tp.collectives == 3 and tp.comm_s == pytest.approx(comm)
+    assert tp.compute_s == pytest.approx(1e-3 / 4) and tp.step_s == pytest.approx(1e-3 / 4 + comm)
+    assert tp.samples_per_s == pytest.approx(100 / tp.step_s)  # one replica: every rank trains on the same samples
+    # every tensor cut by the TP degree; fsdp2_tp (tp_degree 2) shards over the 2 replicas on top
+    assert pj.model_state("tp", shape, 4) == {"params": 6000, "grads": 6000, "optimizer": 12000, "master_params": 0}
+    assert pj.model_state("fsdp2_tp", shape, 4) == pj.model_state("tp", shape, 4)
+    assert pj.model_state("fsdp2_tp", shape, 8)["params"] == 3000
+    two_d = step("fsdp2_tp", 4, one_node, shape=shape)  # + per layer over the 2 replicas: gather x2, reduce-scatter
+    assert two_d.tp == 2 and two_d.collectives == 3 + 3 * 3
+    with pytest.raises(ValueError, match="layer widths"):
+        step("tp", 2, one_node)  # a shape without widths cannot be projected under TP

@@ -41,6 +41,7 @@ class ModelShape:
     units: tuple[int, ...]  # trainable elements per sharding unit: the root's own, then each KAN layer
     params: int  # every parameter element, frozen ones included (pykan's grids and masks)
     dtype_bytes: int = 4
+    widths: tuple[int, ...] = ()  # the layer widths, input to output (what tensor parallelism exchanges)
 
     @property
     def trainable(self) -> int:

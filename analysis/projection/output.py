@@ -43,7 +43,7 @@ def table(rows: Sequence[Projection]) -> pd.DataFrame:
         "strategy": r.strategy, "nodes x ranks": f"{r.nodes}x{math.ceil(r.ranks / r.nodes)}",
         "samples / rank": count(r.samples_per_rank), "step ms": ms(1e3 * r.step_s), "compute ms": ms(1e3 * r.compute_s),
         "exposed comm ms": ms(1e3 * r.exposed_s), "comm fraction": percent(r.comm_fraction),
-        "speedup": fixed(2)(r.speedup), "efficiency": percent(r.efficiency),
+        "samples / s": count(r.samples_per_s), "speedup": fixed(2)(r.speedup), "efficiency": percent(r.efficiency),
         "model state / rank": human_bytes(r.state_bytes), "of it on host": human_bytes(r.host_bytes) if r.host_bytes else "",
     } for r in rows])
     if any(r.probe_overhead is not None for r in rows):
@@ -53,6 +53,10 @@ def table(rows: Sequence[Projection]) -> pd.DataFrame:
 
 def markdown(rows: Sequence[Projection], notes: Sequence[str], takeovers: dict[str, int | None], limit: int) -> str:
     """The projected table with its assumptions and where communication takes over."""
+    if any(r.tp > 1 for r in rows):
+        notes = [*notes, "tensor parallelism (the pairs plan, every width divisible): compute and model state divided "
+                         "by the TP degree; samples / rank is per model replica, which its TP ranks share, so compare "
+                         "samples / s"]
     lines = ["**Projected** (a model, not a measurement). Assumptions:", ""] + [f"- {n}" for n in notes] + [""]
     lines.append(table(rows).to_markdown(index=False))
     lines += ["", f"Projected rank count at which communication takes over (exposed communication > compute; powers of "

@@ -28,11 +28,16 @@ class StrategyModel:
     master: bool = False  # ZeRO's fp32 master partition
     norm: bool = False  # DeepSpeed's all-reduce of the gradient norm, one float per step
     offload: bool = False  # optimizer state and step on the host
+    tp: int = 1  # ranks each layer is cut over (tensor parallelism); 0: every rank
 
     @property
     def multi_rank(self) -> bool:
-        """Whether it combines gradients over ranks; one that does not (single) runs on one rank only."""
-        return self.grads != "none"
+        """Whether it runs over several ranks; one that neither combines gradients nor cuts layers
+        (single) runs on one rank only."""
+        return self.grads != "none" or self.tp != 1
+
+    def tp_ranks(self, ranks: int) -> int:
+        return ranks if self.tp == 0 else min(self.tp, ranks)
 
 
 # What the suite's presets issue per optimizer step, as counted on 2 ranks (docs/projection.md),
@@ -57,19 +62,60 @@ STRATEGIES: dict[str, StrategyModel] = {
                                    sharded_params="all", master=True, norm=True, offload=True),
     "fsdp1": StrategyModel(grads="reduce_scatter", gather="per_unit", sharded_state=True, sharded_params="trainable"),
     "fsdp2": StrategyModel(grads="reduce_scatter", gather="per_unit", sharded_state=True, sharded_params="trainable"),
+    # Tensor parallelism (configs/strategies/tp.yaml, fsdp2_tp.yaml: the pairs plan, tp_degree 2):
+    # each layer's tensors cut over the TP ranks, activations exchanged per layer (tp_exchanges).
+    "tp": StrategyModel(grads="none", tp=0),
+    "fsdp2_tp": StrategyModel(grads="reduce_scatter", gather="per_unit", sharded_state=True, sharded_params="trainable",
+                              tp=2),
 }
+
+
+@dataclass(frozen=True)
+class Exchange:
+    op: str
+    nbytes: float
+
+
+def tp_exchanges(shape: ModelShape, samples: float) -> list[tuple[Exchange | None, Exchange | None]]:
+    """Per layer, the TP collective after its forward and after its backward, under the pairs plan
+    (strategies/tensor_parallel.py) as if the TP degree divided every width it cuts: a pair
+    (colwise, rowwise) all-reduces the pair's output forward and the colwise layer's input gradient
+    backward; a layer left over is rowwise, all-reducing its output forward and all-gathering its
+    input gradient backward. The model's input needs no gradient. Bytes: ``samples`` activations."""
+    if len(shape.widths) != len(shape.units) + 1:
+        raise ValueError(f"tensor parallelism is projected from the layer widths of a layer stack; {shape.label} "
+                         "has none (give a zoo model)")
+    widths, n = shape.widths, len(shape.widths) - 1
+
+    def exchange(op: str, width: int) -> Exchange:
+        return Exchange(op, samples * width * shape.dtype_bytes)
+
+    plan: list[tuple[Exchange | None, Exchange | None]] = []
+    for i in range(n):
+        gradient = i > 0
+        if i % 2 == 1:  # rowwise, second of a pair: handed the shard, it sums its output
+            plan.append((exchange("all_reduce", widths[i + 1]), None))
+        elif i == n - 1:  # rowwise, left over: handed the whole input
+            plan.append((exchange("all_reduce", widths[i + 1]), exchange("all_gather", widths[i]) if gradient else None))
+        else:  # colwise, first of a pair: its input gradient is partial on every rank
+            plan.append((None, exchange("all_reduce", widths[i]) if gradient else None))
+    return plan
 
 
 def model_state(strategy: str, shape: ModelShape, ranks: int) -> dict[str, float]:
     """Bytes per rank as the suite's records count them (docs/metrics.md): fp32 parameters,
-    gradients, Adam's two moments, ZeRO's fp32 master partition; padding ignored."""
+    gradients, Adam's two moments, ZeRO's fp32 master partition; padding ignored. Tensor
+    parallelism cuts every tensor by its degree (as if it divided every width), and the sharding
+    strategies shard over the data-parallel ranks that remain."""
     m, b = STRATEGIES[strategy], shape.dtype_bytes
-    trainable, frozen = shape.trainable * b, (shape.params - shape.trainable) * b
+    tp = m.tp_ranks(ranks)
+    ranks //= tp
+    trainable, frozen = shape.trainable * b / tp, (shape.params - shape.trainable) * b / tp
     params = {"none": trainable + frozen, "trainable": trainable / ranks + frozen,
               "all": (trainable + frozen) / ranks}[m.sharded_params]
     state_share = 1 / ranks if m.sharded_state else 1.0
     return {"params": params, "grads": trainable * state_share,
-            "optimizer": ADAM_BYTES_PER_PARAM * shape.trainable * state_share,
+            "optimizer": ADAM_BYTES_PER_PARAM * shape.trainable / tp * state_share,
             "master_params": trainable / ranks if m.master else 0.0}
 
 
@@ -145,6 +191,7 @@ class Projection:
     host_bytes: float  # of the model state, what offload keeps on the host
     profile: str
     probe_overhead: float | None = None  # the published metric (t2 - t1) / t2 (project_step)
+    tp: int = 1  # ranks per model replica (tensor parallelism): they train on the same samples
     speedup: float = math.nan
     efficiency: float = math.nan
 
@@ -158,7 +205,7 @@ class Projection:
 
     @property
     def samples_per_s(self) -> float:
-        return self.ranks * self.samples_per_rank / self.step_s
+        return self.ranks // self.tp * self.samples_per_rank / self.step_s
 
 
 def project_step(strategy: str, shape: ModelShape, profile: ComputeProfile, net: Network, sc: Scenario) -> Projection:
@@ -175,27 +222,45 @@ def project_step(strategy: str, shape: ModelShape, profile: ComputeProfile, net:
     metric, (t2 - t1) / t2 with t1 a forward and t2 a forward plus those all-reduces, is returned
     as probe_overhead."""
     m, P, b = STRATEGIES[strategy], sc.ranks, shape.dtype_bytes
+    tp = m.tp_ranks(P)
+    dp = P // tp  # the data-parallel ranks the gradient and parameter collectives run over
     speed = sc.compute_scale * (sc.contention if P > 1 else 1.0)
-    work = profile.compute_s * sc.samples_per_rank / profile.samples * speed
+    work = profile.compute_s * sc.samples_per_rank / profile.samples * speed / tp
     forward, backward = profile.forward_fraction * work, (1 - profile.forward_fraction) * work
-    optimizer = profile.optimizer_s * speed / (P if m.sharded_state else 1)
+    optimizer = profile.optimizer_s * speed / tp / (dp if m.sharded_state else 1)
     if m.offload:
         optimizer *= net.host_optimizer_slowdown
 
     def coll(op: str, nbytes: float) -> float:
-        return net.collective_s(op, nbytes, P, sc.nodes)
+        return net.collective_s(op, nbytes, dp, min(sc.nodes, dp))
+
+    def tp_coll(exchange: Exchange | None, after: int) -> list[int]:
+        """The exchange after task ``after``, as the list the next layer's compute waits for. A
+        replica's ranks are consecutive: its collectives cross nodes only where it does."""
+        if exchange is None:
+            return []
+        seconds = net.collective_s(exchange.op, exchange.nbytes, tp, nodes_for(tp, P // sc.nodes))
+        return [s.collective(seconds, after=[after])]
 
     s = _Schedule(net.overlap)
-    total = shape.trainable * b
-    if m.gather == "per_unit":
-        units = [u * b for u in shape.units]
-        for size in units:
-            s.compute(forward * size / total, after=[s.collective(coll("all_gather", size))])
-        gather = s.collective(coll("all_gather", units[-1]))
+    total = shape.trainable * b / tp
+    if m.gather == "per_unit" or tp > 1:
+        # Layer by layer: FSDP's gathers (prefetched) and reduce-scatters, and TP's exchanges, which
+        # the next layer waits for (each is on the critical path).
+        fsdp = m.gather == "per_unit"
+        units = [u * b / tp for u in shape.units]
+        exchanges = tp_exchanges(shape, sc.samples_per_rank) if tp > 1 else [(None, None)] * len(units)
+        waits: list[int] = []
+        for size, (after_forward, _) in zip(units, exchanges):
+            gathered = [s.collective(coll("all_gather", size))] if fsdp else []
+            waits = tp_coll(after_forward, s.compute(forward * size / total, after=gathered + waits))
+        gather = [s.collective(coll("all_gather", units[-1]))] if fsdp else []
         for i in reversed(range(len(units))):
-            prefetch = s.collective(coll("all_gather", units[i - 1])) if i else None
-            done = s.compute(backward * units[i] / total, after=[gather])
-            s.collective(coll(m.grads, units[i]), after=[done])
+            prefetch = [s.collective(coll("all_gather", units[i - 1]))] if fsdp and i else []
+            done = s.compute(backward * units[i] / total, after=gather + waits)
+            waits = tp_coll(exchanges[i][1], done)
+            if m.grads != "none":
+                s.collective(coll(m.grads, units[i]), after=[done])
             gather = prefetch
     else:
         gathered = [s.collective(coll("all_gather", shape.params * b))] if m.gather == "before_forward" else []
@@ -209,7 +274,7 @@ def project_step(strategy: str, shape: ModelShape, profile: ComputeProfile, net:
                 s.collective(coll(m.grads, total), after=[done])
     if m.norm:
         s.collective(coll("all_reduce", b), after=s.everything())
-    shard = total / P if m.sharded_state else total
+    shard = total / dp if m.sharded_state else total
     if m.offload:
         s.add(net.host_s(shard), comm=True, after=s.everything())
     updated = s.compute(optimizer, after=s.everything())
@@ -231,7 +296,7 @@ def project_step(strategy: str, shape: ModelShape, profile: ComputeProfile, net:
         compute_s=s.compute_s, data_s=profile.data_s, comm_s=s.comm_s,
         exposed_s=max(0.0, s.makespan - s.compute_s - profile.data_s), collectives=s.collectives, state=state,
         host_bytes=state["optimizer"] + state["master_params"] if m.offload else 0.0, profile=profile.source,
-        probe_overhead=probe_overhead)
+        probe_overhead=probe_overhead, tp=tp)
 
 
 def nodes_for(ranks: int, ranks_per_node: int) -> int:
@@ -250,7 +315,8 @@ def project(strategies: Sequence[str], shape: ModelShape, profiles: dict[str, Co
         profile = profiles.get(strategy) or profiles["*"]
 
         def one(p: int) -> Projection:
-            per_rank = global_batch / p if global_batch else (micro_batch or profile.samples)
+            replicas = p // STRATEGIES[strategy].tp_ranks(p)
+            per_rank = global_batch / replicas if global_batch else (micro_batch or profile.samples)
             return project_step(strategy, shape, profile, net,
                                 Scenario(p, nodes_for(p, ranks_per_node), per_rank, compute_scale, contention, probe))
 

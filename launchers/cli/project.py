@@ -25,9 +25,11 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     project.add_argument("--ranks", default="1,2,4,8", help="comma-separated rank counts (default 1,2,4,8)")
     project.add_argument("--ranks-per-node", type=int, metavar="G", help="ranks per node (default: the network's)")
     project.add_argument("--strategies", help="comma-separated strategy labels, the preset names (default all: "
-                                              "single, ddp, zero0, zero1, zero2, zero3, zero3_offload, fsdp1, fsdp2)")
+                                              "single, ddp, zero0, zero1, zero2, zero3, zero3_offload, fsdp1, fsdp2, tp, "
+                                              "fsdp2_tp)")
     per_step = project.add_mutually_exclusive_group()
-    per_step.add_argument("--micro-batch", type=float, help="samples per rank per step (default: the profile's)")
+    per_step.add_argument("--micro-batch", type=float, help="samples per rank per step, per model replica under tp and "
+                                                                 "fsdp2_tp (default: the profile's)")
     per_step.add_argument("--global-batch", type=float, help="samples per step over all ranks, fixed (strong scaling)")
     project.add_argument("--compute-scale", type=float, default=1.0,
                          help="multiply every compute time, e.g. for another device (default 1)")

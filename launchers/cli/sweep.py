@@ -23,6 +23,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     sweep.add_argument("--submit", action="store_true", help="slurm studies: submit each script with sbatch")
     sweep.add_argument("--wait", action="store_true", help="with --submit: follow the jobs (squeue, sacct, scontrol) until "
                                                            "each has ended and log every point's final status")
+    sweep.add_argument("--oversubscribe", action="store_true",
+                       help="allow points with more ranks than CPU cores here (their memory means something, their "
+                            "timings do not)")
     sweep.set_defaults(func=main)
 
 
@@ -32,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
     from launchers.sweep import run_sweep
 
     results = run_sweep(args.study, args.out, resume=args.resume, dry_run=args.dry_run, only=args.only,
-                        submit_jobs=args.submit, wait=args.wait)
+                        submit_jobs=args.submit, wait=args.wait, oversubscribe=args.oversubscribe)
     if args.dry_run:  # a point that cannot be planned has said why (launchers.sweep)
         return 1 if any(r.status == "failed" for r in results) else 0
     counts = {status: sum(r.status == status for r in results) for status in dict.fromkeys(r.status for r in results)}
