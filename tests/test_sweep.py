@@ -21,8 +21,9 @@ def test_shipped_studies_load_and_expand(path):
     study = load_study(path)
     points, _ = expand(study)
     assert points and study.preset in ("cpu", "paper")
-    if study.preset == "cpu":
-        assert max(p.world_size for p in points) <= 2 and study.launcher != "slurm"
+    if study.preset == "cpu":  # this machine's 2 cores: 4 ranks only where the study says to oversubscribe
+        limit = 4 if "oversubscribe" in study.description else 2
+        assert max(p.world_size for p in points) <= limit and study.launcher != "slurm"
     else:
         assert study.launcher == "slurm" and max(p.world_size for p in points) >= 4
 
@@ -120,7 +121,7 @@ def test_a_sweep_runs_every_point_goes_on_past_a_failure_and_resumes(tmp_path, c
 
 def test_slurm_presets_write_one_script_per_point(tmp_path, capsys):
     out = tmp_path / "runs"
-    assert main(["sweep", str(ROOT / "configs/studies/model_size_paper.yaml"), "--out", str(out), "--only", "strategy=ddp"]) == 0
+    assert main(["sweep", str(ROOT / "configs/studies/model_size_paper.yaml"), "--out", str(out), "--only", "strategy=zero3"]) == 0
     scripts = sorted((out / "slurm").glob("*.sbatch"))
     assert len(scripts) == 4  # one per model width
     assert "4 sbatch script(s)" in capsys.readouterr().out
