@@ -158,8 +158,13 @@ class KANLayerParallel(ParallelStyle):
     def _local_forward(self, module: nn.Module, mesh: DeviceMesh):
         split = self.plan.split
         names = module_tensors(module)
-        placements = [module.get_parameter(n).placements if n in dict(module.named_parameters())
-                      else module.get_buffer(n).placements for n in names]
+        params = set(dict(module.named_parameters()))
+
+        def current() -> list[DTensor]:
+            # Read at every call: FSDP2 puts its gathered parameters in place before the forward.
+            return [module.get_parameter(n) if n in params else module.get_buffer(n) for n in names]
+
+        placements = [t.placements for t in current()]
         # A whole tensor in a cut layer gets a partial gradient on each rank (its share of the
         # outputs, or of the inputs' sum); a cut one its own shard's exact gradient.
         grads = [p if split == "whole" or isinstance(p[0], Shard) else (Partial(),) for p in placements]
@@ -176,13 +181,7 @@ class KANLayerParallel(ParallelStyle):
         compute_in, compute_out = COMPUTE[split]
         mapped = local_map(compute, out_placements=[compute_out], in_placements=([compute_in], *placements),
                            in_grad_placements=([INPUT_GRAD[split]], *grads), device_mesh=mesh, redistribute_inputs=True)
-        params = set(dict(module.named_parameters()))
-
-        def forward(x: DTensor) -> DTensor:
-            # Read at every call: FSDP2 puts its gathered parameters in place before the forward.
-            return mapped(x, *(module.get_parameter(n) if n in params else module.get_buffer(n) for n in names))
-
-        return forward
+        return lambda x: mapped(x, *current())
 
 
 def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: str) -> list[LayerPlan]:

@@ -4,6 +4,8 @@ with grid updates too; a failed run resumes bit for bit from its DCP checkpoint,
 to the whole model; model-state bytes per rank fall by the TP degree."""
 
 import json
+import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,9 @@ from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop import Trainer
 from strategies.tensor_parallel import FEATURES, layer_plans
-from tests.helpers.launch import run_jobs
+from analysis.projection import tp_exchanges
+from launchers.zoo import model_shape
+from tests.helpers.launch import ROOT, run, run_jobs
 
 MODELS = {
     # three layers: a Megatron pair, then a row-split output layer
@@ -78,7 +82,9 @@ def tp_world2(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fsdp2_tp_world4(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tp4")
-    return tmp, run_jobs(jobs_for({"name": "fsdp2_tp", "tp_degree": 2}, tmp), tmp, nproc=4)
+    jobs = jobs_for({"name": "fsdp2_tp", "tp_degree": 2}, tmp)
+    jobs.append({"id": "tp4", "config": experiment("bspline", {"name": "tp"}, tmp / "runs")})  # one replica over 4
+    return tmp, run_jobs(jobs, tmp, nproc=4)
 
 
 @pytest.fixture(params=["tp_world2", "fsdp2_tp_world4"])
@@ -139,6 +145,13 @@ def test_the_colwise_plan_gathers_between_layers_and_keeps_parity(tp_world2, ref
     assert result["status"] == "ok" and max_rel_diff(result["losses"], references["bspline"][0]) < RTOL
 
 
+def test_tp_over_four_ranks_keeps_parity_and_quarters_the_state(fsdp2_tp_world4, references):
+    result = fsdp2_tp_world4[1]["tp4"]
+    assert result["status"] == "ok" and result["ranks_identical"]
+    assert max_rel_diff(result["losses"], references["bspline"][0]) < RTOL
+    assert result["model_state"]["params"] * 4 == references["bspline"][1].params
+
+
 def test_the_record_says_how_each_layer_was_cut(tp_world2):
     tmp, results = tp_world2
     summary = json.loads((Path(results["bspline"]["run_dir"]) / "summary.json").read_text())
@@ -163,3 +176,22 @@ def test_layer_plans(plan, widths, expected):
     for before, after in zip(plans, plans[1:]):
         assert before.hands_on == after.receives
         assert (before.hands_on == FEATURES) == (before.split == "colwise" and after.split == "rowwise")
+
+
+def test_a_step_issues_the_collectives_the_projection_counts(tmp_path):
+    """DTensor's CommDebugMode counts what one real forward and backward exchange at TP degree 2;
+    the projection, from the widths alone, expects the same: per pair one all-reduce forward and
+    one backward (none into the model's input), a left-over rowwise layer one all-reduce forward
+    and one all-gather backward."""
+    models = {"pair, then rowwise": MODELS["bspline"], "chebyshev pair": MODELS["chebyshev"],
+              "two pairs": {**MODELS["bspline"], "widths": [2, 8, 8, 8, 1]}, "rbf, no norm": MODELS["rbf_plain"]}
+    (tmp_path / "models.json").write_text(json.dumps(models))
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(ROOT / "tests/helpers/tp_collectives.py"), str(tmp_path / "models.json"), str(tmp_path / "counts.json")])
+    measured = json.loads((tmp_path / "counts.json").read_text())
+    for name, config in models.items():
+        plan = tp_exchanges(model_shape(config), samples=16)
+        expected = {pass_: dict(Counter(e.op for e in exchanges if e is not None))
+                    for pass_, exchanges in zip(("forward", "backward"), zip(*plan))}
+        assert measured[name] == expected, name
+    assert measured["two pairs"] == {"forward": {"all_reduce": 2}, "backward": {"all_reduce": 1}}
