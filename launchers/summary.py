@@ -11,6 +11,10 @@ from analysis.schema import RunRecord
 def format_summary(record: RunRecord, run_dir: Path) -> str:
     r = record
     m, b, topo = r.model, r.batch, r.topology
+    # Data-parallel ranks, from the record's own batch: the world size but under tensor parallelism.
+    shares = max(1, b.global_batch // max(1, b.micro_batch * b.grad_accum))
+    split = (f"{shares} data-parallel rank(s) of {topo.world_size // shares} tensor-parallel ranks each"
+             if shares != topo.world_size else f"{topo.world_size} ranks")
     lines = [
         f"run        {r.run_id}  [{r.status}]",
         f"model      {m.family} {m.widths}" + "".join(f" {k}={v}" for k, v in (("grid", m.grid), ("k", m.order)) if v is not None)
@@ -19,7 +23,7 @@ def format_summary(record: RunRecord, run_dir: Path) -> str:
         f"strategy   {r.strategy.label} on {topo.world_size} rank(s) x {topo.nodes} node(s), {topo.device_type} "
         f"({topo.device_name}), launcher {topo.launcher}",
         f"training   {b.steps} steps = {b.epochs:g} epochs, global batch {b.global_batch} "
-        f"(micro {b.micro_batch} x accum {b.grad_accum} x {topo.world_size} ranks), {b.timed_steps} timed",
+        f"(micro {b.micro_batch} x accum {b.grad_accum} x {split}), {b.timed_steps} timed",
     ]
     p = r.precision
     if p.setting != "fp32" or p.compute_dtype not in (None, "float32", "float64"):

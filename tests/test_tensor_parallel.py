@@ -17,6 +17,8 @@ from strategies.experiment import parse_experiment
 from strategies.loop import Trainer
 from strategies.tensor_parallel import FEATURES, layer_plans
 from analysis.projection import tp_exchanges
+from analysis.records import read_summary
+from launchers.summary import format_summary
 from launchers.zoo import model_shape
 from tests.helpers.launch import ROOT, run, run_jobs
 
@@ -158,6 +160,9 @@ def test_the_record_says_how_each_layer_was_cut(tp_world2):
     assert summary["strategy"]["backend_config"] == {"mesh": {"dp": 1, "tp": 2},
                                                      "layers": ["colwise", "rowwise", "rowwise"]}
     assert summary["batch"]["global_batch"] == 64 and summary["topology"]["world_size"] == 2
+    run_dir = Path(results["bspline"]["run_dir"])
+    printed = format_summary(read_summary(run_dir / "summary.json"), run_dir)
+    assert "global batch 64 (micro 64 x accum 1 x 1 data-parallel rank(s) of 2 tensor-parallel ranks each)" in printed
 
 
 @pytest.mark.parametrize("plan, widths, expected", [
