@@ -53,7 +53,7 @@ def add_experiment_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config field, e.g. --set training.lr=0.01 --set model.widths=[2,32,1] (repeatable)")
     parser.add_argument("--strategy", metavar="PRESET", help="replace the experiment's strategy section with a preset from "
-                        "configs/strategies/ (single, ddp, fsdp1, fsdp2, zero0-3, zero3_offload, accelerate, ...) or a YAML file")
+                        "configs/strategies/ (single, ddp, fsdp1, fsdp2, zero0-3, zero3_offload, accelerate, tp, fsdp2_tp, ...) or a YAML file")
     parser.add_argument("--deepspeed-config", "--deepspeed_config", dest="deepspeed_config", metavar="FILE",
                         help="train with DeepSpeed from this native DeepSpeed JSON (replaces the strategy section; "
                              "the experiment still owns batch sizes, clipping and precision)")
