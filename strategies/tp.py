@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+import torch
 from pydantic import Field
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -58,7 +59,8 @@ class TPEngine(DTensorStateDicts, ShardedCheckpoints, Engine):
     kind = "tp"
     compiled_autograd = False
 
-    def __init__(self, model: nn.Module, optimizer, training: TrainingConfig, amp: Amp, cut: dict) -> None:
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig, amp: Amp,
+                 cut: dict) -> None:
         super().__init__(model, optimizer, training, amp)
         self.cut = cut
 

@@ -101,14 +101,19 @@ def main(jobs_path: str, results_path: str) -> None:
             "run_dir": str(trainer.run_dir),
         }
         del trainer
+    finish(env, results, results_path)
+
+
+def finish(env: DistEnv, results: dict, results_path: str) -> None:
+    """Rank 0 writes ``results``; every rank leaves the process group, then the process, without
+    destructors: tearing down gloo process groups can deadlock (see launchers/cli.py)."""
     if env.is_main:
         with open(results_path, "w") as f:
             json.dump(results, f)
     env.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
-    # Leave without destructors: tearing down gloo process groups can deadlock (see launchers/cli.py).
-    sys.stdout.flush()
-    os._exit(0)

@@ -14,6 +14,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 from kan_models import build_model, parse_model_config
 from strategies.distributed import DistEnv
 from strategies.tensor_parallel import apply_tp
+from tests.helpers.dist_worker import finish
 
 
 def counts(mode: CommDebugMode) -> dict[str, int]:
@@ -36,10 +37,7 @@ def main(models_path: str, out_path: str) -> None:
         with CommDebugMode() as backward:
             loss.backward()
         results[name] = {"forward": counts(forward), "backward": counts(backward)}
-    if env.is_main:
-        with open(out_path, "w") as f:
-            json.dump(results, f)
-    env.shutdown()
+    finish(env, results, out_path)
 
 
 if __name__ == "__main__":
