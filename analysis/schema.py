@@ -43,6 +43,9 @@ class ModelInfo(Record):
     grid: int | None = Field(None, description="grid intervals (spline families) or centres (rbf)")
     order: int | None = Field(None, description="spline order k, or polynomial degree")
     options: dict[str, Any]
+    machine_choices: dict[str, str] = Field(
+        default_factory=dict, description="what the family decided from the machine for options set to auto, and why "
+                                          "(the fast B-spline layer's product: dense or sparse, by this CPU's crossover)")
     params_trainable: int = Field(ge=0)
     params_total: int = Field(ge=0, description="all parameter and buffer elements, as the study counts pykan's")
 

@@ -54,6 +54,11 @@ class ModelConfig(BaseModel):
     def build(self) -> nn.Module:
         raise NotImplementedError
 
+    def machine_choices(self, device_type: str) -> dict[str, str]:
+        """What the family decides from the machine it runs on (an ``auto`` option), in words by
+        option, for the run's record: the options themselves say only ``auto``."""
+        return {}
+
     def sketch(self) -> nn.Module:
         """The model without allocating it: built on the meta device, whose tensors have shapes
         but no storage, so a model far too large for this machine is looked at in milliseconds

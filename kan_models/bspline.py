@@ -156,13 +156,26 @@ class BSplineConfig(ModelConfig):
         "uniform, grid_eps unused); reference: Cox-de Boor over all bases, grid_eps grid updates")
     product: Literal["auto", "dense", "sparse"] = Field(
         "auto", description="how the fast layer multiplies its bases with the coefficients: dense (one GEMM over all "
-        "G + k bases), sparse (CSR over the k + 1 non-zero ones), auto: sparse on CPUs from 20 bases per non-zero one")
+        "G + k bases), sparse (CSR over the k + 1 non-zero ones), auto: sparse on CPUs from this CPU's measured crossover "
+        "in bases per non-zero one (scripts/bench_sparse_crossover.py --save; 20 where none is measured)")
 
     @model_validator(mode="after")
     def _product_needs_fast(self) -> "BSplineConfig":
         if self.product != "auto" and self.impl != "fast":
             raise ValueError(f"product {self.product} is a choice of the fast layer; set impl=fast or product=auto")
         return self
+
+    def machine_choices(self, device_type: str) -> dict[str, str]:
+        if self.impl != "fast" or self.product != "auto":
+            return {}
+        from kan_models.bspline_fast import use_sparse
+        from kan_models.sparse_crossover import cpu_crossover
+
+        bases = (self.grid + self.k) / (self.k + 1)
+        chosen = "sparse" if use_sparse("auto", self.grid + self.k, self.k, torch.device(device_type)) else "dense"
+        why = (f"{bases:.1f} bases per non-zero against a crossover of {cpu_crossover().describe()}"
+               if device_type == "cpu" else f"no crossover is measured on {device_type}")
+        return {"product": f"{chosen}: {why}"}
 
     def build(self) -> LayerStack:
         from kan_models.bspline_fast import FastBSplineKANLayer  # it builds on this module

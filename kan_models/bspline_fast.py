@@ -16,8 +16,8 @@ G + k bases and k levels.
 The k + 1 values are scattered into a dense (batch, in, G + k) block for one matrix product with
 the coefficients, plus the SiLU base path. The GEMM does (G + k) / (k + 1) times the arithmetic
 that is needed, and still wins on a CPU while that is small: sparse products (CSR) run far below
-the dense rate. Past ``SPARSE_FROM`` bases per non-zero (grids of about 100 intervals and more,
-measured in docs/performance.md) the layer keeps the k + 1 values as a CSR matrix instead, for
+the dense rate. Past the machine's crossover in bases per non-zero (measured where it runs:
+kan_models/sparse_crossover.py; grids of 20 to 80 intervals at k 3) the layer keeps the k + 1 values as a CSR matrix instead, for
 the forward product, the weight gradient and the input gradient (a sampled product). A custom autograd function saves only its inputs:
 backward recomputes the local bases (cheap) instead of keeping the (batch, in, G + k) basis and
 the recursion's intermediates alive between forward and backward.
@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from kan_models.bspline import BSplineKANLayer, observed_span, uniform_knots
+from kan_models.sparse_crossover import cpu_crossover
 
 
 @cache
@@ -152,19 +153,14 @@ def sparse_bases(local: LocalBases, n_bases: int) -> torch.Tensor:
                                        check_invariants=False)
 
 
-# Bases per non-zero basis, (G + k) / (k + 1), from which the CPU layer multiplies sparsely. A
-# dense GEMM runs several times the rate of torch's CSR products here, so it wins until it does
-# that many times the work. One layer's forward and backward (in 256, out 1024, batch 1024, k 3,
-# one thread; scripts/bench_sparse_crossover.py): dense / sparse 257 / 817 ms at G = 10, 817 / 819
-# at G = 40, 1,302 / 1,075 at G = 80, 2,360 / 1,439 at G = 160 (docs/performance.md). On CUDA the crossover is
-# not measured yet, so CUDA stays dense unless asked (``product: sparse``).
-SPARSE_FROM = 20
-
-
-def use_sparse(product: str, n_bases: int, k: int, device: torch.device) -> bool:
+def use_sparse(product: str, n_bases: int, k: int, device: torch.device, crossover: float | None = None) -> bool:
+    """Whether the layer multiplies sparsely: as asked, or under ``auto`` on CPUs from
+    ``crossover`` bases per non-zero (default: this machine's, kan_models/sparse_crossover.py). On
+    CUDA the crossover is not measured yet, so CUDA stays dense unless asked (``product: sparse``)."""
     if product != "auto":
         return product == "sparse"
-    return device.type == "cpu" and n_bases >= SPARSE_FROM * (k + 1)
+    crossover = cpu_crossover().bases_per_nonzero if crossover is None else crossover
+    return device.type == "cpu" and n_bases / (k + 1) >= crossover
 
 
 def spline_weight(coef: torch.Tensor, scale_spline: torch.Tensor) -> torch.Tensor:
@@ -299,6 +295,8 @@ class FastBSplineKANLayer(BSplineKANLayer):
     def __init__(self, *args, product: str = "auto", **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.product = product  # dense, sparse, or auto: by size (:func:`use_sparse`)
+        # read once here: a file read inside forward would break the compiled graph
+        self.crossover = cpu_crossover().bases_per_nonzero
         self.register_load_state_dict_pre_hook(_refuse_non_uniform_knots)
 
     def basis(self, x: torch.Tensor) -> torch.Tensor:
@@ -312,7 +310,7 @@ class FastBSplineKANLayer(BSplineKANLayer):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.coef.dtype
         args = (x.to(dtype), self.knots.to(dtype), self.coef.to(dtype), self.scale_base.to(dtype),
                 self.scale_spline.to(dtype), self.k)
-        sparse = use_sparse(self.product, self.coef.shape[-1], self.k, x.device)
+        sparse = use_sparse(self.product, self.coef.shape[-1], self.k, x.device, self.crossover)
         if torch.compiler.is_compiling() and not sparse:
             if len(x) * self.in_features * self.coef.shape[-1] > BLOCK_ELEMENTS:
                 # Bases too large to keep: recompute them in backward rather than let Inductor save

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from analysis.host import cpu_model
+from kanscale.machine import cpu_model
 from kan_models import build_model, parse_model_config
 from kan_models.compile import compile_model
 from strategies.compiled_step import StepCompilation

@@ -104,7 +104,7 @@ bench_timing() {
     --out "$OUT/bench_timing.json" > "$OUT/bench_timing.log" && grep '^|' "$OUT/bench_timing.log" > "$OUT/bench_timing.md"
 }
 check bench_timing bench_timing
-# The sparse product's crossover with the dense one on this GPU (SPARSE_FROM is CPU-measured);
+# The sparse product's crossover with the dense one on this GPU (product: auto takes a crossover measured on CPUs only);
 # the table is OUT_DIR/sparse_crossover.md
 sparse_crossover() {
   $PY scripts/bench_sparse_crossover.py --device cuda --grids 10 40 80 160 320 > "$OUT/sparse_crossover.md"

@@ -37,6 +37,7 @@ from strategies.engine import Engine
 from strategies.fsdp1 import FSDP1Engine
 from strategies.fsdp2 import FSDP2Engine
 from strategies.optim import build_optimizer
+from strategies.precision_support import autocast_lacks, deepspeed_lacks, precision_problem
 
 # training.precision -> Accelerate's mixed_precision
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -107,6 +108,9 @@ def launch_config_conflicts(launch: dict[str, Any], training: TrainingConfig, de
         problems.append(GPU_ONLY_MESSAGE)
     if training.precision == "fp16" and device_type == "cpu" and kind != "DEEPSPEED":
         problems.append(FP16_CPU_MESSAGE)
+    if kind == "DEEPSPEED" and (problem := precision_problem(training.precision, device_type,
+                                                             "Accelerate's DeepSpeed plugin", deepspeed_lacks)):
+        problems.append(problem)
     ds = launch.get("deepspeed_config") or {}
     if kind == "DEEPSPEED" and ds.get("deepspeed_config_file"):
         return problems + deepspeed_file_problems(launch, training, world_size, model)
@@ -169,6 +173,12 @@ class AccelerateConfig(StrategyConfig):
 
     def launch_config(self) -> str | None:
         return self.config_file
+
+    def missing_precision_support(self, precision: str, device_type: str) -> str | None:
+        """DeepSpeed's answer inside a rank that accelerate launch started with the DeepSpeed plugin;
+        before launch, :func:`launch_config_conflicts` asks the same of the launch config."""
+        lacks = deepspeed_lacks if requested_plugin() == "DEEPSPEED" else autocast_lacks
+        return lacks(precision, device_type)
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         if self.config_file is None:

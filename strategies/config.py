@@ -210,6 +210,14 @@ class StrategyConfig(Section):
         """The launcher config file this strategy is meant to run under, where it has one."""
         return None
 
+    def missing_precision_support(self, precision: str, device_type: str) -> str | None:
+        """What this machine lacks for the backend to compute in ``precision`` (bf16, fp16) on
+        ``device_type``, in words; None where nothing is missing. The default is autocast's and
+        FSDP's mixed precision (strategies/precision_support.py); checked before launch."""
+        from strategies.precision_support import autocast_lacks  # torch, which this module leaves to the backends
+
+        return autocast_lacks(precision, device_type)
+
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         """Refuse, before any process starts, what cannot run on ``device_type`` (``cpu`` or
         ``cuda``) at ``world_size``; raise :class:`ConfigError` naming the option and the fix."""

@@ -33,6 +33,7 @@ from strategies.distributed import DistEnv
 from strategies.engine import Engine, detached_copy, optimizer_state_tensors, tensor_bytes
 from strategies.optim import build_optimizer
 from strategies.precision import LOW_DTYPES
+from strategies.precision_support import deepspeed_lacks
 
 # strategy option -> its place in DeepSpeed's config (a path of keys)
 OPTION_KEYS: dict[str, tuple[str, ...]] = {
@@ -159,6 +160,9 @@ class DeepSpeedConfig(StrategyConfig):
         if get_path(resolved, OPTION_KEYS["offload_param"]) not in (None, "none") and stage != 3:
             raise ConfigError("strategy.offload_param: parameter offload needs ZeRO stage 3; set strategy.zero_stage=3 "
                               "or offload_param=false")
+
+    def missing_precision_support(self, precision: str, device_type: str) -> str | None:
+        return deepspeed_lacks(precision, device_type)
 
     def backend_config_preview(self, training: TrainingConfig, world_size: int) -> tuple[str, dict[str, Any]]:
         return "the DeepSpeed config every rank passes to deepspeed.initialize", self.resolve(training, world_size)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from analysis.host import cpu_model
+from kanscale.machine import cpu_model
 
 
 def _env_int(name: str, default: int) -> int:

@@ -14,6 +14,7 @@ from kanscale.errors import ConfigError
 from strategies.config import TrainingConfig
 from strategies.data import BatchPlan
 from strategies.experiment import ExperimentConfig
+from strategies.precision_support import check_precision_support
 from strategies.probes import PROBES
 from strategies.registry import STRATEGIES
 
@@ -45,6 +46,8 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines
     batch split at this world size, the step count, the model's memory, the output directory,
     files it needs. ``machines``: where the ranks run (default: :meth:`Machines.from_environ`)."""
     check_device(cfg, device_type)
+    check_precision_support(cfg.training.precision, device_type, cfg.strategy.label(),
+                            cfg.strategy.missing_precision_support)
     cfg.strategy.preflight(cfg.training, device_type, world_size)
     t = cfg.training
     shares = cfg.strategy.data_parallel_size(world_size)  # the world size, but for tensor parallelism

@@ -53,6 +53,7 @@ def initial_record(cfg: ExperimentConfig, env: DistEnv, run_id: str, params: Par
                               options=cfg.strategy.model_dump(mode="json", exclude={"name"})),
         model=ModelInfo(family=cfg.model.family, widths=cfg.model.widths, grid=model_options.get("grid"),
                         order=model_options.get("k", model_options.get("degree")), options=model_options,
+                        machine_choices=cfg.model.machine_choices(env.device.type),
                         params_trainable=params.trainable, params_total=params.total),
         task=TaskInfo(name=cfg.task.name, label=cfg.task.label, goal=cfg.task.goal.name, input_dim=cfg.task.input_dim,
                       n_train=cfg.task.n_train, n_test=cfg.task.n_test),

@@ -1,4 +1,5 @@
 import os
+import tempfile
 
 import pytest
 import torch
@@ -7,6 +8,9 @@ import torch
 # (two ranks) do not oversubscribe.
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# What a developer measured on this machine (the sparse product's crossover) stays out of the tests:
+# they, and the processes they start, see an empty cache and the shipped defaults.
+os.environ["KANSCALE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kanscale-test-cache-")
 
 
 @pytest.fixture

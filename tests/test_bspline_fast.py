@@ -1,6 +1,10 @@
 """The fast B-spline layer against the Cox-de Boor reference: values, every gradient, grid update,
 state dicts, and the torch.compile path."""
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 from pydantic import ValidationError
@@ -260,11 +264,16 @@ def test_the_sparse_product_matches_reference_across_blocks():
     assert_agree(outputs_and_grads(sparse, sparse, x), outputs_and_grads(ref, ref, x), torch.float64)
 
 
-def test_auto_multiplies_sparsely_from_the_measured_crossover_on_cpus_only():
-    from kan_models.bspline_fast import SPARSE_FROM, use_sparse
+def test_auto_multiplies_sparsely_from_the_default_crossover_where_this_cpu_measured_none(tmp_path, monkeypatch):
+    from kan_models import sparse_crossover
+    from kan_models.bspline_fast import use_sparse
 
+    monkeypatch.setenv("KANSCALE_CACHE_DIR", str(tmp_path))
+    sparse_crossover.cpu_crossover.cache_clear()
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert use_sparse("auto", SPARSE_FROM * 4, 3, cpu) and not use_sparse("auto", SPARSE_FROM * 4 - 1, 3, cpu)
+    at = sparse_crossover.DEFAULT.bases_per_nonzero
+    assert sparse_crossover.cpu_crossover() == sparse_crossover.DEFAULT
+    assert use_sparse("auto", int(at * 4), 3, cpu) and not use_sparse("auto", int(at * 4) - 1, 3, cpu)
     assert not use_sparse("auto", 1000, 3, cuda)  # not measured on GPUs: dense unless asked
     assert use_sparse("sparse", 4, 3, cpu) and not use_sparse("dense", 1000, 3, cpu)
     layers = build_model(parse_model_config({"family": "bspline", "widths": [2, 1], "grid": 80, "k": 3}), 0).blocks
@@ -273,6 +282,50 @@ def test_auto_multiplies_sparsely_from_the_measured_crossover_on_cpus_only():
         parse_model_config({"family": "bspline", "widths": [2, 1], "impl": "reference", "product": "sparse"})
 
 
+def test_auto_follows_the_crossover_this_cpu_measured_and_says_so(tmp_path, monkeypatch):
+    """The crossover moves with the CPU (docs/performance.md): a stored measurement for this CPU and
+    torch decides; one stored for another CPU does not."""
+    from kan_models import sparse_crossover
+    from kan_models.bspline_fast import use_sparse
+
+    monkeypatch.setenv("KANSCALE_CACHE_DIR", str(tmp_path))
+    cpu = torch.device("cpu")
+    config = parse_model_config({"family": "bspline", "widths": [2, 1], "grid": 21, "k": 3})  # 6 bases per non-zero
+    sparse_crossover.save_crossover(5.6, "2026-12-02", [])
+    store = json.loads((tmp_path / "sparse_crossover.json").read_text())
+    assert list(store) == [sparse_crossover.machine_key()]
+    assert use_sparse("auto", 24, 3, cpu) and not use_sparse("auto", 22, 3, cpu)
+    assert config.machine_choices("cpu")["product"].startswith("sparse: 6.0 bases per non-zero against a crossover of "
+                                                                "5.6 bases per non-zero (measured on this CPU")
+    (tmp_path / "sparse_crossover.json").write_text(json.dumps({"Another CPU | torch 2.13.0": store[sparse_crossover.machine_key()]}))
+    sparse_crossover.cpu_crossover.cache_clear()
+    assert sparse_crossover.cpu_crossover() == sparse_crossover.DEFAULT and not use_sparse("auto", 24, 3, cpu)
+    assert config.machine_choices("cpu")["product"].startswith("dense: 6.0 bases per non-zero against a crossover of 20.0")
+    sparse_crossover.cpu_crossover.cache_clear()
+
+
+def test_the_break_even_is_interpolated_between_the_measured_grids():
+    from kan_models.sparse_crossover import break_even
+
+    assert break_even([(10.8, 1.73), (3.2, 0.67)]) == pytest.approx(3.2 + 0.33 / 1.06 * 7.6)
+    assert break_even([(3.2, 0.5), (10.8, 0.9)]) is None  # sparse never won: nothing to store
+    assert break_even([(3.2, 1.1), (10.8, 2.0)]) == 3.2
+
+
+def test_the_crossover_script_stores_what_it_printed(tmp_path):
+    from tests.helpers.launch import ROOT, child_env
+
+    cmd = [sys.executable, str(ROOT / "scripts/bench_sparse_crossover.py"), "--inputs", "64", "--outputs", "128",
+           "--batch", "256", "--grids", "10", "400", "--repeats", "2", "--save"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env(KANSCALE_CACHE_DIR=str(tmp_path)))
+    store = tmp_path / "sparse_crossover.json"
+    if proc.returncode == 1:  # a machine where torch's CSR products never beat the GEMM at this size
+        assert "sparse never won up to grid 400" in proc.stdout and not store.exists()
+        return
+    assert proc.returncode == 0, proc.stderr
+    printed = float(proc.stdout.split("break even at ")[1].split()[0])
+    (entry,) = json.loads(store.read_text()).values()
+    assert entry["bases_per_nonzero"] == pytest.approx(printed, abs=0.05) and [r["grid"] for r in entry["table"]] == [10, 400]
 def test_a_compiled_model_runs_its_sparse_layers_eagerly_and_matches():
     cfg = parse_model_config({"family": "bspline", "widths": [3, 4, 1], "grid": 5, "k": 3, "product": "sparse"})
     assert_compiled_matches_eager(cfg, torch.rand(64, 3) * 2 - 1, atol=1e-6, grad_atol=1e-6)

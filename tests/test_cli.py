@@ -31,6 +31,12 @@ def test_train_prints_a_summary_and_writes_a_valid_record(tmp_path, capsys):
         assert text in out.out
     assert "[kanscale] step" in out.err  # compact log lines when not on a terminal
     assert record.final_loss < read_steps(only_run(tmp_path))[0].loss
+    # what ran, where: this CPU, and what the fast layer's product auto became on it
+    from kanscale.machine import cpu_model
+
+    assert record.topology.device_name == cpu_model()
+    assert record.model.options["product"] == "auto"
+    assert record.model.machine_choices["product"].startswith("dense: 2.0 bases per non-zero against a crossover of 20.0")  # (5 + 3) / 4
 
 
 def test_paper_config_trains_the_pykan_model(tmp_path, capsys, in_tmp_cwd):

@@ -3,6 +3,8 @@ strategies agreeing with each other within a tolerance derived from the effect o
 itself (docs/precision.md), model-state bytes that count what each backend holds, and a record
 that says what was computed in. Two real ranks on gloo, real FSDP, DeepSpeed and Accelerate."""
 
+import sys
+
 import pytest
 
 from analysis.derive import derive
@@ -11,6 +13,7 @@ from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop import Trainer
+from strategies.precision_support import cpu_fp16_supported
 from tests.helpers.launch import run_jobs
 from tests.helpers.records import make_record, write_record
 from tests.test_parity import STRATEGIES, experiment, max_rel_diff, single_losses
@@ -22,6 +25,12 @@ FP16 = ["ddp", "fsdp1", "fsdp2", "zero2"]
 GRID = {"grid_update_every": 4, "grid_update_until": 12}
 
 
+def lacks(precision: str, strategy: str) -> str | None:
+    """What this machine lacks to run ``precision`` under preset ``strategy`` (None: nothing)."""
+    cfg = parse_experiment(experiment("bspline", STRATEGIES[strategy], 1, "runs"))
+    return cfg.strategy.missing_precision_support(precision, "cpu")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("precision")
@@ -31,7 +40,7 @@ def runs(tmp_path_factory):
     jobs = [{"id": f"bf16/{k}", "config": experiment("bspline", STRATEGIES[k], 1, str(tmp / "r"), precision="bf16")}
             for k in BF16]
     jobs += [{"id": f"fp16/{k}", "config": experiment("bspline", STRATEGIES[k], 1, str(tmp / "r"), precision="fp16")}
-             for k in FP16]
+             for k in FP16 if lacks("fp16", k) is None]
     jobs += [{"id": f"grid/{k}", "config": experiment("bspline", STRATEGIES[k], 2, str(tmp / "r"), precision="bf16", **GRID)}
              for k in ("ddp", "zero0", "zero3")]
     return refs, run_jobs(jobs, tmp)
@@ -56,6 +65,8 @@ def test_bf16_under_every_cpu_strategy_agrees_with_one_process_within_the_derive
 
 @pytest.mark.parametrize("strategy", FP16)
 def test_fp16_with_loss_scaling_agrees_within_the_derived_tolerance(runs, strategy):
+    if lack := lacks("fp16", strategy):
+        pytest.skip(f"fp16 under {strategy} cannot run on this CPU: {lack}")
     refs, results = runs
     result = results[f"fp16/{strategy}"]
     assert result["status"] == "ok" and result["precision"]["compute_dtype"] == "float16"
@@ -112,6 +123,62 @@ def test_precisions_a_backend_cannot_run_are_refused_before_launch(training, str
         assert message in str(err).replace("\n", " ")
     else:
         pytest.fail("not refused")
+
+
+@pytest.fixture
+def no_cpu_fp16(monkeypatch):
+    """This CPU taken for one without oneDNN fp16 kernels (AMD EPYC, Intel before Sapphire Rapids),
+    so the refusal is exercised on every machine."""
+    monkeypatch.setattr("strategies.precision_support.cpu_fp16_supported", lambda: False)
+
+
+@pytest.mark.parametrize("launch,backend", [
+    (["--strategy", "zero2"], "zero2"),
+    (["--deepspeed-config", "configs/deepspeed/zero3.json"], "zero3"),
+    (["--strategy", "accelerate", "--accelerate-config", "configs/accelerate/deepspeed_zero2.yaml"],
+     "Accelerate's DeepSpeed plugin"),
+])
+def test_fp16_where_deepspeed_cannot_run_it_is_refused_before_launch_by_name(no_cpu_fp16, launch, backend, tmp_path,
+                                                                              capsys):
+    from launchers.cli import main
+
+    out = tmp_path / "out"
+    run = ["run", "quickstart", *launch, "--nproc-per-node", "2", "--out", str(out)]
+    assert main([*run, "--set", "training.precision=fp16"]) == 2
+    err = capsys.readouterr().err
+    assert f"training.precision: fp16 under {backend} cannot run on this cpu machine" in err
+    assert "which this CPU (" in err and "AVX512-FP16" in err and "set training.precision=bf16" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()  # one line, and nothing started
+    # the fix the message gives passes every check before launch
+    assert main([*run, "--set", "training.precision=bf16", "--dry-run"]) == 0
+
+
+def test_fp16_under_autocast_needs_no_fp16_kernels(no_cpu_fp16):
+    """Autocast and FSDP's mixed precision compute fp16 on any CPU: only DeepSpeed's engine asks."""
+    from strategies.preflight import preflight
+
+    for strategy in ("ddp", "fsdp2"):
+        cfg = parse_experiment(experiment("bspline", STRATEGIES[strategy], 1, "runs", precision="fp16"))
+        assert preflight(cfg, "cpu", 2).global_batch == 64
+
+
+def test_the_fp16_check_answers_as_deepspeeds_own_cpu_accelerator():
+    """Asked without starting DeepSpeed; DeepSpeed's answer (None for no) must be the same."""
+    from strategies.precision_support import cpu_fp16_supported
+    from tests.helpers.launch import run
+
+    ask = "from deepspeed.accelerator import get_accelerator; print(bool(get_accelerator().is_fp16_supported()))"
+    answer = run([sys.executable, "-c", ask], timeout=120, DS_ACCELERATOR="cpu").stdout.split()[-1]
+    assert answer == str(cpu_fp16_supported())
+
+
+@pytest.mark.skipif(cpu_fp16_supported(), reason="this CPU has oneDNN fp16 kernels: DeepSpeed runs fp16 here")
+def test_on_this_cpu_fp16_under_deepspeed_is_refused_without_forcing(tmp_path, capsys):
+    from launchers.cli import main
+
+    assert main(["run", "quickstart", "--strategy", "zero1", "--nproc-per-node", "2", "--out", str(tmp_path),
+                 "--set", "training.precision=fp16"]) == 2
+    assert "fp16 under zero1 cannot run on this cpu machine" in capsys.readouterr().err
 
 
 def test_precision_is_an_axis_the_analysis_keeps_apart(tmp_path):

@@ -108,10 +108,25 @@ def test_a_torn_last_step_line_is_skipped(finished_run, tmp_path):
         read_steps(torn)
 
 
+def as_early_v5(record: RunRecord) -> dict:
+    """The record as v5 was first written: without the model's machine choices (an optional field
+    v5 gained on 2026-12-02); the earlier versions' builders start from here."""
+    data = json.loads(record.model_dump_json())
+    data["model"].pop("machine_choices")
+    return data
+
+
+def test_an_early_v5_record_reads_with_the_new_fields_empty(finished_run, tmp_path):
+    record, _ = finished_run
+    (tmp_path / "summary.json").write_text(json.dumps(as_early_v5(record)))
+    read = read_summary(tmp_path)
+    assert read.model.machine_choices == {}
+
+
 @pytest.mark.parametrize("compile_s", [None, 4.2])
 def test_v4_records_are_migrated_on_read(finished_run, tmp_path, compile_s):
     record, _ = finished_run
-    v4 = json.loads(record.model_dump_json())
+    v4 = as_early_v5(record)
     v4["schema_version"] = 4
     v4.pop("compile")
     v4["timings"]["compile_s"] = compile_s
@@ -127,7 +142,7 @@ def test_v4_records_are_migrated_on_read(finished_run, tmp_path, compile_s):
 
 def as_v3(record: RunRecord) -> dict:
     """The record as kanscale 0.3 (schema v3) wrote it: no precision, no data loader."""
-    data = json.loads(record.model_dump_json())
+    data = as_early_v5(record)
     data["schema_version"] = 3
     data.pop("precision")
     data.pop("compile")

@@ -278,7 +278,7 @@ def test_sigterm_of_a_healthy_run_is_recorded_as_a_stop_with_every_completed_ste
     assert [s.step for s in steps] == list(range(1, len(steps) + 1)) and len(steps) > 600
     # Not only up to the last write (every 200 steps): up to the last timing window (10 steps) that
     # every rank finished; the steps of the window in progress were never combined across ranks.
-    assert 0 <= record.error.step - len(steps) < 10
+    assert 0 <= record.error.step - len(steps) <= 10  # 10: the rank had just finished a window the others had not
     assert seen["lock_after_second"] == ""
 
 

@@ -4,9 +4,11 @@ whether every rank ends with the same model.
 
 A job may ask for ``comm_delay_s``: its DDP gradient all-reduce then waits that long first (a
 DDP communication hook), a known amount of extra communication time for the measurement to find.
-A job with ``"resume": true`` continues the newest unfinished run of its experiment; a job whose
-run raises (fault injection on every rank) is recorded with its error and the worker goes on;
-a job ``{"id": ..., "export": RUN_DIR_OF_JOB, "to": FILE}`` exports that job's checkpoint.
+A job with ``"resume": true`` continues the newest unfinished run of its experiment; a job that
+raises, on every rank (fault injection, a refused config, a backend that cannot start), is
+recorded with its error and the worker goes on to the next: one job's failure is that job's
+alone. The results file is rewritten after every job, so a worker that dies keeps what it had.
+A job ``{"id": ..., "export": RUN_DIR_OF_JOB, "to": FILE}`` exports that job's checkpoint.
 
     torchrun --standalone --nproc_per_node 2 tests/helpers/dist_worker.py JOBS.json RESULTS.json
 """
@@ -72,16 +74,19 @@ def main(jobs_path: str, results_path: str) -> None:
                 export(run_dirs[job["export"]], job["to"])
             env.barrier()
             continue
-        cfg = parse_experiment(job["config"])
-        resume = find_resumable(cfg, env.world_size) if job.get("resume") else None
-        trainer = Trainer(cfg, env, show_progress=False, resume=resume)
-        run_dirs[job["id"]] = trainer.run_dir
-        delay = job.get("comm_delay_s")
+        trainer = None
         try:
+            cfg = parse_experiment(job["config"])
+            resume = find_resumable(cfg, env.world_size) if job.get("resume") else None
+            trainer = Trainer(cfg, env, show_progress=False, resume=resume)
+            run_dirs[job["id"]] = trainer.run_dir
+            delay = job.get("comm_delay_s")
             with delayed_allreduce(delay) if delay else contextlib.nullcontext():
                 record = trainer.run()
-        except RuntimeError as err:
-            results[job["id"]] = {"status": "raised", "error": str(err), "losses": [s.loss for s in trainer.combined]}
+        except Exception as err:
+            results[job["id"]] = {"status": "raised", "error": f"{type(err).__name__}: {err}",
+                                  "losses": [s.loss for s in trainer.combined] if trainer is not None else []}
+            write_results(env, results, results_path)
             continue
         digests = env.gather_strings(state_digest(trainer.engine.full_state_dict()))
         results[job["id"]] = {
@@ -101,15 +106,22 @@ def main(jobs_path: str, results_path: str) -> None:
             "run_dir": str(trainer.run_dir),
         }
         del trainer
+        write_results(env, results, results_path)
     finish(env, results, results_path)
+
+
+def write_results(env: DistEnv, results: dict, results_path: str) -> None:
+    """Rank 0 replaces the results file with ``results`` (whole, never half-written)."""
+    if env.is_main:
+        with open(f"{results_path}.tmp", "w") as f:
+            json.dump(results, f)
+        os.replace(f"{results_path}.tmp", results_path)
 
 
 def finish(env: DistEnv, results: dict, results_path: str) -> None:
     """Rank 0 writes ``results``; every rank leaves the process group, then the process, without
     destructors: tearing down gloo process groups can deadlock (see launchers/cli.py)."""
-    if env.is_main:
-        with open(results_path, "w") as f:
-            json.dump(results, f)
+    write_results(env, results, results_path)
     env.shutdown()
     sys.stdout.flush()
     os._exit(0)

@@ -22,10 +22,35 @@ def run(cmd: list[str], timeout: float = 300, **extra_env: str) -> subprocess.Co
     return proc
 
 
-def run_jobs(jobs: list[dict], tmp_path: Path, nproc: int = 2) -> dict:
-    """Run experiments in one torchrun launch of ``nproc`` ranks; return the worker's results."""
+class JobResults(dict):
+    """A job pool's results by job id. Reading a job that raised without being asked to (no
+    ``fault`` in its config), or that has no result because the pool died first, fails with that
+    job's own error: only the tests that read a failed job fail, never the pool's other users."""
+
+    def __init__(self, results: dict, jobs: list[dict], pool_failure: str | None) -> None:
+        super().__init__(results)
+        self.faulty = {job["id"] for job in jobs if "fault" in job.get("config", {})}
+        self.pool_failure = pool_failure
+
+    def __getitem__(self, job_id: str) -> dict:
+        if job_id not in self:
+            raise AssertionError(f"job {job_id} has no result: {self.pool_failure or 'it was not in the pool'}")
+        result = super().__getitem__(job_id)
+        if result.get("status") == "raised" and job_id not in self.faulty:
+            raise AssertionError(f"job {job_id} raised {result['error']}")
+        return result
+
+
+def run_jobs(jobs: list[dict], tmp_path: Path, nproc: int = 2) -> JobResults:
+    """Run experiments in one torchrun launch of ``nproc`` ranks; return the worker's results,
+    those it wrote before it failed included."""
     jobs_file, results_file = tmp_path / "jobs.json", tmp_path / "results.json"
     jobs_file.write_text(json.dumps(jobs))
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-         str(ROOT / "tests/helpers/dist_worker.py"), str(jobs_file), str(results_file)], timeout=900)
-    return json.loads(results_file.read_text())
+    try:
+        run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+             str(ROOT / "tests/helpers/dist_worker.py"), str(jobs_file), str(results_file)], timeout=900)
+        failure = None
+    except (AssertionError, subprocess.TimeoutExpired) as err:
+        failure = f"the pool stopped before it: {err}"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    return JobResults(results, jobs, failure)

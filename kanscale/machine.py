@@ -1,4 +1,6 @@
-"""What machine a measurement came from, as every record and table names it."""
+"""What machine a measurement came from, as every record and table names it (the record's
+``topology.device_name`` on CPUs): kernel rates, crossovers and what a backend supports differ
+between CPUs."""
 
 from __future__ import annotations
 
