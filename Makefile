@@ -1,10 +1,14 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   create .venv, install, train four strategies and one process at the study's size
 #               and at 1M parameters, print the verdict and write the HTML report
-#   make test   create .venv, install, run the test suite (all but tests/cluster)
+#   make test   create .venv, install, run the tests a developer runs before every commit (all
+#               but the slow tier and tests/cluster: a few minutes on 2 cores)
+#   make test-slow   the slow tier (tests marked slow: whole sweeps, every strategy of a study,
+#               kills and resumes, launchers started as users start them)
 #   make test-cluster   tests against real SLURM (munge, slurmctld, 2 slurmd) and sshd + pdsh
 #               daemons they start on 127.0.0.1, and the report in headless Chromium; installs
 #               the Debian packages when root, else skips
+#   .ci/run runs all three.
 #
 # TORCH_SPEC picks the torch build. The default is the CPU wheel that lies on this project's
 # machines; on a GPU machine install your own CUDA build, e.g. `make test TORCH_SPEC=torch`.
@@ -14,7 +18,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-cluster install clean
+.PHONY: demo test test-slow test-cluster install clean
 
 install: $(STAMP)
 
@@ -31,7 +35,10 @@ demo: $(STAMP)
 	$(BIN)/kanscale analyze runs/demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15 tests --ignore=tests/cluster
+	$(BIN)/python -m pytest -q --durations=15 -m "not slow" tests --ignore=tests/cluster
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q --durations=15 -m slow tests --ignore=tests/cluster
 
 test-cluster: $(STAMP)
 	bash scripts/cluster_packages.sh

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
@@ -21,7 +21,7 @@ Interval = Annotated[tuple[float, float], AfterValidator(_increasing)]
 
 
 class WrapPolicy(BaseModel):
-    """Which submodules the FSDP strategies shard as one unit each (strategies/wrap.py)."""
+    """Which submodules the FSDP strategies shard as one unit each (kan_models/wrap.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -36,6 +36,13 @@ class ModelConfig(BaseModel):
 
     # no infinite or NaN floats (YAML's .inf, .nan): no option of a model means them
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    # The options, besides family and widths, that decide the weights' shapes: an exported model
+    # fits another experiment only where they agree (training.init_from).
+    identity: ClassVar[tuple[str, ...]] = ()
+    # The options the run record names as the model's resolution: its grid (intervals or centres)
+    # and its order (spline order or polynomial degree), where the family has them.
+    resolution: ClassVar[dict[str, str]] = {}
 
     family: str
     widths: list[int] = Field(description="layer widths including input and output, e.g. [2, 64, 1]")
@@ -118,7 +125,7 @@ class LayerStack(nn.Module):
 
 @dataclass(frozen=True)
 class LayerSplit:
-    """How tensor parallelism may cut one KAN layer (strategies/tensor_parallel.py). Names are the
+    """How tensor parallelism may cut one KAN layer (strategies/backends/tp_plan.py). Names are the
     layer's own parameters and buffers (``coef``, ``spline.weight``); a tensor named in neither
     map stays whole on every rank.
 

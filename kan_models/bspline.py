@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -146,6 +146,8 @@ class BSplineConfig(ModelConfig):
     """B-spline KAN: SiLU base path plus an order-k spline on a G-interval grid per edge."""
 
     family: Literal["bspline"]
+    identity: ClassVar[tuple[str, ...]] = ("grid", "k")
+    resolution: ClassVar[dict[str, str]] = {"grid": "grid", "order": "k"}
     grid: int = Field(5, ge=1, le=1000, description="number of grid intervals G")
     k: int = Field(3, ge=1, le=5, description="spline order")
     grid_range: Interval = Field((-1.0, 1.0), description="initial grid [low, high]")

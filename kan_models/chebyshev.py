@@ -6,7 +6,7 @@ finite at the interval ends (unlike cos(n arccos z))."""
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -45,6 +45,8 @@ class ChebyshevConfig(ModelConfig):
     """Chebyshev KAN: a degree-D Chebyshev series of tanh(x) per edge."""
 
     family: Literal["chebyshev"]
+    identity: ClassVar[tuple[str, ...]] = ("degree",)
+    resolution: ClassVar[dict[str, str]] = {"order": "degree"}
     degree: int = Field(4, ge=1, le=64, description="polynomial degree D")
 
     def build(self) -> LayerStack:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import tempfile
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -57,6 +57,8 @@ class PyKANConfig(ModelConfig):
     """pykan's own MultKAN (the published study's model), for reference runs."""
 
     family: Literal["pykan"]
+    identity: ClassVar[tuple[str, ...]] = ("grid", "k")
+    resolution: ClassVar[dict[str, str]] = {"grid": "grid", "order": "k"}
     grid: int = Field(10, ge=1, le=1000, description="number of grid intervals")
     k: int = Field(3, ge=1, le=5, description="spline order")
     seed: int | None = Field(None, description="pykan's seed; default: the experiment's training.seed")

@@ -4,7 +4,7 @@ optional LayerNorm that keeps inputs inside the centres' range; a SiLU base path
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +60,8 @@ class RBFConfig(ModelConfig):
     """Gaussian RBF KAN (FastKAN-style): G Gaussian bumps per edge, LayerNorm, SiLU base."""
 
     family: Literal["rbf"]
+    identity: ClassVar[tuple[str, ...]] = ("grid",)
+    resolution: ClassVar[dict[str, str]] = {"grid": "grid"}
     grid: int = Field(8, ge=2, le=1000, description="number of Gaussian centres")
     grid_range: Interval = Field((-2.0, 2.0), description="centres span [low, high]")
     layernorm: bool = True

@@ -36,15 +36,15 @@ import torch.distributed as dist
 
 from analysis.documents import json_out, write_json_and_markdown
 from analysis.format import human_bytes
-from analysis.projection import DDP_BUCKET, HOST_COPY, MiB, OPS, LinkCost, busbw_factor, fit_alpha_beta
+from analysis.projection import DDP_BUCKET, HOST_COPY, OPS, LinkCost, MiB, busbw_factor, fit_alpha_beta
 from analysis.tables import markdown
 from kanscale.errors import ConfigError
-from launchers.commands import Launch, LaunchSpec, torchrun_launch
-from launchers.ports import rendezvous_port
-from launchers.run import check_capacity, execute
+from launchers.launch.commands import Launch, LaunchSpec, torchrun_launch
+from launchers.launch.ports import rendezvous_port
+from launchers.launch.run import check_capacity, execute
 from launchers.zoo import model_shape
 from strategies.distributed import DistEnv, device_name
-from strategies.environment import environment_info
+from strategies.measure.environment import environment_info
 
 WORKER = "launchers.commbench"  # the module every rank runs
 # The models whose gradient and shard sizes the sweep includes.

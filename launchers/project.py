@@ -13,8 +13,10 @@ from typing import Any, Callable
 from analysis import projection as pj
 from analysis.documents import json_out, write_json_and_markdown
 from kanscale.errors import ConfigError
-from kanscale.files import find_file, read_json, read_mapping
+from kan_models import parse_model_config
+from kanscale.files import find_file, preset_names, read_json, read_mapping
 from launchers.zoo import bench_model_config, model_shape
+from strategies.experiment import load_strategy
 
 
 @dataclass
@@ -72,14 +74,31 @@ def profiles(request: ProjectionRequest) -> tuple[dict[str, pj.ComputeProfile], 
     return found, model
 
 
+def cost_models(names: list[str] | None, model: dict[str, Any]) -> list[pj.StrategyModel]:
+    """What each strategy issues per step, as its own class describes it (``cost_model``): the
+    presets or preset files named, else every shipped preset the projection models (the
+    one-process reference first). A named one without a model is refused, naming those with one."""
+    config = parse_model_config(model)
+    strategies = {name: load_strategy(name, config, "--strategies") for name in names or preset_names("strategies")}
+    if names is None:  # the one-process reference first, the baseline every other row is read against
+        strategies = dict(sorted(strategies.items(), key=lambda item: not item[1].reference))
+    described = {name: strategy.cost_model() for name, strategy in strategies.items()}
+    missing = [name for name, m in described.items() if m is None]
+    if names and missing:
+        modelled = [name for name in preset_names("strategies") if load_strategy(name, config).cost_model()]
+        raise ConfigError(f"--strategies: the projection does not model {', '.join(missing)} (its options lead where "
+                          f"no cost model is written yet); presets it models: {', '.join(modelled)}")
+    return [m for m in described.values() if m is not None]
+
+
 def run_projection(request: ProjectionRequest) -> int:
     if request.out:
         json_out(request.out)
-    strategies = [s.strip() for s in request.strategies.split(",")] if request.strategies else list(pj.STRATEGIES)
+    names = [s.strip() for s in request.strategies.split(",") if s.strip()] if request.strategies else None
     ranks = checked("--ranks", lambda: [int(r) for r in request.ranks.split(",") if r.strip()])
-    if [s for s in strategies if s not in pj.STRATEGIES] or not ranks or min(ranks) < 1:
-        raise ConfigError(f"--strategies/--ranks: strategies from {', '.join(pj.STRATEGIES)} and rank counts of at least "
-                          f"1, e.g. --strategies ddp,zero3 --ranks 1,2,4,8; got {request.strategies} and {request.ranks}")
+    if names == [] or not ranks or min(ranks) < 1:
+        raise ConfigError(f"--strategies/--ranks: strategy presets (or preset files) and rank counts of at least 1, "
+                          f"e.g. --strategies ddp,zero3 --ranks 1,2,4,8; got {request.strategies} and {request.ranks}")
     numbers = {"--micro-batch": request.micro_batch, "--global-batch": request.global_batch,
                "--ranks-per-node": request.ranks_per_node, "--compute-scale": request.compute_scale,
                "--contention": request.contention}
@@ -88,18 +107,19 @@ def run_projection(request: ProjectionRequest) -> int:
     net = network(request)
     found, model = profiles(request)
     shape, per_node = model_shape(model), request.ranks_per_node or net.ranks_per_node
-    cut = [s for s in strategies if pj.STRATEGIES[s].tp != 1]
+    strategies = cost_models(names, model)
+    cut = [s.label for s in strategies if s.tp != 1]
     if cut and not shape.widths:
-        if request.strategies:
+        if names:
             raise ConfigError(f"--strategies: {', '.join(cut)} cut layers that declare how (bspline, rbf, chebyshev); "
                               f"the profile's model, {shape.label}, has none; leave them out")
-        strategies = [s for s in strategies if s not in cut]  # the default: every strategy that can run it
+        strategies = [s for s in strategies if s.tp == 1]  # the default: every strategy that can run it
     options = {"micro_batch": request.micro_batch, "global_batch": request.global_batch,
                "compute_scale": request.compute_scale, "contention": request.contention, "probe": request.probe}
     rows = checked("--cluster" if request.cluster else "--network", pj.project, strategies, shape, found, net, ranks,
                    per_node, **options)
-    takeovers = {s: pj.takeover(s, shape, found.get(s) or found["*"], net, per_node, **options)
-                 for s in strategies if pj.STRATEGIES[s].multi_rank}
+    takeovers = {s.label: pj.takeover(s, shape, found.get(s.label) or found["*"], net, per_node, **options)
+                 for s in strategies if s.multi_rank}
     notes = pj.assumptions(shape, found, net, request.compute_scale, request.contention, request.probe)
     text = pj.markdown(rows, notes, takeovers, pj.search_limit(net, per_node))
     print(text)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kan_models import build_model, count_parameters  # noqa: E402
 from strategies.distributed import DistEnv  # noqa: E402
 from strategies.experiment import ExperimentConfig, parse_experiment  # noqa: E402
-from strategies.loop import Trainer  # noqa: E402
+from strategies.loop.trainer import Trainer  # noqa: E402
 
 MODELS = {
     "study [2, 64, 1] pykan": {"model": {"family": "pykan", "widths": [2, 64, 1], "grid": 10, "k": 3, "seed": 42},

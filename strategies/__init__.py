@@ -1,4 +1,6 @@
-"""HOW a model is trained across ranks: one module per backend behind the :class:`Engine`
-interface (strategies/engine.py) and the options base class (strategies/config.py), the
-strategy-agnostic training loop, data sharding, checkpoints, failures, and the measurements a
-run records."""
+"""HOW a model is trained across ranks. At the top, the contract every backend meets: the
+:class:`Engine` (engine.py), the strategy options base class (strategy.py), the registry, the
+experiment and its sections, the process group, precision, the optimizer and the compiled step.
+Below it, one folder per role: ``backends/`` (one module per strategy), ``loop/`` (the
+strategy-agnostic training loop), ``measure/`` (timing, baseline, communication, memory, the
+record) and ``lifecycle/`` (checks before launch, checkpoints, resume, failures, export)."""

@@ -29,8 +29,8 @@ from torch.distributed.tensor import DTensor
 
 from analysis.schema import CompileInfo, ModelStateBytes, PrecisionInfo
 from strategies.compiled_step import StepCompilation
-from strategies.config import TrainingConfig
 from strategies.precision import Amp, dtype_name
+from strategies.sections import TrainingConfig
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs and targets of one micro-batch
 # A task's loss summed over a batch's samples, or its additive test statistics.
@@ -91,7 +91,7 @@ class Engine:
     """Model + optimizer under one strategy. Subclasses override what their backend does
     differently; the defaults are plain single-process PyTorch."""
 
-    # How :meth:`save` writes (see strategies/checkpoint.py and `kanscale export`).
+    # How :meth:`save` writes (see strategies/lifecycle/checkpoint.py and `kanscale export`).
     checkpoint_format = "torch"
     # Which backend this engine drives, in the strategies' vocabulary (an Accelerate run is
     # labelled by the engine Accelerate chose: accelerate_ddp, accelerate_zero2, ...).
@@ -100,14 +100,14 @@ class Engine:
     compiled_autograd = True
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig,
-                 amp: Amp | None = None) -> None:
+                 amp: Amp | None = None, cast: str | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.training = training
-        # What this engine runs of mixed precision itself (autocast, a gradient scaler); backends
-        # that cast their own parameters say how in ``precision_mechanism``.
+        # What this engine runs of mixed precision itself (autocast, a gradient scaler), and how a
+        # backend that casts its own parameters does it (``cast``, e.g. FSDP's MixedPrecision).
         self.amp = amp or Amp()
-        self.precision_mechanism = self.amp.describe()
+        self.precision_mechanism = self.amp.describe(cast)
         self.input_dtype: torch.dtype | None = None  # a backend whose module is in a low dtype wants its inputs so
         self.compute_dtypes = watch_compute_dtypes(model)
         self._dtype_watch_pending = True
@@ -282,8 +282,8 @@ class AveragingEngine(Engine):
     the loss is scaled by the world size, so the average is the gradient of the global mean."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig, world_size: int,
-                 amp: Amp | None = None) -> None:
-        super().__init__(model, optimizer, training, amp)
+                 amp: Amp | None = None, cast: str | None = None) -> None:
+        super().__init__(model, optimizer, training, amp, cast)
         self.world_size = world_size
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import Any, get_args
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
 from kan_models import AnyModelConfig, AnyTaskConfig
+from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, find_preset, parse_yaml_value, read_mapping
-from strategies.config import FaultConfig, MeasurementConfig, OutputConfig, RuntimeConfig, Section, TrainingConfig
 from strategies.registry import AnyStrategyConfig
+from strategies.sections import FaultConfig, MeasurementConfig, OutputConfig, RuntimeConfig, Section, TrainingConfig
+from strategies.strategy import StrategyConfig
 
 
 class ExperimentConfig(Section):
@@ -87,6 +89,8 @@ class ExperimentConfig(Section):
 # ----------------------------------------------------------------------------------------
 # Loading
 
+STRATEGY_SECTION = TypeAdapter(AnyStrategyConfig)
+
 
 def load_experiment(path: str | Path, overrides: list[str] = (), strategy: str | None = None) -> ExperimentConfig:
     """Read a YAML experiment (a file, or the name of a shipped one such as ``quickstart``), swap
@@ -96,6 +100,18 @@ def load_experiment(path: str | Path, overrides: list[str] = (), strategy: str |
     if strategy is not None:
         data["strategy"] = read_sections(find_preset(strategy, "strategies", "--strategy"))
     return parse_experiment(data, overrides, source=str(path))
+
+
+def load_strategy(preset: str, model: ModelConfig, field: str = "--strategy") -> StrategyConfig:
+    """A strategy preset alone (a shipped name such as ``zero3``, or a YAML file of the user's own)
+    validated and resolved for ``model``, as an experiment naming it would run it."""
+    data = read_sections(find_preset(preset, "strategies", field))
+    try:
+        strategy = STRATEGY_SECTION.validate_python(data)
+    except ValidationError as err:
+        lines = [describe_error({**e, "loc": ("strategy", *e["loc"])}, {"strategy": data}) for e in err.errors()]
+        raise ConfigError(f"{field}: {preset} is invalid:\n" + error_lines(lines)) from None
+    return strategy.resolved(model)
 
 
 def experiment_path(name: str | Path) -> Path:

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 import torch
 
-from strategies.config import TrainingConfig
+from strategies.sections import TrainingConfig
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], training: TrainingConfig) -> torch.optim.Optimizer:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from strategies.config import TrainingConfig
+from strategies.sections import TrainingConfig
 
 LOW_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

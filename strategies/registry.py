@@ -10,16 +10,16 @@ from typing import Annotated, Union
 import torch
 from pydantic import Field
 
-from strategies.accelerate import AccelerateConfig
-from strategies.config import StrategyConfig
-from strategies.dcp import ShardedCheckpoints
-from strategies.ddp import DDPConfig
-from strategies.deepspeed import DeepSpeedConfig, DeepSpeedEngine
+from strategies.backends.accelerate import AccelerateConfig
+from strategies.backends.dcp import ShardedCheckpoints
+from strategies.backends.ddp import DDPConfig
+from strategies.backends.deepspeed import DeepSpeedConfig, DeepSpeedEngine
+from strategies.backends.fsdp1 import FSDP1Config
+from strategies.backends.fsdp2 import FSDP2Config
+from strategies.backends.single import SingleConfig
+from strategies.backends.tp import FSDP2TPConfig, TPConfig
 from strategies.engine import Engine
-from strategies.fsdp1 import FSDP1Config
-from strategies.fsdp2 import FSDP2Config
-from strategies.single import SingleConfig
-from strategies.tp import FSDP2TPConfig, TPConfig
+from strategies.strategy import StrategyConfig
 
 # checkpoint format -> how to merge a checkpoint of it into one state dict, from the engine
 # classes that write each format

@@ -15,12 +15,12 @@ from kan_models import FAMILIES, build_model, count_parameters, parse_model_conf
 from kanscale.errors import ConfigError
 from kanscale.files import read_json, read_yaml
 from launchers.cli import main
-from launchers.sweep import REASON_CHARS, one_line
-from strategies.accelerate import unknown_launch_keys
-from strategies.config import TrainingConfig
-from strategies.deepspeed_native import resolve_native
+from launchers.studies.sweep import REASON_CHARS, one_line
+from strategies.backends.accelerate_launch import unknown_launch_keys
+from strategies.backends.deepspeed_config import resolve_native
 from strategies.experiment import load_experiment
-from strategies.preflight import ThreadsBeyondCores, training_state_bytes
+from strategies.lifecycle.preflight import ThreadsBeyondCores, training_state_bytes
+from strategies.sections import TrainingConfig
 from tests.helpers.records import make_record, write_record
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.projection import HOST_COPY, MiB, OPS, busbw_factor
+from analysis.projection import HOST_COPY, OPS, MiB, busbw_factor
 from launchers.cli import main
-from launchers.commands import LaunchSpec
 from launchers.commbench import BenchOptions, iterations, message_sizes, rank_command
+from launchers.launch.commands import LaunchSpec
 from tests.helpers.launch import ROOT, child_env, run
 
 

@@ -11,7 +11,7 @@ from analysis.labels import strategy_label
 from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
-from strategies.loop import Trainer
+from strategies.loop.trainer import Trainer
 from tests.helpers.launch import run_jobs
 from tests.test_parity import STRATEGIES, experiment, max_rel_diff, single_losses
 
@@ -86,9 +86,9 @@ def test_a_short_last_batch_does_not_compile_again(compile):
 
     from kan_models import build_model, parse_model_config
     from kan_models.compile import compile_model
-    from strategies.config import TrainingConfig
     from strategies.engine import Engine
     from strategies.optim import build_optimizer
+    from strategies.sections import TrainingConfig
 
     model = build_model(parse_model_config({"family": "bspline", "widths": [2, 8, 1], "grid": 5}), 0)
     training = TrainingConfig(compile=compile, steps=4)

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from kan_models.base import WrapPolicy
+from kan_models.wrap import wrap_units
 from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
-from strategies.loop import Trainer
-from strategies.wrap import wrap_units
+from strategies.loop.trainer import Trainer
 from tests.helpers.launch import run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def test_the_wrap_policy_picks_units_by_class_or_by_size():
 
 
 def test_fsdp2_shards_a_longer_dimension_only_where_the_ranks_divide_it():
-    from strategies.fsdp2 import shard_largest_dim
+    from strategies.backends.fsdp2 import shard_largest_dim
 
     assert shard_largest_dim(nn.Parameter(torch.zeros(1, 64, 8)), world_size=2).dim == 1  # a KAN output layer
     assert shard_largest_dim(nn.Parameter(torch.zeros(1, 293)), world_size=2).dim == 0  # uneven: dim 0, as FSDP2 allows

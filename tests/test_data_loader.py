@@ -10,7 +10,7 @@ import pytest
 from analysis.records import read_summary
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
-from strategies.loop import Trainer
+from strategies.loop.trainer import Trainer
 from tests.helpers.launch import run_jobs
 from tests.test_parity import STRATEGIES, max_rel_diff
 

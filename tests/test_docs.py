@@ -3,11 +3,11 @@
 from pathlib import Path
 
 from kan_models import FAMILIES, TASKS
-from kan_models.custom import CustomConfig
 from kan_models.base import WrapPolicy
-from strategies.config import OutputConfig, RuntimeConfig, TrainingConfig
+from kan_models.custom import CustomConfig
 from strategies.experiment import ExperimentConfig
 from strategies.registry import STRATEGIES
+from strategies.sections import OutputConfig, RuntimeConfig, TrainingConfig
 
 DOC = (Path(__file__).resolve().parents[1] / "docs/configuration.md").read_text()
 

@@ -193,7 +193,7 @@ def test_ssh_options_need_the_ssh_path(capsys):
 
 def test_the_remote_ranks_env_file_carries_what_they_need_and_nothing_a_shell_would_run(monkeypatch):
     from kanscale.errors import ConfigError
-    from launchers.ssh import deepspeed_env_text
+    from launchers.launch.ssh import deepspeed_env_text
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     text = deepspeed_env_text("cpu")

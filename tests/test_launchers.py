@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from launchers import run as run_module
-from launchers.cli import main
-from launchers.commands import LaunchSpec, deepspeed_launch, torchrun_launch
-from launchers.hostfile import parse_hostfile
-from launchers.request import RunRequest
-from launchers.run import plan
-from launchers.slurm import SlurmOptions, sbatch_script
 from kanscale.errors import ConfigError
+from launchers.launch import run as run_module
+from launchers.cli import main
+from launchers.launch.commands import LaunchSpec, deepspeed_launch, torchrun_launch
+from launchers.launch.hostfile import parse_hostfile
+from launchers.launch.request import RunRequest
+from launchers.launch.run import plan
+from launchers.launch.slurm import SlurmOptions, sbatch_script
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs/experiments/quickstart.yaml")

@@ -17,10 +17,10 @@ from analysis.records import read_summary
 from kan_models import build_model
 from kanscale.errors import ConfigError
 from launchers.cli import main
-from strategies.accelerate import launch_config_conflicts
-from strategies.deepspeed_native import UncheckedDeepSpeedKeys, auto_paths, resolve_native
+from strategies.backends.accelerate_launch import launch_config_conflicts
+from strategies.backends.deepspeed_config import UncheckedDeepSpeedKeys, auto_paths, resolve_native
 from strategies.experiment import load_experiment, parse_experiment
-from strategies.preflight import preflight
+from strategies.lifecycle.preflight import preflight
 from tests.helpers.launch import ROOT, run
 
 NATIVE = ROOT / "tests/data/native"

@@ -5,7 +5,7 @@ import pytest
 
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
-from strategies.loop import Trainer
+from strategies.loop.trainer import Trainer
 from tests.helpers.launch import run_jobs
 
 STEPS = 20

@@ -12,7 +12,7 @@ from analysis.load import load_runs
 from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
-from strategies.loop import Trainer
+from strategies.loop.trainer import Trainer
 from strategies.precision_support import cpu_fp16_supported
 from tests.helpers.launch import run_jobs
 from tests.helpers.records import make_record, write_record
@@ -113,7 +113,7 @@ def test_the_record_says_what_was_computed_in_even_where_autocast_does_not_reach
      "Accelerate does not autocast fp16 on CPUs"),
 ])
 def test_precisions_a_backend_cannot_run_are_refused_before_launch(training, strategy, message):
-    from strategies.preflight import preflight
+    from strategies.lifecycle.preflight import preflight
 
     cfg = experiment("bspline", strategy, 1, "runs")
     try:
@@ -155,7 +155,7 @@ def test_fp16_where_deepspeed_cannot_run_it_is_refused_before_launch_by_name(no_
 
 def test_fp16_under_autocast_needs_no_fp16_kernels(no_cpu_fp16):
     """Autocast and FSDP's mixed precision compute fp16 on any CPU: only DeepSpeed's engine asks."""
-    from strategies.preflight import preflight
+    from strategies.lifecycle.preflight import preflight
 
     for strategy in ("ddp", "fsdp2"):
         cfg = parse_experiment(experiment("bspline", STRATEGIES[strategy], 1, "runs", precision="fp16"))

@@ -13,6 +13,7 @@ from analysis import projection as pj
 from analysis.records import read_summary
 from kanscale.files import preset_names
 from launchers.cli import main
+from launchers.project import cost_models
 from launchers.zoo import model_shape
 from tests.helpers.launch import ROOT, run
 from tests.helpers.records import make_record, write_record
@@ -32,8 +33,12 @@ def network(overlap: bool = False, **links: pj.LinkCost) -> pj.Network:
 FLAT = network(intra=pj.LinkCost(10 * US, 1e-9), inter=pj.LinkCost(10 * US, 1e-9))
 
 
+# What each shipped preset issues per step, as its strategy class describes it.
+COST = {m.label: m for m in cost_models(None, {"family": "bspline", "widths": [2, 8, 1]})}
+
+
 def step(strategy: str, ranks: int, net: pj.Network = FLAT, shape: pj.ModelShape = SHAPE, **scenario) -> pj.Projection:
-    return pj.project_step(strategy, shape, PROFILE, net,
+    return pj.project_step(COST[strategy], shape, PROFILE, net,
                            pj.Scenario(ranks, pj.nodes_for(ranks, net.ranks_per_node), 100, **scenario))
 
 
@@ -85,7 +90,7 @@ def test_ddp_overlaps_all_but_the_last_bucket():
     assert pj.ddp_buckets([100, 200, 300]) == [600]  # small models: one bucket, ready at the end of backward
     slow = pj.ComputeProfile(source="hand", samples=100, compute_s=1.0, forward_fraction=0.5)
     links = FLAT.links
-    serial, overlapped = (pj.project_step("ddp", big, slow, pj.Network("hand", links, 4, overlap),
+    serial, overlapped = (pj.project_step(COST["ddp"], big, slow, pj.Network("hand", links, 4, overlap),
                                           pj.Scenario(4, 1, 100)) for overlap in (False, True))
     all_reduce = 60 * US + 1.5 * (32 << 20) * 1e-9
     assert serial.step_s == pytest.approx(1.0 + 2 * all_reduce)
@@ -113,30 +118,32 @@ def test_model_state_per_rank_by_hand():
         "fsdp2": (8000, 6000, 12000, 0),  # FSDP leaves frozen parameters whole
     }
     for strategy, (params, grads, optimizer, master) in expect.items():
-        assert pj.model_state(strategy, SHAPE, 2) == {"params": params, "grads": grads, "optimizer": optimizer,
+        assert pj.model_state(COST[strategy], SHAPE, 2) == {"params": params, "grads": grads, "optimizer": optimizer,
                                                      "master_params": master}, strategy
     offload = step("zero3_offload", 2, network(intra=pj.LinkCost(10 * US, 1e-9), host=pj.LinkCost(5 * US, 1e-10)))
     assert offload.host_bytes == 18000 and offload.state_bytes == 31000
 
 
-def test_strategy_labels_are_the_preset_names_and_every_zero_stage_is_there():
+def test_every_shipped_preset_describes_its_own_cost_and_help_names_those_projected():
+    """No table of strategies in the projection: each strategy class describes what it issues,
+    the default list is every shipped preset that has a description, named by its label."""
     presets = set(preset_names("strategies"))
-    assert set(pj.STRATEGIES) <= presets, set(pj.STRATEGIES) - presets
-    assert {name for name in presets if name.startswith("zero")} <= set(pj.STRATEGIES)
-    assert {"zero0", "zero1", "zero2", "zero3", "zero3_offload"} <= set(pj.STRATEGIES)
+    assert set(COST) <= presets and {"single", "ddp", "fsdp1", "fsdp2", "tp", "fsdp2_tp"} <= set(COST)
+    assert {name for name in presets if name.startswith("zero")} <= set(COST)
+    assert not hasattr(pj, "STRATEGIES")
     # kanscale project --help names every strategy it projects by default, and only those
     from launchers.cli import build_parser
 
     project = build_parser()._subparsers._group_actions[0].choices["project"]
     (flag,) = [a for a in project._actions if "--strategies" in a.option_strings]
-    listed = flag.help.split("default all: ")[1].rstrip(")").split(", ")
-    assert listed == list(pj.STRATEGIES)
+    listed = flag.help.split("models: ")[1].split(");")[0].replace("zero0-3", "zero0, zero1, zero2, zero3").split(", ")
+    assert sorted(listed) == sorted(COST)
 
 
 def test_speedup_efficiency_probe_and_takeover():
-    rows = pj.project(["ddp"], SHAPE, {"*": PROFILE}, FLAT, [1, 2], 2)
+    rows = pj.project([COST["ddp"]], SHAPE, {"*": PROFILE}, FLAT, [1, 2], 2)
     # single combines no gradients: projected at one rank only
-    assert [(r.strategy, r.ranks) for r in pj.project(["single", "ddp"], SHAPE, {"*": PROFILE}, FLAT, [1, 2], 2)] == [
+    assert [(r.strategy, r.ranks) for r in pj.project([COST["single"], COST["ddp"]], SHAPE, {"*": PROFILE}, FLAT, [1, 2], 2)] == [
         ("single", 1), ("ddp", 1), ("ddp", 2)]
     assert rows[0].efficiency == 1.0
     assert rows[1].speedup == pytest.approx(2 * 1e-3 / (1e-3 + 32 * US))  # all-reduce at P=2: 2*10us + 12,000 B * 1 ns
@@ -146,8 +153,8 @@ def test_speedup_efficiency_probe_and_takeover():
     assert step("ddp", 1, probe=True).step_s == step("ddp", 1).step_s  # the probe runs only when P > 1
     # latency only: 2(P-1) * 10us > 1 ms from P = 51, so 64 is the first power of two
     latency = network(intra=pj.LinkCost(10 * US, 0.0), inter=pj.LinkCost(10 * US, 0.0))
-    assert pj.takeover("ddp", SHAPE, PROFILE, latency, 2) == 64
-    assert pj.takeover("ddp", SHAPE, PROFILE, network(intra=pj.LinkCost(1 * US, 0.0)), 2) is None  # one node only
+    assert pj.takeover(COST["ddp"], SHAPE, PROFILE, latency, 2) == 64
+    assert pj.takeover(COST["ddp"], SHAPE, PROFILE, network(intra=pj.LinkCost(1 * US, 0.0)), 2) is None  # one node only
 
 
 def test_the_shipped_cluster_and_the_published_8_gpu_run():
@@ -163,7 +170,7 @@ def test_the_shipped_cluster_and_the_published_8_gpu_run():
     # docs/projection.md: forward share 0.32 (pykan's, measured with kanscale bench); the published
     # 8-GPU efficiency is 74.7%. Communication alone costs almost nothing; the probe's forward does.
     probed = replace(profile, forward_fraction=0.32)
-    plain, with_probe = (pj.project(["ddp"], shape, {"*": probed}, net, [8], 2, probe=p)[0] for p in (False, True))
+    plain, with_probe = (pj.project([COST["ddp"]], shape, {"*": probed}, net, [8], 2, probe=p)[0] for p in (False, True))
     assert plain.efficiency > 0.99
     assert abs(with_probe.efficiency - 0.747) < 0.03
 
@@ -230,7 +237,7 @@ def test_projection_of_a_measured_two_rank_run(tmp_path, tmp_path_factory):
     assert profiles["*"].source.startswith("all 1-rank runs") and profiles["*"].overhead_s == 0.0
     net = pj.network_from_commbench([json.loads(bench.read_text())], str(bench))
     contention = two.timings.compute_s / one.timings.compute_s  # both ranks share the 2 cores (docs/projection.md)
-    (projected,) = pj.project(["ddp"], model_shape(model), profiles, net, [2], 1, contention=contention)
+    (projected,) = pj.project([COST["ddp"]], model_shape(model), profiles, net, [2], 1, contention=contention)
     measured = two.timings.step_mean_s
     assert abs(projected.step_s - measured) / measured < 0.5, (projected, two.timings)
     state = two.memory.model_state
@@ -254,9 +261,9 @@ def test_tensor_parallel_by_hand():
     assert tp.compute_s == pytest.approx(1e-3 / 4) and tp.step_s == pytest.approx(1e-3 / 4 + comm)
     assert tp.samples_per_s == pytest.approx(100 / tp.step_s)  # one replica: every rank trains on the same samples
     # every tensor cut by the TP degree; fsdp2_tp (tp_degree 2) shards over the 2 replicas on top
-    assert pj.model_state("tp", shape, 4) == {"params": 6000, "grads": 6000, "optimizer": 12000, "master_params": 0}
-    assert pj.model_state("fsdp2_tp", shape, 4) == pj.model_state("tp", shape, 4)
-    assert pj.model_state("fsdp2_tp", shape, 8)["params"] == 3000
+    assert pj.model_state(COST["tp"], shape, 4) == {"params": 6000, "grads": 6000, "optimizer": 12000, "master_params": 0}
+    assert pj.model_state(COST["fsdp2_tp"], shape, 4) == pj.model_state(COST["tp"], shape, 4)
+    assert pj.model_state(COST["fsdp2_tp"], shape, 8)["params"] == 3000
     two_d = step("fsdp2_tp", 4, one_node, shape=shape)  # + per layer over the 2 replicas: gather x2, reduce-scatter
     assert two_d.tp == 2 and two_d.collectives == 3 + 3 * 3
     with pytest.raises(ValueError, match="layer widths"):

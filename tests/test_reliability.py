@@ -15,10 +15,10 @@ from analysis.load import load_runs
 from analysis.records import read_steps, read_summary
 from kan_models import build_model, parse_model_config
 from launchers.cli import main
-from strategies.checkpoint import complete_checkpoints
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
-from strategies.loop import Trainer, find_resumable
+from strategies.lifecycle.checkpoint import complete_checkpoints
+from strategies.loop.trainer import Trainer, find_resumable
 from tests.helpers.launch import ROOT, child_env, run_jobs
 
 STRATEGIES = {
@@ -110,7 +110,7 @@ def test_a_zero3_checkpoint_exported_continues_under_another_strategy(worker, st
     assert exported["source"]["format"] == "deepspeed" and exported["source"]["step"] == 12
     cfg = parse_experiment(experiment("x", STRATEGIES[strategy], tmp, steps=4))
     data = cfg.task.generate(cfg.training.seed)
-    from strategies.data import BatchPlan
+    from strategies.batch_plan import BatchPlan
 
     first = BatchPlan(640, 64, cfg.training.seed, steps=4).global_indices(0)
     expected = loss_of(exported["model_state"], data.x_train[first].float(), data.y_train[first].float())
@@ -201,7 +201,7 @@ def test_a_second_sigterm_does_not_cut_the_failure_report_short(tmp_path):
     """Launchers often signal a rank twice (slurmstepd and the deepspeed launcher, milliseconds
     apart): the first SIGTERM becomes Terminated, and the report it triggers must still finish."""
     done = tmp_path / "reported"
-    script = ("import sys, time\nfrom strategies.failures import Terminated, raise_on_sigterm\nraise_on_sigterm()\n"
+    script = ("import sys, time\nfrom strategies.lifecycle.failures import Terminated, raise_on_sigterm\nraise_on_sigterm()\n"
               "print('ready', flush=True)\ntry:\n    time.sleep(60)\nexcept Terminated:\n    time.sleep(1.0)\n"
               f"    open({str(done)!r}, 'w').write('done')\n")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, text=True)

@@ -15,7 +15,7 @@ from analysis.load import load_runs
 from analysis.paper import paper_comparison
 from analysis.plots import BASELINE_LABEL, efficiency_plot, memory_vs_size_plot, speedup_plot, state_stack_plot
 from launchers.cli import build_parser, main
-from launchers.study import load_study
+from launchers.studies.study import load_study
 from tests.helpers.records import make_record, write_record
 
 ROOT = Path(__file__).resolve().parents[1]

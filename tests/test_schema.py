@@ -10,7 +10,7 @@ import pytest
 from analysis.records import RecordError, RunWriter, read_steps, read_summary
 from analysis.schema import RunRecord, StepRecord, json_schema
 from strategies.experiment import load_experiment
-from strategies.loop import train
+from strategies.loop.trainer import train
 
 ROOT = Path(__file__).resolve().parents[1]
 

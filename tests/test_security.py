@@ -23,8 +23,8 @@ import torch
 
 from kanscale.errors import ConfigError
 from launchers.cli import main
-from launchers.commands import LaunchSpec, deepspeed_launch
-from launchers.hostfile import check_host_name
+from launchers.launch.commands import LaunchSpec, deepspeed_launch
+from launchers.launch.hostfile import check_host_name
 
 ROOT = Path(__file__).resolve().parents[1]
 VALID = ROOT / "tests/bad_inputs/valid_experiment.yaml"
@@ -62,7 +62,7 @@ case "$1 $2" in
 esac
 """
 JOB_ID = 4242
-JOB_PORT = 20000 + JOB_ID % 20000  # the script's port without --master-port (launchers.slurm)
+JOB_PORT = 20000 + JOB_ID % 20000  # the script's port without --master-port (launchers.launch.slurm)
 
 
 @pytest.fixture
@@ -279,6 +279,11 @@ def test_an_export_is_plain_data_and_starts_a_run(tmp_path, capsys):
     assert json.loads(json.dumps(exported["model"])) == exported["model"] and exported["model"]["family"] == "bspline"
     assert json.loads(json.dumps(exported["source"])) == exported["source"]
     assert main(["train", *common, "--set", f"training.init_from={model}", "--out", str(tmp_path / "b")]) == 0
+    # an export of another grid is refused before training, naming what differs (the family says what counts)
+    capsys.readouterr()
+    assert main(["train", *common, "--set", f"training.init_from={model}", "--set", "model.grid=7",
+                 "--out", str(tmp_path / "c")]) == 2
+    assert "differs from this experiment's in grid; use an export of the same model" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------- bounded messages

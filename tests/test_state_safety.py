@@ -18,12 +18,12 @@ import yaml
 from analysis.records import read_steps, read_summary
 from kanscale.errors import ConfigError
 from launchers.cli import main
-from strategies.checkpoint import complete_checkpoints
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
-from strategies.failures import FailureReport
-from strategies.loop import Trainer, find_resumable
-from strategies.run_lock import LOCK_FILE, RunLock
+from strategies.lifecycle.checkpoint import complete_checkpoints
+from strategies.lifecycle.failures import FailureReport
+from strategies.lifecycle.run_lock import LOCK_FILE, RunLock
+from strategies.loop.trainer import Trainer, find_resumable
 from tests.helpers.launch import ROOT, child_env, run, run_jobs
 
 QUICKSTART = str(ROOT / "configs/experiments/quickstart.yaml")
@@ -318,7 +318,7 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path):
 
 def test_a_lock_still_held_for_an_ended_owner_is_refused_with_how_to_find_the_holder(tmp_path, capsys):
     """The owner ended, but a process it forked inherited the lock and still holds it."""
-    script = ("import os, sys, time\nfrom pathlib import Path\nfrom strategies.run_lock import RunLock\n"
+    script = ("import os, sys, time\nfrom pathlib import Path\nfrom strategies.lifecycle.run_lock import RunLock\n"
               "lock = RunLock.acquire(Path(sys.argv[1]))\nchild = os.fork()\nif child == 0:\n"
               "    quiet = os.open(os.devnull, os.O_WRONLY)\n    os.dup2(quiet, 1)\n    os.dup2(quiet, 2)\n"
               "    time.sleep(120)\n    os._exit(0)\nprint(os.getpid(), child, flush=True)\nos._exit(0)\n")

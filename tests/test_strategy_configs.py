@@ -13,13 +13,14 @@ from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu
 
 from kan_models import build_model, parse_model_config
 from kanscale.errors import ConfigError
-from strategies.config import TrainingConfig
+from strategies.backends.accelerate import AccelerateConfig
+from strategies.backends.accelerate_launch import launch_config_conflicts
+from strategies.backends.deepspeed import DeepSpeedConfig
+from strategies.backends.deepspeed_config import resolve_native
 from strategies.experiment import load_experiment
-from strategies.accelerate import AccelerateConfig, launch_config_conflicts
-from strategies.preflight import preflight
+from strategies.lifecycle.preflight import preflight
 from strategies.registry import STRATEGIES
-from strategies.deepspeed import DeepSpeedConfig
-from strategies.deepspeed_native import resolve_native
+from strategies.sections import TrainingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs/experiments/quickstart.yaml"
@@ -251,3 +252,41 @@ def test_accelerate_launch_config_conflicts():
     assert launch_config_conflicts({**launch, "mixed_precision": "fp16"}, bf16, "cuda", model=MODEL) == [
         "mixed_precision='fp16' but training.precision is bf16; set mixed_precision: 'bf16' (or training.precision to "
         "match)"]
+
+
+def test_kanscale_run_loads_the_experiment_once_and_resolves_the_deepspeed_config_once(monkeypatch, tmp_path, capsys):
+    """Before launch: one load of the experiment, one read and one resolution of the DeepSpeed JSON,
+    however many checks and the dry run's preview ask for it."""
+    import strategies.backends.deepspeed as deepspeed
+    import strategies.experiment as experiment
+    from launchers.cli import main
+
+    counts = {"parse": 0, "resolve": 0, "read": 0}
+
+    def counting(name, function):
+        def counted(*args, **kwargs):
+            counts[name] += 1
+            return function(*args, **kwargs)
+        return counted
+
+    monkeypatch.setattr(experiment, "parse_experiment", counting("parse", experiment.parse_experiment))
+    monkeypatch.setattr(deepspeed, "resolve_native", counting("resolve", deepspeed.resolve_native))
+    monkeypatch.setattr(deepspeed, "read_mapping", counting("read", deepspeed.read_mapping))
+    assert main(["run", "quickstart", "--deepspeed-config", "configs/deepspeed/zero2.json", "--nproc-per-node", "2",
+                 "--out", str(tmp_path), "--dry-run"]) == 0
+    assert '"stage": 2' in capsys.readouterr().out  # the preview shows the resolved file
+    assert counts == {"parse": 1, "resolve": 1, "read": 1}
+
+
+def test_a_rank_resolves_the_deepspeed_config_once_for_its_checks_and_its_backend(monkeypatch):
+    import strategies.backends.deepspeed as deepspeed
+    from strategies.experiment import load_experiment
+    from strategies.lifecycle.preflight import preflight
+
+    resolutions, resolve = [], deepspeed.resolve_native
+    monkeypatch.setattr(deepspeed, "resolve_native", lambda *a: resolutions.append(a) or resolve(*a))
+    cfg = load_experiment("quickstart", strategy="zero3")
+    preflight(cfg, "cpu", 2)
+    first, again = cfg.strategy.resolve(cfg.training, 2), cfg.strategy.resolve(cfg.training, 2)  # as apply() does
+    assert len(resolutions) == 1 and first == again and first is not again  # each caller gets its own copy
+    assert cfg.strategy.resolve(cfg.training, 4)["train_batch_size"] != first["train_batch_size"] and len(resolutions) == 2

@@ -7,10 +7,10 @@ import pytest
 import yaml
 
 from analysis.records import read_summary
-from launchers.cli import main
-from launchers.study import expand, load_study
-from launchers.sweep import matches
 from kanscale.errors import ConfigError
+from launchers.cli import main
+from launchers.studies.study import expand, load_study
+from launchers.studies.sweep import matches
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDIES = sorted((ROOT / "configs/studies").glob("*.yaml"))
@@ -45,7 +45,7 @@ def test_paper_presets_are_the_published_setup():
 
 
 def test_memory_study_reaches_tens_of_millions_of_parameters():
-    from kan_models import count_parameters, build_model, parse_model_config
+    from kan_models import build_model, count_parameters, parse_model_config
 
     study = load_study(ROOT / "configs/studies/memory_cpu.yaml")
     widths = [size["model.widths"] for size in study.matrix["size"]]

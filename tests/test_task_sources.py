@@ -13,7 +13,7 @@ import torch
 from kan_models.tasks import OBJECTIVES
 from kanscale.errors import ConfigError
 from strategies.experiment import parse_experiment
-from strategies.loop import train
+from strategies.loop.trainer import train
 from tests.helpers.launch import run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]

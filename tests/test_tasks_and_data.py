@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kan_models.tasks import TASKS
-from strategies.data import BatchPlan, rank_micro_batches
+from strategies.batch_plan import BatchPlan, rank_micro_batches
 
 
 def task(name, **kw):

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from kan_models import build_model
-from strategies.distributed import DistEnv
-from strategies.experiment import parse_experiment
-from strategies.loop import Trainer
-from strategies.tensor_parallel import FEATURES, layer_plans
 from analysis.projection import tp_exchanges
 from analysis.records import read_summary
+from kan_models import build_model
 from launchers.summary import format_summary
 from launchers.zoo import model_shape
+from strategies.backends.tp_plan import FEATURES, layer_plans
+from strategies.distributed import DistEnv
+from strategies.experiment import parse_experiment
+from strategies.loop.trainer import Trainer
 from tests.helpers.launch import ROOT, run, run_jobs
 
 MODELS = {

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 
 from analysis.records import read_steps
-from strategies.comm_exposure import NOISE_FLOOR, WindowTimes, exposure
 from strategies.experiment import load_experiment
-from strategies.loop import train
-from strategies.timing import thread_clock, window_bounds
+from strategies.loop.trainer import train
+from strategies.measure.comm_exposure import NOISE_FLOOR, WindowTimes, exposure
+from strategies.measure.timing import thread_clock, window_bounds
 
 ROOT = Path(__file__).resolve().parents[1]
 

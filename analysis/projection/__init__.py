@@ -25,14 +25,14 @@ from analysis.projection.inputs import (
 )
 from analysis.projection.output import assumptions, document, markdown, table
 from analysis.projection.step_model import (
-    ADAM_BYTES_PER_PARAM, DDP_BUCKET, DDP_FIRST_BUCKET, STRATEGIES, TAKEOVER_SEARCH, Projection, Scenario,
+    ADAM_BYTES_PER_PARAM, DDP_BUCKET, DDP_FIRST_BUCKET, TAKEOVER_SEARCH, Projection, Scenario,
     Exchange, StrategyModel, ddp_buckets, model_state, nodes_for, project, project_step, search_limit, takeover,
     tp_exchanges,
 )
 
 __all__ = [
     "ADAM_BYTES_PER_PARAM", "DDP_BUCKET", "DDP_FIRST_BUCKET", "EXPERIMENT", "Exchange", "HOST_COPY", "OPS", "PAPER_BATCH",
-    "STRATEGIES", "TAKEOVER_SEARCH", "ComputeProfile", "Fit", "LinkCost", "MiB", "ModelShape", "Network", "Projection",
+    "TAKEOVER_SEARCH", "ComputeProfile", "Fit", "LinkCost", "MiB", "ModelShape", "Network", "Projection",
     "Scenario", "StrategyModel", "assumptions", "busbw_factor", "ddp_buckets", "document", "fit_alpha_beta",
     "markdown", "median_profile", "model_state", "network_from_cluster", "network_from_commbench", "nodes_for",
     "paper_profile", "profile_from_bench", "profile_from_record", "profiles_from_runs", "project", "project_step",

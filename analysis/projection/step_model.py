@@ -1,6 +1,6 @@
-"""One optimizer step of each strategy at P ranks over N nodes: the collectives the suite's
-presets issue (STRATEGIES), the model state each rank holds, and a two-lane schedule (compute,
-communication) that overlaps them where the strategy and the device allow. Pure functions on
+"""One optimizer step of each strategy at P ranks over N nodes: the collectives it issues (as its
+strategy class describes them: a :class:`StrategyModel`), the model state each rank holds, and a
+two-lane schedule (compute, communication) that overlaps them where the strategy and the device allow. Pure functions on
 numbers: nothing here starts a process group. docs/projection.md states the model, its
 assumptions and how far it lands from measured runs."""
 
@@ -15,12 +15,17 @@ from analysis.projection.inputs import ComputeProfile, ModelShape
 
 ADAM_BYTES_PER_PARAM = 8  # two fp32 moments
 DDP_FIRST_BUCKET = 1 * MiB  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES
-DDP_BUCKET = 25 * MiB  # bucket_cap_mb of configs/strategies/ddp.yaml
+DDP_BUCKET = 25 * MiB  # DDP's default bucket_cap_mb (configs/strategies/ddp.yaml)
 TAKEOVER_SEARCH = 4096  # largest rank count the takeover search tries
 
 
 @dataclass(frozen=True)
 class StrategyModel:
+    """What a strategy issues per optimizer step and how it holds the model state: each strategy
+    class describes itself by one (``StrategyConfig.cost_model``, strategies/strategy.py), keyed
+    by the label its records carry."""
+
+    label: str
     grads: str  # how gradients are combined: none | ddp_buckets | all_reduce | reduce_scatter (one collective each)
     gather: str = "none"  # parameter all-gathers: none | after_step | before_forward | per_unit (forward and backward)
     sharded_state: bool = False  # gradients and optimizer state sharded 1/P
@@ -29,6 +34,7 @@ class StrategyModel:
     norm: bool = False  # DeepSpeed's all-reduce of the gradient norm, one float per step
     offload: bool = False  # optimizer state and step on the host
     tp: int = 1  # ranks each layer is cut over (tensor parallelism); 0: every rank
+    bucket_bytes: float = DDP_BUCKET  # ddp_buckets: DDP's bucket cap (bucket_cap_mb)
 
     @property
     def multi_rank(self) -> bool:
@@ -40,36 +46,6 @@ class StrategyModel:
         return ranks if self.tp == 0 else min(self.tp, ranks)
 
 
-# What the suite's presets issue per optimizer step, as counted on 2 ranks (docs/projection.md),
-# keyed by the strategy labels the records carry (the preset names): DDP all-reduces its buckets;
-# DeepSpeed 0.19 (configs/deepspeed: overlap_comm off, 500 MB buckets, so one collective per kind
-# for every zoo model) all-reduces the gradients in stage 0 (its data-parallel fallback; the
-# gradient norm is all-reduced only when it clips, which the presets do not), and in stages 1
-# and 2 (use_multi_rank_bucket_allreduce) also the gradient norm and all-gathers the updated
-# partitions, and in stage 3 gathers every parameter once before forward (one prefetch bucket,
-# kept through backward: stage3_max_reuse_distance) and reduce-scatters the gradients; FSDP
-# gathers each KAN layer before its forward and again before its backward and reduce-scatters
-# its gradients.
-STRATEGIES: dict[str, StrategyModel] = {
-    "single": StrategyModel(grads="none"),
-    "ddp": StrategyModel(grads="ddp_buckets"),
-    "zero0": StrategyModel(grads="all_reduce"),
-    "zero1": StrategyModel(grads="all_reduce", gather="after_step", sharded_state=True, master=True, norm=True),
-    "zero2": StrategyModel(grads="all_reduce", gather="after_step", sharded_state=True, master=True, norm=True),
-    "zero3": StrategyModel(grads="reduce_scatter", gather="before_forward", sharded_state=True, sharded_params="all",
-                           master=True, norm=True),
-    "zero3_offload": StrategyModel(grads="reduce_scatter", gather="before_forward", sharded_state=True,
-                                   sharded_params="all", master=True, norm=True, offload=True),
-    "fsdp1": StrategyModel(grads="reduce_scatter", gather="per_unit", sharded_state=True, sharded_params="trainable"),
-    "fsdp2": StrategyModel(grads="reduce_scatter", gather="per_unit", sharded_state=True, sharded_params="trainable"),
-    # Tensor parallelism (configs/strategies/tp.yaml, fsdp2_tp.yaml: the pairs plan, tp_degree 2):
-    # each layer's tensors cut over the TP ranks, activations exchanged per layer (tp_exchanges).
-    "tp": StrategyModel(grads="none", tp=0),
-    "fsdp2_tp": StrategyModel(grads="reduce_scatter", gather="per_unit", sharded_state=True, sharded_params="trainable",
-                              tp=2),
-}
-
-
 @dataclass(frozen=True)
 class Exchange:
     op: str
@@ -78,7 +54,7 @@ class Exchange:
 
 def tp_exchanges(shape: ModelShape, samples: float) -> list[tuple[Exchange | None, Exchange | None]]:
     """Per layer, the TP collective after its forward and after its backward, under the pairs plan
-    (strategies/tensor_parallel.py) as if the TP degree divided every width it cuts: a pair
+    (strategies/backends/tp_plan.py) as if the TP degree divided every width it cuts: a pair
     (colwise, rowwise) all-reduces the pair's output forward and the colwise layer's input gradient
     backward; a layer left over is rowwise, all-reducing its output forward and all-gathering its
     input gradient backward. The model's input needs no gradient. Bytes: ``samples`` activations."""
@@ -102,12 +78,12 @@ def tp_exchanges(shape: ModelShape, samples: float) -> list[tuple[Exchange | Non
     return plan
 
 
-def model_state(strategy: str, shape: ModelShape, ranks: int) -> dict[str, float]:
+def model_state(m: StrategyModel, shape: ModelShape, ranks: int) -> dict[str, float]:
     """Bytes per rank as the suite's records count them (docs/metrics.md): fp32 parameters,
     gradients, Adam's two moments, ZeRO's fp32 master partition; padding ignored. Tensor
     parallelism cuts every tensor by its degree (as if it divided every width), and the sharding
     strategies shard over the data-parallel ranks that remain."""
-    m, b = STRATEGIES[strategy], shape.dtype_bytes
+    b = shape.dtype_bytes
     tp = m.tp_ranks(ranks)
     ranks //= tp
     trainable, frozen = shape.trainable * b / tp, (shape.params - shape.trainable) * b / tp
@@ -208,8 +184,8 @@ class Projection:
         return self.ranks // self.tp * self.samples_per_rank / self.step_s
 
 
-def project_step(strategy: str, shape: ModelShape, profile: ComputeProfile, net: Network, sc: Scenario) -> Projection:
-    """One optimizer step of ``strategy`` on one rank, the collectives as in STRATEGIES.
+def project_step(m: StrategyModel, shape: ModelShape, profile: ComputeProfile, net: Network, sc: Scenario) -> Projection:
+    """One optimizer step of strategy ``m`` on one rank, the collectives as it describes them.
 
     Compute scales linearly with the rank's samples; backward time is spread over parameters in
     proportion to their bytes (a DDP bucket or an FSDP layer is ready once its share is done).
@@ -221,7 +197,7 @@ def project_step(strategy: str, shape: ModelShape, profile: ComputeProfile, net:
     and half an all-reduce of every gradient tensor, one collective each, when P > 1; its own
     metric, (t2 - t1) / t2 with t1 a forward and t2 a forward plus those all-reduces, is returned
     as probe_overhead."""
-    m, P, b = STRATEGIES[strategy], sc.ranks, shape.dtype_bytes
+    P, b = sc.ranks, shape.dtype_bytes
     tp = m.tp_ranks(P)
     dp = P // tp  # the data-parallel ranks the gradient and parameter collectives run over
     speed = sc.compute_scale * (sc.contention if P > 1 else 1.0)
@@ -266,7 +242,7 @@ def project_step(strategy: str, shape: ModelShape, profile: ComputeProfile, net:
         gathered = [s.collective(coll("all_gather", shape.params * b))] if m.gather == "before_forward" else []
         s.compute(forward, after=gathered)
         if m.grads == "ddp_buckets":
-            for size in ddp_buckets([t * b for t in shape.tensors]):
+            for size in ddp_buckets([t * b for t in shape.tensors], m.bucket_bytes):
                 s.collective(coll("all_reduce", size), after=[s.compute(backward * size / total)])
         else:
             done = s.compute(backward)
@@ -290,9 +266,9 @@ def project_step(strategy: str, shape: ModelShape, profile: ComputeProfile, net:
         s.add(0.5 * reduce_all, comm=True, after=s.everything())
         s.collectives += len(shape.tensors) / 2
     s.add(profile.data_s + profile.overhead_s, after=s.everything())
-    state = model_state(strategy, shape, P)
+    state = model_state(m, shape, P)
     return Projection(
-        strategy=strategy, ranks=P, nodes=sc.nodes, samples_per_rank=sc.samples_per_rank, step_s=s.makespan,
+        strategy=m.label, ranks=P, nodes=sc.nodes, samples_per_rank=sc.samples_per_rank, step_s=s.makespan,
         compute_s=s.compute_s, data_s=profile.data_s, comm_s=s.comm_s,
         exposed_s=max(0.0, s.makespan - s.compute_s - profile.data_s), collectives=s.collectives, state=state,
         host_bytes=state["optimizer"] + state["master_params"] if m.offload else 0.0, profile=profile.source,
@@ -303,7 +279,7 @@ def nodes_for(ranks: int, ranks_per_node: int) -> int:
     return max(1, math.ceil(ranks / ranks_per_node))
 
 
-def project(strategies: Sequence[str], shape: ModelShape, profiles: dict[str, ComputeProfile], net: Network,
+def project(strategies: Sequence[StrategyModel], shape: ModelShape, profiles: dict[str, ComputeProfile], net: Network,
             ranks: Sequence[int], ranks_per_node: int, *, micro_batch: float | None = None,
             global_batch: float | None = None, compute_scale: float = 1.0, contention: float = 1.0,
             probe: bool = False) -> list[Projection]:
@@ -311,17 +287,17 @@ def project(strategies: Sequence[str], shape: ModelShape, profiles: dict[str, Co
     at one rank. The per-rank batch is fixed (``micro_batch``, default the profile's) unless
     ``global_batch`` is: then each rank gets global_batch / P samples (strong scaling)."""
     rows = []
-    for strategy in strategies:
-        profile = profiles.get(strategy) or profiles["*"]
+    for m in strategies:
+        profile = profiles.get(m.label) or profiles["*"]
 
         def one(p: int) -> Projection:
-            replicas = p // STRATEGIES[strategy].tp_ranks(p)
+            replicas = p // m.tp_ranks(p)
             per_rank = global_batch / replicas if global_batch else (micro_batch or profile.samples)
-            return project_step(strategy, shape, profile, net,
+            return project_step(m, shape, profile, net,
                                 Scenario(p, nodes_for(p, ranks_per_node), per_rank, compute_scale, contention, probe))
 
         base = one(1)
-        for p in ranks if STRATEGIES[strategy].multi_rank else [1]:
+        for p in ranks if m.multi_rank else [1]:
             r = one(p)
             speedup = r.samples_per_s / base.samples_per_s
             rows.append(replace(r, speedup=speedup, efficiency=speedup / p))
@@ -333,7 +309,7 @@ def search_limit(net: Network, ranks_per_node: int) -> int:
     return TAKEOVER_SEARCH if net.has("inter") else ranks_per_node
 
 
-def takeover(strategy: str, shape: ModelShape, profile: ComputeProfile, net: Network, ranks_per_node: int, *,
+def takeover(m: StrategyModel, shape: ModelShape, profile: ComputeProfile, net: Network, ranks_per_node: int, *,
              micro_batch: float | None = None, global_batch: float | None = None, compute_scale: float = 1.0,
              contention: float = 1.0, probe: bool = False) -> int | None:
     """The smallest power-of-two rank count (up to search_limit) at which projected exposed
@@ -341,7 +317,7 @@ def takeover(strategy: str, shape: ModelShape, profile: ComputeProfile, net: Net
     bookkeeping this is also where efficiency falls below 50%."""
     p = 2
     while p <= search_limit(net, ranks_per_node):
-        (r,) = project([strategy], shape, {"*": profile}, net, [p], ranks_per_node, micro_batch=micro_batch,
+        (r,) = project([m], shape, {"*": profile}, net, [p], ranks_per_node, micro_batch=micro_batch,
                        global_batch=global_batch, compute_scale=compute_scale, contention=contention, probe=probe)
         if r.exposed_s > r.compute_s:
             return p

@@ -68,7 +68,7 @@ def experiment_overrides(args: argparse.Namespace) -> list[str]:
     if args.strategy is not None:
         raise ConfigError("--deepspeed-config replaces the strategy section, so it cannot be combined with --strategy; "
                           "drop one (a DeepSpeed preset names its JSON in its config key)")
-    from strategies.deepspeed import native_file_section
+    from strategies.backends.deepspeed import native_file_section
 
     return [f"strategy={json.dumps(native_file_section(args.deepspeed_config))}", *args.overrides]
 
@@ -77,7 +77,7 @@ def exit_code(err: BaseException, args: argparse.Namespace) -> int:
     """Print what went wrong in one line (re-raise under --debug) and return the exit code:
     2 for input the suite refuses, 130 for Ctrl-C, 1 for a run that failed."""
     from analysis.records import RecordError
-    from strategies.failures import Terminated
+    from strategies.lifecycle.failures import Terminated
 
     if isinstance(err, KeyboardInterrupt):
         print("kanscale: interrupted", file=sys.stderr)

@@ -22,8 +22,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from strategies.export import export
-    from strategies.preflight import check_output_dir
+    from strategies.lifecycle.export import export
+    from strategies.lifecycle.preflight import check_output_dir
 
     # before anything is loaded: torch.save would replace nothing and fail on a directory
     if Path(args.out).is_dir():

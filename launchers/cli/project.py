@@ -24,9 +24,10 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     network.add_argument("--cluster", metavar="YAML", help="a cluster description, e.g. configs/clusters/a100_ib.yaml")
     project.add_argument("--ranks", default="1,2,4,8", help="comma-separated rank counts (default 1,2,4,8)")
     project.add_argument("--ranks-per-node", type=int, metavar="G", help="ranks per node (default: the network's)")
-    project.add_argument("--strategies", help="comma-separated strategy labels, the preset names (default all: "
-                                              "single, ddp, zero0, zero1, zero2, zero3, zero3_offload, fsdp1, fsdp2, tp, "
-                                              "fsdp2_tp)")
+    project.add_argument("--strategies", help="comma-separated strategy presets, shipped (their names are the labels) "
+                                              "or YAML files of your own (default: every shipped preset the projection "
+                                              "models: single, ddp, fsdp1, fsdp2, fsdp2_tp, tp, zero0-3, zero3_offload); "
+                                              "each strategy class describes what it issues per step")
     per_step = project.add_mutually_exclusive_group()
     per_step.add_argument("--micro-batch", type=float, help="samples per rank per step, per model replica under tp and "
                                                                  "fsdp2_tp (default: the profile's)")

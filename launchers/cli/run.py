@@ -9,7 +9,6 @@ import sys
 
 from launchers.cli.common import add_experiment_options, at_least, common_options, experiment_overrides, port_number
 
-
 # options whose absence lets a file (the accelerate launch config, the hostfile) decide
 LAUNCH_OPTIONS = ("launcher", "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port")
 
@@ -56,15 +55,17 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from launchers.commands import LaunchSpec
-    from launchers.request import RunRequest
-    from launchers.run import execute, plan
-    from launchers.slurm import SlurmOptions, write_script
     from kanscale.errors import ConfigError
+    from launchers.launch.commands import LaunchSpec
+    from launchers.launch.request import RunRequest
+    from launchers.launch.run import execute, plan
+    from launchers.launch.slurm import SlurmOptions, write_script
     from strategies.experiment import load_experiment
 
     overrides = experiment_overrides(args)
-    cfg = load_experiment(args.config, overrides, strategy=args.strategy)
+    # loaded once, as every rank will load it (``--out`` is its output.dir), and handed to plan()
+    cfg = load_experiment(args.config, [*overrides, *([f"output.dir={args.out}"] if args.out else [])],
+                          strategy=args.strategy)
     given = {name: getattr(args, name) for name in LAUNCH_OPTIONS if getattr(args, name) is not None}
     launcher = given.pop("launcher", None) or cfg.strategy.preferred_launcher or "torchrun"
     if args.submit and launcher != "slurm":
@@ -77,7 +78,7 @@ def main(args: argparse.Namespace) -> int:
                          hosts=[h for h in (args.hosts or "").split(",") if h], oversubscribe=args.oversubscribe,
                          slurm=SlurmOptions(inner=args.inner_launcher, device=args.slurm_device, time=args.time,
                                             partition=args.partition, account=args.account))
-    cfg, request, launch = plan(request)
+    cfg, request, launch = plan(request, cfg)
     if args.dry_run:
         preview = cfg.strategy.backend_config_preview(cfg.training, request.spec.world_size)
         if preview is not None:

@@ -32,11 +32,11 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from analysis.load import load_runs
     from analysis.tables import markdown, quick_comparison
-    from launchers.sweep import run_sweep
+    from launchers.studies.sweep import run_sweep
 
     results = run_sweep(args.study, args.out, resume=args.resume, dry_run=args.dry_run, only=args.only,
                         submit_jobs=args.submit, wait=args.wait, oversubscribe=args.oversubscribe)
-    if args.dry_run:  # a point that cannot be planned has said why (launchers.sweep)
+    if args.dry_run:  # a point that cannot be planned has said why (launchers.studies.sweep)
         return 1 if any(r.status == "failed" for r in results) else 0
     counts = {status: sum(r.status == status for r in results) for status in dict.fromkeys(r.status for r in results)}
     print("\nsweep: " + ", ".join(f"{n} {status}" for status, n in counts.items()))

@@ -28,7 +28,7 @@ def main(args: argparse.Namespace) -> int:
     from launchers.summary import format_summary
     from strategies.distributed import DistEnv
     from strategies.experiment import load_experiment
-    from strategies.loop import train
+    from strategies.loop.trainer import train
 
     overrides = experiment_overrides(args) + ([f"output.dir={args.out}"] if args.out else [])
     cfg = load_experiment(args.config, overrides, strategy=args.strategy)

@@ -23,11 +23,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from strategies.ddp import DDPConfig
+from strategies.backends.ddp import DDPConfig
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
-from strategies.export import export
-from strategies.loop import Trainer, find_resumable
+from strategies.lifecycle.export import export
+from strategies.loop.trainer import Trainer, find_resumable
 
 
 def state_digest(state: dict[str, torch.Tensor]) -> str:
@@ -120,7 +120,7 @@ def write_results(env: DistEnv, results: dict, results_path: str) -> None:
 
 def finish(env: DistEnv, results: dict, results_path: str) -> None:
     """Rank 0 writes ``results``; every rank leaves the process group, then the process, without
-    destructors: tearing down gloo process groups can deadlock (see launchers/cli.py)."""
+    destructors: tearing down gloo process groups can deadlock (see launchers/cli/common.py)."""
     write_results(env, results, results_path)
     env.shutdown()
     sys.stdout.flush()

@@ -12,8 +12,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 
 from kan_models import build_model, parse_model_config
+from strategies.backends.tp_plan import apply_tp
 from strategies.distributed import DistEnv
-from strategies.tensor_parallel import apply_tp
 from tests.helpers.dist_worker import finish
 
 

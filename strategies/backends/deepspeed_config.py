@@ -1,0 +1,208 @@
+"""A native DeepSpeed config checked against the experiment and resolved into the config
+DeepSpeed runs. Both routes to DeepSpeed use this one function, :func:`resolve_native`: the
+``deepspeed`` strategy (a user's JSON with the strategy's options merged in) and the
+``accelerate`` strategy's DeepSpeed plugin (the JSON its launch config names), before launch and
+again inside every rank.
+
+``"auto"``, as DeepSpeed's and Accelerate's templates use it, means "filled in by the framework".
+DeepSpeed itself does not know it: 0.19 silently replaces it by its defaults, and a ZeRO-3
+persistence threshold of 100,000 keeps every parameter of the study's models whole on every
+rank. So the suite fills every ``"auto"`` the way Accelerate does: batch sizes, accumulation,
+clipping and precision from the experiment, the bucket sizes and the persistence threshold from
+the model's hidden size; an ``"auto"`` it cannot fill is refused, naming the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from kan_models.base import ModelConfig
+from strategies.sections import TrainingConfig
+
+AUTO = "auto"
+KeyPath = tuple[str, ...]
+
+# blocks the suite owns because it passes its own optimizer object: what to set instead
+FORBIDDEN_BLOCKS = {
+    "optimizer": "set training.optimizer, training.lr, training.betas, training.eps and training.weight_decay instead",
+    "scheduler": "the suite trains with a constant learning rate, training.lr",
+}
+# Keys the suite fills, sets or checks, and ZeRO's scheduling knobs that decide only when and in
+# what pieces state moves (DeepSpeed validates their values). Any other key may change what is
+# trained or measured, so it is named in a warning.
+KNOWN_TOP_LEVEL = frozenset({
+    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
+    "fp16", "bf16", "zero_optimization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+    "steps_per_print", "wall_clock_breakdown", *FORBIDDEN_BLOCKS,
+})
+KNOWN_ZERO = frozenset({
+    "stage", "offload_optimizer", "offload_param", "overlap_comm", "contiguous_gradients", "reduce_bucket_size",
+    "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+    "stage3_gather_16bit_weights_on_model_save", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+    "sub_group_size", "allgather_partitions", "reduce_scatter", "round_robin_gradients",
+})
+# ZeRO keys DeepSpeed accepts (its aliases and older names among them) that lie close enough to
+# a key above to be taken for a misspelling of it; they are passed on unchecked, like any other
+# key DeepSpeed knows (tests check this list against DeepSpeed's own ZeRO config model).
+OTHER_ZERO = frozenset({
+    "cpu_offload_param", "gather_16bit_weights_on_model_save", "max_live_parameters", "max_reuse_distance",
+    "param_persistence_threshold", "prefetch_bucket_size", "stage3_gather_fp16_weights_on_model_save",
+    "stage3_model_persistence_threshold",
+})
+# How alike (difflib's ratio) an unknown key and a known one must be for the unknown one to be
+# refused as its misspelling: zero_optimisation and stgae are; activation_checkpointing is not.
+MISSPELLING_CUTOFF = 0.8
+# "auto" values that depend on neither the experiment nor the model, as Accelerate fills them:
+# the suite saves DeepSpeed checkpoints and consolidates them itself, so no 16-bit copy.
+FIXED_AUTOS: dict[KeyPath, Any] = {("zero_optimization", "stage3_gather_16bit_weights_on_model_save"): False}
+
+
+# DeepSpeed's dynamic loss scaling set to torch.amp.GradScaler's schedule, which the other
+# strategies' fp16 runs use: start at 2^16, halve on the first overflow (DeepSpeed's default
+# hysteresis waits for two), double after 2000 clean steps (DeepSpeed's default: 1000).
+GRAD_SCALER_SCHEDULE = {"loss_scale": 0, "initial_scale_power": 16, "hysteresis": 1, "consecutive_hysteresis": False,
+                        "loss_scale_window": 2000, "min_loss_scale": 1}
+
+
+class UncheckedDeepSpeedKeys(UserWarning):
+    """A native DeepSpeed config holds keys the suite passes to DeepSpeed without checking."""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    config: dict[str, Any]  # what DeepSpeed is given
+    problems: list[str]  # what makes the config unusable, each with its fix
+    unchecked: list[str]  # dotted keys passed to DeepSpeed as they are
+
+
+def hidden_size(model: ModelConfig) -> int:
+    """What Accelerate calls a model's hidden size, for a KAN: its widest layer, the largest of
+    ``model.widths`` (Accelerate takes the largest of a model's ``config.hidden_sizes``)."""
+    return max(model.widths)
+
+
+def hidden_size_values(hidden: int) -> dict[KeyPath, int]:
+    """Accelerate's values for the ZeRO keys it sizes by the model (``Accelerator._prepare_deepspeed``)."""
+    return {
+        ("zero_optimization", "reduce_bucket_size"): hidden * hidden,
+        ("zero_optimization", "stage3_prefetch_bucket_size"): int(0.9 * hidden * hidden),
+        ("zero_optimization", "stage3_param_persistence_threshold"): 10 * hidden,
+    }
+
+
+def training_keys(training: TrainingConfig, world_size: int) -> dict[KeyPath, tuple[Any, str]]:
+    """DeepSpeed keys whose values the experiment owns, each with the experiment keys it comes from."""
+    micro = training.micro_batch_for(world_size)
+    per_rank = "training.micro_batch" if training.micro_batch is not None else "training.global_batch"
+    precision = f"training.precision={training.precision}"
+    return {
+        ("train_micro_batch_size_per_gpu",): (micro, per_rank),
+        ("gradient_accumulation_steps",): (training.grad_accum, "training.grad_accum"),
+        ("train_batch_size",): (micro * training.grad_accum * world_size,
+                                f"{per_rank} x training.grad_accum x {world_size} ranks"),
+        ("gradient_clipping",): (training.grad_clip, "training.grad_clip"),
+        ("fp16", "enabled"): (training.precision == "fp16", precision),
+        ("bf16", "enabled"): (training.precision == "bf16", precision),
+    }
+
+
+def suite_owned_flags() -> dict[str, Any]:
+    """Settings every suite-built DeepSpeed config carries: the suite's own (torch) optimizer is
+    allowed under ZeRO and under offload, and DeepSpeed's periodic console output is off."""
+    return dict(zero_allow_untested_optimizer=True, zero_force_ds_cpu_optimizer=False,
+                steps_per_print=2**31 - 1, wall_clock_breakdown=False)
+
+
+def get_path(tree: dict[str, Any], path: KeyPath) -> Any:
+    for key in path:
+        if not isinstance(tree, dict) or key not in tree:
+            return None
+        tree = tree[key]
+    return tree
+
+
+def set_path(tree: dict[str, Any], path: KeyPath, value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
+
+
+def auto_paths(tree: dict[str, Any], prefix: KeyPath = ()) -> list[KeyPath]:
+    """Where ``tree`` holds ``"auto"``."""
+    found = []
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            found += auto_paths(value, prefix + (key,))
+        elif value == AUTO:
+            found.append(prefix + (key,))
+    return found
+
+
+def unknown_keys(config: dict[str, Any]) -> list[str]:
+    """Top-level and ``zero_optimization`` keys outside what the suite knows, dotted."""
+    zero = config.get("zero_optimization")
+    return ([key for key in config if key not in KNOWN_TOP_LEVEL]
+            + [f"zero_optimization.{key}" for key in (zero if isinstance(zero, dict) else {}) if key not in KNOWN_ZERO])
+
+
+def misspelled(dotted: str) -> str | None:
+    """The known key an unknown one (dotted, as :func:`unknown_keys` names it) misspells, if any.
+    DeepSpeed ignores a top-level key it does not know, so a misspelled block would silently
+    fall back to its defaults."""
+    section, _, key = dotted.rpartition(".")
+    if section:
+        known, other = KNOWN_ZERO, OTHER_ZERO
+    else:  # a forbidden block is no fix to suggest
+        known, other = KNOWN_TOP_LEVEL - set(FORBIDDEN_BLOCKS), frozenset()
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=MISSPELLING_CUTOFF)
+    return f"{section + '.' if section else ''}{close[0]}" if close and key not in other else None
+
+
+def as_json(value: Any) -> str:
+    return json.dumps(value)
+
+
+def resolve_native(native: dict[str, Any], training: TrainingConfig, world_size: int, hidden: int,
+                   source: str) -> Resolution:
+    """``native`` (not changed) checked and resolved for this experiment at ``world_size`` ranks,
+    with a model of hidden size ``hidden``; ``source`` names the file in the advice."""
+    config = copy.deepcopy(native)
+    problems = [f"remove its {block} block ({advice})" for block, advice in FORBIDDEN_BLOCKS.items() if block in config]
+    for path, (value, origin) in training_keys(training, world_size).items():
+        given = get_path(config, path)
+        if given not in (None, AUTO) and given != value:
+            problems.append(f"{'.'.join(path)}={as_json(given)}, but {origin} implies {as_json(value)}: set it to "
+                            f"{as_json(value)} or \"auto\" in {source}")
+        set_path(config, path, value)
+    if training.precision == "fp16":
+        for key, value in GRAD_SCALER_SCHEDULE.items():  # where the file leaves them open
+            if get_path(config, ("fp16", key)) in (None, AUTO):
+                set_path(config, ("fp16", key), value)
+    for path, value in {**hidden_size_values(hidden), **FIXED_AUTOS}.items():
+        if get_path(config, path) == AUTO:
+            set_path(config, path, value)
+    unresolved = [".".join(path) for path in auto_paths(config) if path[0] not in FORBIDDEN_BLOCKS]
+    if unresolved:
+        problems.append(f"the suite cannot fill \"auto\" for {', '.join(unresolved)}; give a value in {source} "
+                        "(\"auto\" is filled for batch sizes, accumulation, clipping, fp16/bf16.enabled, "
+                        "reduce_bucket_size, stage3_prefetch_bucket_size, stage3_param_persistence_threshold and "
+                        "stage3_gather_16bit_weights_on_model_save)")
+    unknown = unknown_keys(native)
+    fixes = {key: fix for key in unknown if (fix := misspelled(key))}
+    problems += [f"{key} is not a DeepSpeed key; did you mean {fix}? (rename it in {source})" for key, fix in fixes.items()]
+    config.update(suite_owned_flags())
+    return Resolution(config, problems, [key for key in unknown if key not in fixes])
+
+
+def warn_unchecked(resolution: Resolution, source: str) -> None:
+    """One warning naming the keys passed to DeepSpeed unchecked. Every launcher exports RANK:
+    the launch check (no RANK) and rank 0 report them, the other ranks would only repeat it."""
+    if resolution.unchecked and os.environ.get("RANK", "0") == "0":
+        warnings.warn(f"{source}: the suite does not know {', '.join(resolution.unchecked)}; they are passed to "
+                      "DeepSpeed unchecked", UncheckedDeepSpeedKeys)  # from this line: shown once per process

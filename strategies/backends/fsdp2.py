@@ -1,0 +1,110 @@
+"""``fsdp2``: PyTorch's per-parameter FSDP (``fully_shard``), applied to every unit of the model
+(by default each KAN layer; kan_models/wrap.py) and to the root. Parameters become DTensors sharded over a 1-D device mesh of all ranks."""
+
+from __future__ import annotations
+
+import contextlib
+from functools import partial
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import Shard
+
+from kanscale.errors import ConfigError
+from analysis.projection.step_model import StrategyModel
+from strategies.backends.dcp import DTensorStateDicts, ShardedCheckpoints
+from strategies.distributed import DistEnv
+from strategies.engine import AveragingEngine, Engine, frozen_parameters
+from strategies.optim import build_optimizer
+from strategies.precision import Amp, dtype_name, low_dtype
+from strategies.sections import TrainingConfig
+from strategies.strategy import StrategyConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def shard_largest_dim(param: nn.Parameter, world_size: int) -> Shard:
+    """Shard each parameter along its longest dimension. FSDP2's default, dim 0, puts a KAN
+    output layer's whole coefficient tensor (out = 1, in, G + k) on one rank. FSDP2 shards
+    unevenly along dim 0 only, so another dimension is chosen only where the ranks divide it
+    (an MLP's [1, 293] output weight stays on dim 0)."""
+    dims = [d for d in range(param.dim()) if d == 0 or param.shape[d] % world_size == 0]
+    return Shard(max(dims, key=lambda d: param.shape[d])) if param.dim() else Shard(0)
+
+
+class FSDP2Engine(DTensorStateDicts, ShardedCheckpoints, AveragingEngine):
+    # FSDP2's reduce-scatter runs from hooks compiled autograd's captured backward leaves out: under
+    # it the gradients were never reduced (strategies/compiled_step.py).
+    compiled_autograd = False
+    kind = "fsdp2"
+
+    @contextlib.contextmanager
+    def gradient_sync(self, enabled: bool):
+        self.model.set_requires_gradient_sync(enabled)
+        yield
+
+
+class FSDP2Config(StrategyConfig):
+    """fully_shard (FSDP2): per-parameter DTensor sharding per KAN layer and on the root."""
+
+    name: Literal["fsdp2"]
+    reshard_after_forward: bool = Field(True, description="free gathered parameters after forward (ZeRO-3-like); false keeps them until backward (ZeRO-2-like)")
+    cpu_offload: bool = Field(False, description="CPUOffloadPolicy: sharded parameters, gradients and optimizer step on the CPU (GPU runs)")
+    param_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="dtype of gathered parameters for compute; null = what training.precision says (set "
+                          "training.precision, which every backend follows)")
+    reduce_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="dtype of the gradient reduce-scatter; null = float32 (bfloat16 halves the bytes sent)")
+    shard_largest_dim: bool = Field(True, description="shard each parameter along its longest dimension instead of dim 0")
+
+    compiles_step: ClassVar[bool] = True
+
+    def label(self) -> str:
+        return "fsdp2" if self.reshard_after_forward else "fsdp2_keep"
+
+    def cost_model(self) -> StrategyModel | None:
+        # each unit gathered before its forward and again before its backward, its gradients
+        # reduce-scattered; kept through backward (reshard_after_forward false) is not modelled yet
+        if not self.reshard_after_forward:
+            return None
+        return StrategyModel(self.label(), grads="reduce_scatter", gather="per_unit", sharded_state=True,
+                             sharded_params="trainable")
+
+    def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
+        asked = DTYPES.get(self.param_dtype)
+        if asked is not None and asked != (low_dtype(training) or getattr(torch, training.dtype)):
+            raise ConfigError(f"strategy.param_dtype: {self.param_dtype} contradicts training.precision="
+                              f"{training.precision}; set training.precision (fp32, bf16 or fp16), which every backend "
+                              "follows, and leave strategy.param_dtype null")
+        if self.cpu_offload and device_type != "cuda":
+            raise ConfigError("strategy.cpu_offload: CPUOffloadPolicy moves shards between GPU and CPU and needs CUDA "
+                              "devices; set strategy.cpu_offload=false on a CPU-only machine")
+
+    def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
+        return self.shard(model, training, init_device_mesh(env.device.type, (env.world_size,)), env)
+
+    def shard(self, model: nn.Module, training: TrainingConfig, mesh: DeviceMesh, env: DistEnv,
+              engine_class: type[FSDP2Engine] = FSDP2Engine, **engine_args: Any) -> FSDP2Engine:
+        """fully_shard every unit and the root over the 1-D ``mesh`` (all ranks, or the data-parallel
+        dimension of a 2-D mesh: strategies/backends/tp.py); gradients are averaged over its ranks.
+        ``engine_args``: what ``engine_class`` takes besides an FSDP2 engine's arguments."""
+        low = low_dtype(training)
+        reduce = DTYPES.get(self.reduce_dtype) or (torch.float32 if low is not None else None)
+        options = dict(
+            mesh=mesh, reshard_after_forward=self.reshard_after_forward,
+            offload_policy=CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy(),
+            mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce),
+            shard_placement_fn=partial(shard_largest_dim, world_size=mesh.size()) if self.shard_largest_dim else None,
+            ignored_params=set(frozen_parameters(model)),
+        )
+        for block in self.wrap_units(model):
+            fully_shard(block, **options)
+        fully_shard(model, **options)
+        cast = (f"FSDP2 MixedPrecisionPolicy(param_dtype={dtype_name(low)}, reduce_dtype={dtype_name(reduce)})"
+                if low is not None or reduce is not None else None)
+        return engine_class(model, build_optimizer(model.parameters(), training), training, mesh.size(),
+                            Amp.sharded_scaler(training, env.device.type), cast, **engine_args)

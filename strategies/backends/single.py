@@ -1,0 +1,38 @@
+"""``single``: one process, no wrapper. The reference every other strategy is compared to."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from torch import nn
+
+from kanscale.errors import ConfigError
+from strategies.distributed import DistEnv
+from strategies.engine import Engine
+from strategies.optim import build_optimizer
+from strategies.precision import Amp
+from strategies.sections import TrainingConfig
+from analysis.projection.step_model import StrategyModel
+from strategies.strategy import StrategyConfig
+
+
+class SingleConfig(StrategyConfig):
+    """One process, plain PyTorch."""
+
+    name: Literal["single"]
+    needs_process_group: ClassVar[bool] = False
+    reference: ClassVar[bool] = True
+    preferred_launcher: ClassVar[str | None] = "none"
+    compiles_step: ClassVar[bool] = True
+
+    def cost_model(self) -> StrategyModel:
+        return StrategyModel(self.label(), grads="none")
+
+    def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
+        if world_size > 1:
+            raise ConfigError(
+                f"strategy.name: single trains in one process but {world_size} ranks were launched; "
+                "launch one process or choose a distributed strategy (kanscale train --help lists the presets)")
+
+    def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
+        return Engine(model, build_optimizer(model.parameters(), training), training, Amp.autocast(training, env.device.type))

@@ -1,0 +1,1 @@
+"""A run's life outside its steps: the checks before launch, checkpoints and resume, the run lock, failures, export."""

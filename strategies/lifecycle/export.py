@@ -1,0 +1,94 @@
+"""``kanscale export``: any strategy's checkpoint -> one plain state dict plus the model config,
+which ``training.init_from`` can start a run from under any other strategy.
+
+Runs offline, in one process, without a process group: the engine class that writes a format
+also merges it (``consolidate``): DCP checkpoints with torch.distributed.checkpoint's own
+converter, ZeRO checkpoints with DeepSpeed's zero_to_fp32.
+
+An export holds tensors and plain data only (the model config as JSON types), so it is read
+with ``torch.load(weights_only=True)``, which cannot run code: kanscale never unpickles a file
+a user hands it (:func:`read_export`). What is not of that form is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kan_models import build_model, parse_model_config
+from kanscale.errors import ConfigError
+from strategies.lifecycle.checkpoint import Checkpoint, open_checkpoint
+from strategies.registry import CHECKPOINT_FORMATS
+
+NOT_PLAIN = "kanscale loads such files with torch.load(weights_only=True) and never unpickles them"
+
+
+def consolidated_state(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
+    """The model's full state dict, with the plain model's keys, merged by the engine class that
+    writes the checkpoint's format. A torch-format file holding Python objects is refused: the
+    suite reads its own torch checkpoints with weights_only=True too."""
+    consolidate = CHECKPOINT_FORMATS.get(checkpoint.meta["format"])
+    if consolidate is None:
+        raise ValueError(f"{checkpoint.path}: unknown checkpoint format {checkpoint.meta['format']!r}; "
+                         f"this kanscale reads {', '.join(CHECKPOINT_FORMATS)}")
+    try:
+        return consolidate(checkpoint.path)
+    except pickle.UnpicklingError as err:
+        raise ConfigError(f"export: {checkpoint.path} holds a file that is not a kanscale checkpoint, or holds Python "
+                          f"objects ({why_not_loaded(err)}); {NOT_PLAIN}") from None
+
+
+def export(checkpoint_path: str | Path, out: str | Path) -> tuple[Path, Checkpoint]:
+    """Write ``out``: {"model_state", "model" (its config), "source"}; checked by loading the
+    state into a freshly built model, so an incomplete conversion fails here, not later."""
+    checkpoint = open_checkpoint(Path(checkpoint_path))
+    state = consolidated_state(checkpoint)
+    # through JSON: the config and the source are stored as plain data, which weights_only reads
+    model_config = json.loads(json.dumps(checkpoint.meta["config"]["model"]))
+    dtype = getattr(torch, checkpoint.meta["config"]["training"]["dtype"])
+    model = build_model(parse_model_config(model_config), seed=0).to(dtype)
+    model.load_state_dict(state)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    source = json.loads(json.dumps({k: checkpoint.meta[k] for k in ("run_id", "step", "strategy", "format", "world_size")},
+                                   default=str))
+    torch.save({"model_state": model.state_dict(), "model": model_config, "source": source}, out)
+    return out, checkpoint
+
+
+def read_export(path: str | Path, field: str) -> dict[str, Any]:
+    """A ``kanscale export`` file, read with ``weights_only=True``: ``{"model_state": {name:
+    tensor}, "model": {...}, "source": {...}}``. Anything else (another pickle, a file holding
+    Python objects, no torch file at all) is a ConfigError naming ``field``, the file and why."""
+    def refused(reason: str) -> ConfigError:
+        return ConfigError(f"{field}: {path} is not a kanscale export, or it holds Python objects ({reason}); {NOT_PLAIN}; "
+                           "give a file written by kanscale export")
+
+    try:
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the refusal below says what matters
+            warnings.simplefilter("ignore")
+            exported = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - on a file that is no torch file it raises KeyError, EOFError, RuntimeError, ...
+        raise refused(why_not_loaded(err)) from None
+    state = exported.get("model_state") if isinstance(exported, dict) else None
+    if (not isinstance(state, dict) or not isinstance(exported.get("model"), dict)
+            or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())):
+        raise refused("it loads, but holds no model_state of tensors beside a model config")
+    return exported
+
+
+def why_not_loaded(err: Exception, limit: int = 300) -> str:
+    """The line of torch.load's error that says what was refused (its weights-only refusal runs
+    to a page of advice, including to load with weights_only=False), cut to ``limit`` characters."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if isinstance(err, pickle.UnpicklingError) and lines and lines[0].startswith("Weights only load failed"):
+        details = [line for line in lines[1:] if not line.startswith(("Check the documentation", "Please file an issue"))]
+        text = details[0] if details else "it holds Python objects"
+    else:
+        text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,184 @@
+"""Everything about an experiment that can be checked before a process starts. ``kanscale run``
+calls this for the world size it is about to launch; every rank calls it again at start."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kanscale.errors import ConfigError
+from strategies.batch_plan import BatchPlan
+from strategies.experiment import ExperimentConfig
+from strategies.measure.probes import PROBES
+from strategies.precision_support import check_precision_support
+from strategies.registry import STRATEGIES
+from strategies.sections import TrainingConfig
+
+
+class ThreadsBeyondCores(UserWarning):
+    """More torch threads on a machine than it has cores: the ranks compete for them."""
+
+
+@dataclass(frozen=True)
+class Machines:
+    """Where a launch's ranks run: ``count`` machines, ``ranks_here`` ranks on each. Their memory
+    and cores are checked as this machine's unless ``like_this_one`` is false (a SLURM launch,
+    checked on a login node; every rank checks again on its own node)."""
+
+    count: int
+    ranks_here: int
+    like_this_one: bool = True
+
+    @classmethod
+    def from_environ(cls, world_size: int) -> Machines:
+        """A rank's view: torchrun, accelerate and deepspeed export LOCAL_WORLD_SIZE (the ranks
+        on this machine); a process started by hand is alone."""
+        ranks_here = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+        return cls(count=max(1, world_size // ranks_here), ranks_here=ranks_here)
+
+
+def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines: Machines | None = None) -> BatchPlan:
+    """Every problem that can be found before a process starts: the strategy's own checks, the
+    batch split at this world size, the step count, the model's memory, the output directory,
+    files it needs. ``machines``: where the ranks run (default: :meth:`Machines.from_environ`)."""
+    check_device(cfg, device_type)
+    check_precision_support(cfg.training.precision, device_type, cfg.strategy.label(),
+                            cfg.strategy.missing_precision_support)
+    cfg.strategy.preflight(cfg.training, device_type, world_size)
+    t = cfg.training
+    shares = cfg.strategy.data_parallel_size(world_size)  # the world size, but for tensor parallelism
+    plan = BatchPlan(cfg.task.n_train, t.micro_batch_for(shares) * t.grad_accum * shares, t.seed, t.epochs, t.steps)
+    check_batch_fits_data(t, cfg.task.n_train, shares, plan.global_batch)
+    if plan.total_steps <= t.warmup_steps:
+        raise ConfigError(
+            f"training.warmup_steps: {t.warmup_steps} warm-up steps leave none of the {plan.total_steps} steps to time; "
+            "lower warmup_steps or train longer (training.epochs / training.steps)")
+    probe = cfg.measurement.comm_probe
+    if probe != "none" and probe not in cfg.strategy.probes:
+        supporting = ", ".join(name for name, cls in STRATEGIES.items() if probe in cls.probes)
+        raise ConfigError(f"measurement.comm_probe: strategy {cfg.strategy.label()} does not support the {probe} probe "
+                          f"({PROBES[probe]}); use strategy {supporting} or set measurement.comm_probe=none")
+    check_compile(cfg, device_type)
+    if t.grid_update_every and not cfg.model.refits_grids():
+        raise ConfigError(f"training.grid_update_every: a {cfg.model.family} model has no grids to refit (only spline "
+                          "KANs do: bspline, pykan, or a custom model with update_grid); set training.grid_update_every=0")
+    if t.init_from is not None and not Path(t.init_from).is_file():
+        raise ConfigError(f"training.init_from: {t.init_from} does not exist; give a file written by kanscale export")
+    check_output_dir(cfg.output.dir, "output.dir", "for the run records")
+    machines = machines or Machines.from_environ(world_size)
+    if machines.like_this_one:
+        check_memory(cfg, device_type, machines.count)
+        check_threads(cfg.runtime.threads, machines.ranks_here)
+    return plan
+
+
+def check_device(cfg: ExperimentConfig, device_type: str) -> None:
+    if device_type == "cuda" and not torch.cuda.is_available() and cfg.runtime.device == "cuda":
+        raise ConfigError("runtime.device: cuda was asked for but this machine has no CUDA device; set runtime.device=cpu or auto")
+
+
+def check_compile(cfg: ExperimentConfig, device_type: str) -> None:
+    t = cfg.training
+    if t.compile == "step" and not cfg.strategy.compiles_step:
+        supporting = ", ".join(name for name, cls in STRATEGIES.items() if cls.compiles_step)
+        raise ConfigError(f"training.compile: step compiles the whole step under strategy {supporting} only, not "
+                          f"{cfg.strategy.label()} (DeepSpeed and Accelerate run their own backward and optimizer "
+                          "step); use one of those strategies, or training.compile=model")
+    if t.compile == "model" and not cfg.strategy.compiles_model:
+        raise ConfigError(f"training.compile: model is not run under strategy {cfg.strategy.label()} (its layers run "
+                          "through DTensor's local_map, which the suite has not compiled); set training.compile=none")
+    if t.compile_mode in ("reduce-overhead", "max-autotune") and device_type != "cuda":
+        raise ConfigError(f"training.compile_mode: {t.compile_mode} captures CUDA graphs, which a {device_type} run has "
+                          "none of; use compile_mode default (or max-autotune-no-cudagraphs)")
+
+
+def check_batch_fits_data(t: TrainingConfig, n_train: int, shares: int, step: int) -> None:
+    """Refuse a step (``step`` samples over all ``shares`` data-parallel ranks) larger than the
+    training set: it would train on the whole set while the record reported the larger batch."""
+    accum_x_ranks = t.grad_accum * shares
+    if step <= n_train:
+        return
+    sizes = (f"a step takes {t.micro_batch_for(shares)} samples per rank x grad_accum {t.grad_accum} x {shares} "
+             f"data-parallel rank(s) = {step}, but task.n_train has {n_train}")
+    if n_train < accum_x_ranks:
+        raise ConfigError(f"task.n_train: {sizes}, fewer than one per rank and micro-step; raise task.n_train to at "
+                          f"least {accum_x_ranks}")
+    field, most = (("training.micro_batch", n_train // accum_x_ranks) if t.micro_batch is not None
+                   else ("training.global_batch", n_train // accum_x_ranks * accum_x_ranks))
+    raise ConfigError(f"{field}: {sizes}; lower {field} to at most {most} or raise task.n_train")
+
+
+def optimizer_state_tensors(t: TrainingConfig) -> int:
+    """State tensors the optimizer keeps per parameter: Adam and AdamW two moments, SGD one
+    momentum buffer when momentum is on."""
+    return 2 if t.optimizer in ("adam", "adamw") else int(t.momentum > 0)
+
+
+def training_state_bytes(cfg: ExperimentConfig) -> int:
+    """One copy of what training holds: parameters and buffers, a gradient per trainable
+    parameter, the optimizer's state. Sharding strategies spread this one copy over the ranks;
+    none makes it smaller (activations come on top)."""
+    count = cfg.model.parameter_count()
+    element = torch.finfo(getattr(torch, cfg.training.dtype)).bits // 8
+    return element * (count.total + count.trainable * (1 + optimizer_state_tensors(cfg.training)))
+
+
+def machine_memory_bytes(device_type: str) -> int:
+    """This machine's memory: its RAM, plus its GPUs' where the ranks run on them."""
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if device_type != "cuda" or not torch.cuda.is_available():
+        return ram
+    return ram + sum(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+
+
+def check_memory(cfg: ExperimentConfig, device_type: str, machines: int) -> None:
+    """Refuse a model whose training state exceeds the memory of every machine of the launch
+    together (each taken to be like this one): it cannot run under any strategy."""
+    need, have = training_state_bytes(cfg), machine_memory_bytes(device_type) * machines
+    if need <= have:
+        return
+    count = cfg.model.parameter_count()
+    where = "this machine" if machines == 1 else f"{machines} machines like this one"
+    raise ConfigError(
+        f"model.widths: {cfg.model.family} {cfg.model.widths} has {count.trainable:,} trainable parameters; training "
+        f"it needs about {gib(need)} (the {cfg.training.dtype} parameters, their gradients and "
+        f"{cfg.training.optimizer}'s {optimizer_state_tensors(cfg.training)} state tensor(s) per parameter), more than "
+        f"the {gib(have)} of memory of {where}; use smaller model.widths (or model.grid), or more machines")
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
+
+
+def check_threads(threads: int | None, ranks_here: int) -> None:
+    """Warn (once, not from every rank) when the ranks on this machine ask for more threads
+    than it has cores: they would compete for cores and the timings would mean little."""
+    cores = os.cpu_count() or 1
+    if threads is None or threads * ranks_here <= cores or os.environ.get("RANK", "0") != "0":
+        return
+    warnings.warn(f"runtime.threads: {threads} thread(s) x {ranks_here} rank(s) on this machine = {threads * ranks_here} "
+                  f"for its {cores} cores; the ranks will compete for cores and the timings mean little; set "
+                  f"runtime.threads to at most {max(1, cores // ranks_here)} or leave it unset", ThreadsBeyondCores,
+                  stacklevel=2)
+
+
+def check_output_dir(path: str | Path, field: str, purpose: str) -> None:
+    """Refuse a directory that cannot be created or written here: a file at it or in its path,
+    or a nearest existing directory that this user cannot write."""
+    path = Path(path)
+    # os.path.exists, not Path.exists: a path below a directory this user cannot search is
+    # "not there" rather than a PermissionError; the last parent, "." or "/", exists
+    existing = next(p for p in (path, *path.parents) if os.path.exists(p))
+    if existing == path and not path.is_dir():
+        raise ConfigError(f"{field}: {path} is a file; give a directory {purpose}")
+    if not existing.is_dir():
+        raise ConfigError(f"{field}: {path} cannot be created: {existing} is a file, not a directory; give a "
+                          f"directory {purpose}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "it" if existing == path else f"{existing}, where it would be created,"
+        raise ConfigError(f"{field}: {path} cannot be written: {what} is not writable by this user (read-only); "
+                          f"give a directory you can write {purpose}, or change the permissions")

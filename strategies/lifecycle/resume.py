@@ -1,0 +1,125 @@
+"""One attempt at a run: the directory it owns and, for a resume, what it continues from.
+
+Rank 0 decides, before anything in the run directory changes: it takes the directory's lock
+(strategies/lifecycle/run_lock.py) and, to resume, checks that the run is unfinished and the same
+experiment and world size, reads its steps, and picks the newest checkpoint that verifies
+(strategies/lifecycle/checkpoint.py), setting aside the corrupt ones it passed over. Every rank then gets
+the same outcome by one broadcast, a refusal included, so all ranks go on or all refuse with the
+same message; none waits in a collective for a rank that gave up.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from analysis.records import SUMMARY_FILE, RecordError, read_steps, read_summary
+from analysis.schema import RunRecord, StepRecord
+from kanscale.errors import ConfigError
+from strategies.distributed import DistEnv
+from strategies.experiment import ExperimentConfig
+from strategies.lifecycle.checkpoint import Checkpoint, latest_checkpoint, set_aside, usable_checkpoint
+from strategies.lifecycle.run_lock import RunLock
+
+
+def find_resumable(cfg: ExperimentConfig, world_size: int) -> Path:
+    """The newest unfinished run of this experiment in output.dir that has a complete checkpoint
+    (a finished run, status ok, is never resumed)."""
+    candidates = []
+    for summary in Path(cfg.output.dir).glob(f"*/{SUMMARY_FILE}"):
+        try:
+            record = read_summary(summary)
+        except RecordError:
+            continue  # an unreadable record is no run to continue; `kanscale analyze` reports it
+        if (record.config_digest == cfg.digest() and record.topology.world_size == world_size and record.status != "ok"
+                and latest_checkpoint(summary.parent) is not None):
+            candidates.append((record.started_at, summary.parent))
+    if not candidates:
+        raise ConfigError(f"--resume: no unfinished run of this experiment with a checkpoint under {cfg.output.dir} "
+                          f"(at world size {world_size}); give the run directory, or set training.checkpoint_every")
+    return max(candidates)[1]
+
+
+@dataclass
+class Attempt:
+    run_dir: Path
+    number: int  # the run's n-th start: 1, then one more per resume (its failure reports: failures/attempt-<n>)
+    lock: RunLock | None = None  # rank 0's
+    previous: RunRecord | None = None  # the record of the run resumed
+    checkpoint: Checkpoint | None = None
+    steps: list[StepRecord] = field(default_factory=list)  # the steps before the checkpoint, kept
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+
+def _decide_resume(cfg: ExperimentConfig, world_size: int, run_dir: Path) -> tuple[RunLock, dict[str, Any]]:
+    """Rank 0: lock the run and check it can be resumed; what every rank needs, as plain data."""
+    if not (run_dir / SUMMARY_FILE).is_file():
+        raise ConfigError(f"--resume {run_dir}: not a run directory (no {SUMMARY_FILE}); give a directory a run wrote "
+                          f"under output.dir, or --resume alone for the newest unfinished run")
+    lock = RunLock.acquire(run_dir)
+    try:
+        previous = read_summary(run_dir)  # under the lock: the run cannot finish or resume meanwhile
+        if previous.status == "ok":
+            raise ConfigError(f"--resume: {run_dir} finished (status ok); a finished run is not resumed: start a new "
+                              "one without --resume (a sweep with --resume skips finished points by itself)")
+        if previous.config_digest != cfg.digest() or previous.topology.world_size != world_size:
+            raise ConfigError(f"--resume: {run_dir} is a different experiment or world size ({previous.topology.world_size}"
+                              " ranks); resume with the config and launch it was started with")
+        steps = read_steps(run_dir)
+        checkpoint, passed_over = usable_checkpoint(run_dir, len(steps))
+        reasons = "; ".join(f"{p.path.name}: {p.why}" for p in passed_over)
+        if checkpoint is None:
+            raise ConfigError(f"--resume: {run_dir} has no usable checkpoint to resume from"
+                              + (f" ({reasons})" if reasons else "") + "; start a new run without --resume")
+        for p in passed_over:
+            note = f"set aside as {set_aside(p.path).name}" if p.corrupt else "left in place"
+            print(f"kanscale: --resume {run_dir}: passed over {p.path.name} ({p.why}; {note})", file=sys.stderr)
+    except BaseException:
+        lock.release()
+        raise
+    if passed_over:
+        print(f"kanscale: --resume {run_dir}: resuming from {checkpoint.path.name}, the newest checkpoint that verifies",
+              file=sys.stderr)
+    if not checkpoint.verifiable:
+        print(f"kanscale: --resume {run_dir}: {checkpoint.path.name} was written without checksums (by an earlier "
+              "kanscale) and is used unverified", file=sys.stderr)
+    return lock, {"previous": previous.model_dump(mode="json"), "checkpoint": str(checkpoint.path),
+                  "meta": checkpoint.meta, "steps": [s.model_dump(mode="json") for s in steps[: checkpoint.step]]}
+
+
+def _on_rank0(env: DistEnv, decide: Callable[[], tuple[RunLock, dict[str, Any]]]) -> tuple[RunLock | None, dict]:
+    """Run ``decide`` on rank 0 and give every rank its outcome; where it raised, rank 0 raises its
+    error and every other rank a ConfigError (or RuntimeError) with the same message."""
+    lock, outcome = None, {}
+    if env.is_main:
+        try:
+            lock, outcome = decide()
+        except Exception as err:  # noqa: BLE001 - passed on to every rank, then raised
+            env.broadcast_string(json.dumps({"refused": str(err), "config": isinstance(err, (ConfigError, RecordError))}))
+            raise
+        env.broadcast_string(json.dumps(outcome, default=str))
+        return lock, outcome
+    outcome = json.loads(env.broadcast_string(""))
+    if "refused" in outcome:
+        raise (ConfigError if outcome["config"] else RuntimeError)(outcome["refused"])
+    return None, outcome
+
+
+def open_attempt(cfg: ExperimentConfig, env: DistEnv, run_dir: Path, resume: bool) -> Attempt:
+    """Own ``run_dir`` (every rank calls this, with the same directory): a new run's, or one to
+    resume. Refuses (ConfigError, on every rank) a run another one owns, a finished run, another
+    experiment's, and one without a checkpoint that verifies."""
+    if not resume:
+        lock, _ = _on_rank0(env, lambda: (RunLock.acquire(run_dir), {}))
+        return Attempt(run_dir, number=1, lock=lock)
+    lock, outcome = _on_rank0(env, lambda: _decide_resume(cfg, env.world_size, run_dir))
+    previous = RunRecord.model_validate(outcome["previous"])
+    return Attempt(run_dir, number=len(previous.resumed_at_steps) + 2, lock=lock, previous=previous,
+                   checkpoint=Checkpoint(Path(outcome["checkpoint"]), outcome["meta"]),
+                   steps=[StepRecord.model_validate(s) for s in outcome["steps"]])

@@ -1,0 +1,126 @@
+"""The experiment's sections that belong to training itself: hyperparameters, measurement,
+runtime, fault injection and output. :mod:`strategies.experiment` assembles them with the model,
+the task and the strategy (:mod:`strategies.strategy`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kanscale.errors import ConfigError
+
+
+class Section(BaseModel):
+    # Unknown keys are refused (a misspelling would otherwise be ignored), and so are infinite
+    # and NaN floats (YAML's .inf, .nan): every bound a field declares holds for them or not by
+    # accident (lr: .inf is "greater than 0"), and no hyperparameter, timeout or size means them.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class TrainingConfig(Section):
+    """Every hyperparameter, passed explicitly to whichever backend trains the model."""
+
+    seed: int = Field(0, description="seeds the data, the initial weights and the data order")
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    lr: float = Field(1e-3, gt=0.0)
+    betas: tuple[float, float] = Field((0.9, 0.999), description="Adam/AdamW betas")
+    eps: float = Field(1e-8, gt=0.0, description="Adam/AdamW epsilon")
+    weight_decay: float = Field(0.0, ge=0.0)
+    momentum: float = Field(0.0, ge=0.0, lt=1.0, description="SGD momentum")
+    grad_clip: float = Field(0.0, ge=0.0, description="max global gradient norm; 0 = off")
+    micro_batch: int | None = Field(512, ge=1, description="samples per rank per forward/backward")
+    global_batch: int | None = Field(
+        None, ge=1, description="samples per optimizer step over all ranks; when set, micro_batch is derived from it")
+    grad_accum: int = Field(1, ge=1, description="micro-batches accumulated per optimizer step")
+    epochs: float | None = Field(1, gt=0.0, description="passes over the training set (or set steps)")
+    steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs when set")
+    loader: Literal["memory", "dataloader"] = Field(
+        "memory", description="memory: each rank indexes its batches from tensors it holds (the suite's own split); "
+                              "dataloader: a torch DataLoader with a DistributedSampler and worker processes")
+    loader_workers: int = Field(2, ge=0, description="with loader dataloader: worker processes per rank (0: load in "
+                                                     "the training process)")
+    warmup_steps: int = Field(5, ge=0, description="first steps excluded from timing")
+    dtype: Literal["float32", "float64"] = Field(
+        "float32", description="dtype of the parameters (and of the master copies under mixed precision)")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="fp32: compute in training.dtype; bf16/fp16: mixed precision, by each backend's own "
+                            "mechanism (docs/precision.md)")
+    compile: Literal["none", "model", "step"] = Field(
+        "none", description="model: torch.compile the model; step: compile the whole step (forward and loss as one "
+                            "graph, the backward by compiled autograd where the backend allows, the optimizer step); "
+                            "compile times are recorded apart from step times (docs/performance.md)")
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
+        "default", description="torch.compile's mode; reduce-overhead captures CUDA graphs (CUDA only)")
+    grid_update_every: int = Field(0, ge=0, description="refit spline grids every N steps; 0 = never")
+    grid_update_until: int | None = Field(None, ge=1, description="last step at which grids are refitted")
+    log_every: int = Field(
+        0, ge=0, description="steps between progress reports (made at the end of a timing window); 0 = about 20 per run")
+    checkpoint_every: int = Field(0, ge=0, description="write a checkpoint every N steps; 0 = never")
+    keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept per run (older ones are deleted)")
+    init_from: str | None = Field(None, description="start from the weights of a model exported by kanscale export")
+
+    @model_validator(mode="after")
+    def _valid_combination(self) -> "TrainingConfig":
+        for beta in self.betas:
+            if not 0.0 <= beta < 1.0:
+                raise ValueError(f"betas must each lie in [0, 1), got {list(self.betas)}")
+        if self.epochs is None and self.steps is None:
+            raise ValueError("set either epochs or steps")
+        if self.precision != "fp32" and self.dtype != "float32":
+            raise ValueError(f"precision {self.precision} keeps float32 master weights, but dtype is {self.dtype}; "
+                             "set training.dtype=float32 (or training.precision=fp32)")
+        if self.compile == "step" and self.precision == "fp16":
+            raise ValueError("compile step cannot compile fp16's GradScaler step (it asks the host whether a gradient "
+                             "overflowed each step); use precision bf16, or compile model")
+        if self.compile_mode != "default" and self.compile == "none":
+            raise ValueError(f"compile_mode {self.compile_mode} needs something compiled; set training.compile to "
+                             "model or step")
+        if (self.micro_batch is None) == (self.global_batch is None):
+            raise ValueError("set exactly one of micro_batch (per rank) and global_batch (over all ranks); "
+                             "set the other to null")
+        return self
+
+    def micro_batch_for(self, shares: int) -> int:
+        """Samples per rank per micro-step when every global batch is cut into ``shares``
+        (the world size under data parallelism; the data-parallel size under tensor parallelism)."""
+        if self.micro_batch is not None:
+            return self.micro_batch
+        ranks_x_accum = self.grad_accum * shares
+        if self.global_batch % ranks_x_accum:
+            raise ConfigError(
+                f"training.global_batch: {self.global_batch} samples cannot be split evenly over grad_accum "
+                f"({self.grad_accum}) x data-parallel ranks ({shares}) = {ranks_x_accum}; use a multiple of {ranks_x_accum}")
+        return self.global_batch // ranks_x_accum
+
+
+class MeasurementConfig(Section):
+    timing: Literal["windowed", "per_step"] = Field(
+        "windowed", description="windowed: ranks synchronize once per window of steps, as training does not at all; "
+                                "per_step: a barrier (and device synchronize) around every step, for per-step distributions")
+    window_steps: int = Field(10, ge=1, description="steps per timing window (rates and spreads are per window)")
+    baseline_steps: int = Field(
+        2, ge=1, description="steps of the compute-only replica timed after each window (their median is the window's "
+                             "compute time, which exposed communication is measured against)")
+    comm_probe: Literal["none", "paper"] = Field(
+        "none", description="paper: also run the published study's probe (every second batch two extra forwards and an "
+                            "extra all-reduce that changes the gradients), for comparison only; needs strategy ddp")
+
+
+class RuntimeConfig(Section):
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads per rank; default: torch's")
+    timeout_s: float = Field(120.0, gt=0.0, description="collective timeout: a rank waiting longer on the others fails")
+
+
+class FaultConfig(Section):
+    """Fault injection, for testing how failures are handled: at the start of ``step`` the chosen
+    rank(s) raise an exception, exit at once (no cleanup, like a crash), or hang."""
+
+    rank: int | Literal["all"] = Field(description="the rank that fails, or all")
+    step: int = Field(ge=1, description="the step (1-based) at whose start it fails")
+    kind: Literal["exception", "exit", "hang"] = "exception"
+
+
+class OutputConfig(Section):
+    dir: str = Field("runs", description="run records go to DIR/<run_id>/")
