@@ -125,6 +125,7 @@ matrix: {{strategy: [ddp, zero3], topology: [1x1, 1x2]}}
     return tmp / "runs", analyze(tmp / "runs", tmp / "report")
 
 
+@pytest.mark.slow  # the slow tier (make test-slow)
 def test_report_from_a_real_sweep_has_every_table_and_plot(real_sweep):
     runs_dir, report = real_sweep
     names = {t.name for t in report.tables}

@@ -138,3 +138,12 @@ def test_pyproject_lists_every_package():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     on_disk = {module_name(p) for p in sources() if p.name == "__init__.py"} | {"kanscale.configs"}
     assert listed == on_disk
+
+
+def test_every_tier_runs_in_ci():
+    """make test leaves the slow tier out; .ci/run runs make test, make test-slow and make
+    test-cluster, so nothing marked slow goes untested."""
+    makefile, ci = (ROOT / "Makefile").read_text(), (ROOT / ".ci/run").read_text()
+    assert '-m "not slow"' in makefile and "-m slow" in makefile
+    ran = [line.strip() for line in ci.splitlines() if line.strip().startswith("make ")]
+    assert ran == ["make test", "make test-slow", "make test-cluster"]

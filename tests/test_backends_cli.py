@@ -8,6 +8,10 @@ import pytest
 from analysis.records import read_summary
 from tests.helpers.launch import ROOT, run
 
+# The slow tier (make test-slow, run by .ci/run): torchrun, accelerate launch and the deepspeed
+# launcher started as users start them.
+pytestmark = pytest.mark.slow
+
 TRAIN = ["-m", "launchers.cli", "train", str(ROOT / "configs/experiments/quickstart.yaml"), "--no-progress",
          "--set", "training.steps=12", "--set", "training.micro_batch=128", "--set", "measurement.baseline_steps=2"]
 

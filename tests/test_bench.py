@@ -10,6 +10,7 @@ from launchers.bench import make_plan, measure, saved_bytes
 from launchers.cli import main
 
 
+@pytest.mark.slow  # the slow tier (make test-slow)
 def test_quick_bench_writes_json_and_a_markdown_table_with_ratios(tmp_path, capsys):
     out = tmp_path / "bench" / "tiny.json"
     code = main(["bench", "--models", "tiny", "--impl", "pykan,reference,fast,fast-sparse,fast+step,mlp", "--repeats", "2",

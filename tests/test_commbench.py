@@ -76,6 +76,7 @@ def two_agent_commbench(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # the slow tier (make test-slow)
 def test_commbench_over_two_agents_on_gloo(tmp_path_factory):
     out = two_agent_commbench(tmp_path_factory)
     doc = json.loads(out.read_text())

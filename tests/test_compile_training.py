@@ -55,6 +55,7 @@ def distributed(tmp_path_factory):
 
 
 @pytest.mark.parametrize("job", ["ddp/2", "fsdp1/1", "fsdp2/1"])
+@pytest.mark.slow  # the slow tier (make test-slow)
 def test_the_compiled_step_trains_like_one_eager_process_at_two_ranks(distributed, job):
     refs, results = distributed
     result = results[job]
@@ -63,6 +64,7 @@ def test_the_compiled_step_trains_like_one_eager_process_at_two_ranks(distribute
     assert result["compile"]["setting"] == "step" and result["timings"]["compile_s"] > 0.1
 
 
+@pytest.mark.slow  # the slow tier (make test-slow): the 2-rank compiled pool
 def test_fsdp_runs_its_backward_eagerly_and_says_so(distributed):
     # Compiled autograd mishandles FSDP's gradient hooks (strategies/compiled_step.py).
     _, results = distributed

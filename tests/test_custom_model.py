@@ -39,6 +39,7 @@ def users_model(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("strategy", [{"name": "ddp"}, {"name": "fsdp2"}, {"name": "deepspeed", "zero_stage": 3}],
                          ids=["ddp", "fsdp2", "zero3"])
+@pytest.mark.slow  # the slow tier (make test-slow)
 def test_a_model_from_a_users_file_trains_with_parity_under_every_kind_of_strategy(users_model, tmp_path, strategy):
     out = str(tmp_path / "runs")
     reference = Trainer(parse_experiment(experiment(users_model, out)), DistEnv(), show_progress=False)

@@ -16,6 +16,9 @@ import pytest
 from analysis.records import read_steps, read_summary
 from tests.helpers.launch import child_env
 
+# The slow tier (make test-slow, run by .ci/run): training under a deliberate load, timed window by window.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 600
 HOGS = 2  # busy processes on the training's core: it gets about a third of it

@@ -5,8 +5,13 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from analysis.records import read_summary
 from tests.helpers.launch import ROOT, child_env
+
+# The slow tier (make test-slow, run by .ci/run): two-node launches started as users start them.
+pytestmark = pytest.mark.slow
 
 RUN = [sys.executable, "-m", "launchers.cli", "run", str(ROOT / "configs/experiments/quickstart.yaml"),
        "--set", "training.steps=10", "--set", "measurement.baseline_steps=2", "--set", "training.micro_batch=64"]

@@ -178,6 +178,7 @@ def experiment(strategy: dict, out: Path) -> dict:
             "output": {"dir": str(out)}}
 
 
+@pytest.mark.slow  # the slow tier (make test-slow)
 def test_zero3_offload_with_the_auto_template_shards_on_both_routes(tmp_path):
     """One accelerate launch of 2 gloo ranks trains three jobs: the shipped zero3.json (persistence
     threshold 0: every parameter sharded), the auto template on the direct route and through

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# The slow tier (make test-slow, run by .ci/run): the package built and installed into a fresh environment.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -21,6 +21,9 @@ from strategies.lifecycle.checkpoint import complete_checkpoints
 from strategies.loop.trainer import Trainer, find_resumable
 from tests.helpers.launch import ROOT, child_env, run_jobs
 
+# The slow tier (make test-slow, run by .ci/run): failing and killed ranks, resumes and sweeps of real runs.
+pytestmark = pytest.mark.slow
+
 STRATEGIES = {
     "ddp": {"name": "ddp"}, "fsdp1": {"name": "fsdp1"}, "fsdp2": {"name": "fsdp2"},
     "zero0": {"name": "deepspeed", "zero_stage": 0}, "zero1": {"name": "deepspeed", "zero_stage": 1},

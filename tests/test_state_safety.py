@@ -26,6 +26,10 @@ from strategies.lifecycle.run_lock import LOCK_FILE, RunLock
 from strategies.loop.trainer import Trainer, find_resumable
 from tests.helpers.launch import ROOT, child_env, run, run_jobs
 
+# The slow tier (make test-slow, run by .ci/run): kills, resumes and concurrent owners of real
+# multi-process runs.
+pytestmark = pytest.mark.slow
+
 QUICKSTART = str(ROOT / "configs/experiments/quickstart.yaml")
 
 

@@ -96,6 +96,7 @@ def test_bad_studies_are_refused(tmp_path, capsys, change, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the slow tier (make test-slow)
 def test_a_sweep_runs_every_point_goes_on_past_a_failure_and_resumes(tmp_path, capsys):
     # fsdp1 HYBRID_SHARD is refused on CPUs: that point fails, the others still run.
     hybrid = tmp_path / "hybrid.yaml"

@@ -193,6 +193,7 @@ CPU_STRATEGIES = {
 }
 
 
+@pytest.mark.slow  # the slow tier (make test-slow)
 def test_a_bundled_classification_reaches_its_accuracy_under_every_cpu_strategy(tmp_path):
     base = experiment({"name": "sklearn", "dataset": "digits"}, [64, 32, 10], tmp_path / "runs", epochs=8,
                       micro_batch=None, global_batch=128)
