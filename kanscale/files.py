@@ -46,11 +46,15 @@ def preset_names(kind: str) -> list[str]:
     return sorted(p.stem for p in (configs_dir() / kind).glob("*.yaml"))
 
 
+# a folder of presets -> what one of its files is
+PRESET_KINDS = {"strategies": "strategy", "experiments": "experiment", "studies": "study"}
+
+
 def find_preset(name: str, kind: str, field: str) -> Path:
     """``zero3`` -> the shipped configs/strategies/zero3.yaml; a path to a YAML file (given, or
     under the shipped configs) is taken as it is."""
     if name.endswith((".yaml", ".yml")):
-        return find_file(name, field, f"{kind.rstrip('s')} file")
+        return find_file(name, field, f"{PRESET_KINDS.get(kind, kind)} file")
     path = configs_dir() / kind / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"{field}: no preset named {name!r}; presets: {', '.join(preset_names(kind))} "

@@ -30,3 +30,9 @@ def test_a_users_own_ddp_variant_trains_analyzes_and_projects(tmp_path, capsys):
                  "--strategies", str(preset), "--ranks", "1,2", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert {(r["strategy"], r["ranks"]) for r in rows} == {("ddp", 1), ("ddp", 2)}
+
+
+def test_a_preset_file_that_is_not_there_is_named_as_a_strategy_file(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "quickstart", "--strategy", "my_ddp.yaml"]) == 2
+    assert "--strategy: strategy file my_ddp.yaml does not exist" in capsys.readouterr().err
