@@ -6,6 +6,7 @@ environment variables; one process started by hand has none of them and is rank 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from kanscale.machine import cpu_model
+from strategies.mesh import MeshShape, RunMesh
 
 
 def _env_int(name: str, default: int) -> int:
@@ -49,26 +51,18 @@ class DistEnv:
     # Set once this process joined a process group: leaving it then needs care (see
     # launchers.cli.common.exit_without_teardown).
     joined_process_group: bool = False
-    # The data-parallel position: which share of every global batch this rank trains on, and
-    # how many shares there are. Under pure data parallelism it is the world position; a backend
-    # that splits one model replica over several ranks (tensor parallel) sets it when it sets up.
-    dp_rank: int | None = None
-    dp_size: int | None = None
+    # Where this rank sits on the run's device mesh (strategies/mesh.py): the loop places the
+    # environment on its strategy's mesh (on_mesh) before it cuts any batch; until then, and for a
+    # process that trains nothing, every rank is a whole data-parallel replica.
+    mesh: RunMesh | None = None
 
     def __post_init__(self) -> None:
-        if self.dp_rank is None or self.dp_size is None:
-            self.dp_rank, self.dp_size = self.rank, self.world_size
+        if self.mesh is None:
+            self.mesh = RunMesh(MeshShape(dp_replicate=self.world_size), self.rank, self.device.type)
 
-    def split_into_replicas(self, ranks_per_replica: int) -> None:
-        """Ranks r * ranks_per_replica .. (r + 1) * ranks_per_replica - 1 hold replica r, as a
-        (dp, tp) device mesh lays them out (the inner dimension varies fastest)."""
-        self.dp_size, self.dp_rank = self.world_size // ranks_per_replica, self.rank // ranks_per_replica
-
-    @property
-    def ranks_per_replica(self) -> int:
-        """Ranks that hold parts of one model replica and see the same samples (1 for pure data
-        parallelism): a sum over all ranks counts each replica's samples and loss this many times."""
-        return self.world_size // self.dp_size
+    def on_mesh(self, shape: MeshShape) -> DistEnv:
+        """This environment, placed on a run mesh of ``shape`` (its sizes multiply to the world size)."""
+        return dataclasses.replace(self, mesh=RunMesh(shape, self.rank, self.device.type))
 
     @classmethod
     def from_environ(cls, device: str = "auto") -> "DistEnv":

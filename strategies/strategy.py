@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, ClassVar
 from pydantic import PrivateAttr
 
 from analysis.projection.step_model import StrategyModel
+from strategies.mesh import MeshShape
 from strategies.sections import Section, TrainingConfig
 
 if TYPE_CHECKING:
@@ -75,19 +76,15 @@ class StrategyConfig(Section):
         strategy merges one from several sources; None where it does not."""
         return None
 
-    def ranks_per_replica(self, world_size: int) -> int:
-        """Ranks that hold parts of one model replica and train on the same samples: 1 for data
-        parallelism; the TP degree where a backend splits the model (strategies/backends/tp.py)."""
-        return 1
-
-    def data_parallel_size(self, world_size: int) -> int:
-        """How many shares every global batch is cut into at ``world_size``."""
-        return world_size // self.ranks_per_replica(world_size)
+    def mesh_shape(self, world_size: int) -> MeshShape:
+        """The run's device mesh at ``world_size`` (strategies/mesh.py): whole replicas by default;
+        a sharding backend shards over ``dp_shard``, tensor parallelism cuts over ``tp``."""
+        return MeshShape(dp_replicate=world_size)
 
     def compute_replica(self, model: nn.Module, env: DistEnv) -> nn.Module:
         """What the compute-only baseline times on this rank (strategies/measure/baseline.py), made from a
         plain copy of the model: the whole model under data parallelism; a backend that splits the
-        model returns this rank's part, with no collectives."""
+        model returns this rank's part (by its place on ``env.mesh``), with no collectives."""
         return model
 
     def cost_model(self) -> StrategyModel | None:

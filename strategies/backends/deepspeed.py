@@ -39,6 +39,7 @@ from strategies.backends.deepspeed_config import (
 )
 from strategies.distributed import DistEnv
 from strategies.engine import Engine, detached_copy, optimizer_state_tensors, tensor_bytes
+from strategies.mesh import MeshShape
 from strategies.optim import build_optimizer
 from strategies.precision import LOW_DTYPES
 from strategies.precision_support import deepspeed_lacks
@@ -186,6 +187,10 @@ class DeepSpeedConfig(StrategyConfig):
 
     def missing_precision_support(self, precision: str, device_type: str) -> str | None:
         return deepspeed_lacks(precision, device_type)
+
+    def mesh_shape(self, world_size: int) -> MeshShape:
+        # DeepSpeed partitions over its own data-parallel group, the world: stage 0 keeps whole replicas
+        return MeshShape(dp_replicate=world_size) if self.zero_stage == 0 else MeshShape(dp_shard=world_size)
 
     def cost_model(self) -> StrategyModel | None:
         """As counted on the presets' runs (DeepSpeed 0.19, overlap_comm off, buckets of 500M

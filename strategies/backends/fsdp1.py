@@ -17,6 +17,7 @@ from analysis.projection.step_model import StrategyModel
 from strategies.backends.dcp import ShardedCheckpoints
 from strategies.distributed import DistEnv
 from strategies.engine import AveragingEngine, Engine, detached_copy, frozen_parameters
+from strategies.mesh import MeshShape
 from strategies.optim import build_optimizer
 from strategies.precision import Amp, dtype_name, low_dtype
 from strategies.sections import TrainingConfig
@@ -65,6 +66,13 @@ class FSDP1Config(StrategyConfig):
     def label(self) -> str:
         suffix = {"FULL_SHARD": "", "SHARD_GRAD_OP": "_grad_op", "NO_SHARD": "_no_shard", "HYBRID_SHARD": "_hybrid"}
         return "fsdp1" + suffix[self.sharding_strategy]
+
+    def mesh_shape(self, world_size: int) -> MeshShape:
+        # FSDP1 makes its own process groups; HYBRID_SHARD's intra-node shard groups come from the
+        # GPUs per node (a GPU-only option: see preflight), which this shape does not describe yet.
+        if self.sharding_strategy == "NO_SHARD":
+            return MeshShape(dp_replicate=world_size)
+        return MeshShape(dp_shard=world_size)
 
     def cost_model(self) -> StrategyModel | None:
         # FULL_SHARD gathers each unit before its forward and again before its backward and

@@ -1,16 +1,18 @@
 """``fsdp2``: PyTorch's per-parameter FSDP (``fully_shard``), applied to every unit of the model
-(by default each KAN layer; kan_models/wrap.py) and to the root. Parameters become DTensors sharded over a 1-D device mesh of all ranks."""
+(by default each KAN layer; kan_models/wrap.py) and to the root. Parameters become DTensors
+sharded over the run mesh's ``dp_shard`` dimension: all ranks. ``apply_fsdp2`` is the same over
+any 1-D sub-mesh, which ``fsdp2_tp`` applies after tensor parallelism."""
 
 from __future__ import annotations
 
 import contextlib
 from functools import partial
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import Shard
 
@@ -19,9 +21,10 @@ from analysis.projection.step_model import StrategyModel
 from strategies.backends.dcp import DTensorStateDicts, ShardedCheckpoints
 from strategies.distributed import DistEnv
 from strategies.engine import AveragingEngine, Engine, frozen_parameters
+from strategies.mesh import MeshShape
 from strategies.optim import build_optimizer
 from strategies.precision import Amp, dtype_name, low_dtype
-from strategies.sections import TrainingConfig
+from strategies.sections import Section, TrainingConfig
 from strategies.strategy import StrategyConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,10 +51,10 @@ class FSDP2Engine(DTensorStateDicts, ShardedCheckpoints, AveragingEngine):
         yield
 
 
-class FSDP2Config(StrategyConfig):
-    """fully_shard (FSDP2): per-parameter DTensor sharding per KAN layer and on the root."""
+class FSDP2Options(Section):
+    """What fully_shard is given, whichever mesh it shards over: the options of ``fsdp2`` and of
+    the FSDP2 half of ``fsdp2_tp`` (strategies/backends/tp.py)."""
 
-    name: Literal["fsdp2"]
     reshard_after_forward: bool = Field(True, description="free gathered parameters after forward (ZeRO-3-like); false keeps them until backward (ZeRO-2-like)")
     cpu_offload: bool = Field(False, description="CPUOffloadPolicy: sharded parameters, gradients and optimizer step on the CPU (GPU runs)")
     param_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
@@ -61,10 +64,55 @@ class FSDP2Config(StrategyConfig):
         None, description="dtype of the gradient reduce-scatter; null = float32 (bfloat16 halves the bytes sent)")
     shard_largest_dim: bool = Field(True, description="shard each parameter along its longest dimension instead of dim 0")
 
+    def fsdp2_label(self) -> str:
+        return "fsdp2" if self.reshard_after_forward else "fsdp2_keep"
+
+    def check_fsdp2(self, training: TrainingConfig, device_type: str) -> None:
+        """Refuse, before launch, options fully_shard cannot run as asked."""
+        asked = DTYPES.get(self.param_dtype)
+        if asked is not None and asked != (low_dtype(training) or getattr(torch, training.dtype)):
+            raise ConfigError(f"strategy.param_dtype: {self.param_dtype} contradicts training.precision="
+                              f"{training.precision}; set training.precision (fp32, bf16 or fp16), which every backend "
+                              "follows, and leave strategy.param_dtype null")
+        if self.cpu_offload and device_type != "cuda":
+            raise ConfigError("strategy.cpu_offload: CPUOffloadPolicy moves shards between GPU and CPU and needs CUDA "
+                              "devices; set strategy.cpu_offload=false on a CPU-only machine")
+
+
+def apply_fsdp2(model: nn.Module, units: list[nn.Module], mesh: DeviceMesh, options: FSDP2Options,
+                training: TrainingConfig) -> str | None:
+    """fully_shard every unit and the root over the 1-D ``mesh`` (a sub-mesh of the run's), which
+    its gradients are averaged over; returns how the parameters are cast for compute, in words
+    (None: they are not)."""
+    low = low_dtype(training)
+    reduce = DTYPES.get(options.reduce_dtype) or (torch.float32 if low is not None else None)
+    fsdp_options = dict(
+        mesh=mesh, reshard_after_forward=options.reshard_after_forward,
+        offload_policy=CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy(),
+        mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce),
+        shard_placement_fn=partial(shard_largest_dim, world_size=mesh.size()) if options.shard_largest_dim else None,
+        ignored_params=set(frozen_parameters(model)),
+    )
+    for unit in units:
+        fully_shard(unit, **fsdp_options)
+    fully_shard(model, **fsdp_options)
+    if low is None and reduce is None:
+        return None
+    return f"FSDP2 MixedPrecisionPolicy(param_dtype={dtype_name(low)}, reduce_dtype={dtype_name(reduce)})"
+
+
+class FSDP2Config(FSDP2Options, StrategyConfig):
+    """fully_shard (FSDP2): per-parameter DTensor sharding per KAN layer and on the root."""
+
+    name: Literal["fsdp2"]
+
     compiles_step: ClassVar[bool] = True
 
     def label(self) -> str:
-        return "fsdp2" if self.reshard_after_forward else "fsdp2_keep"
+        return self.fsdp2_label()
+
+    def mesh_shape(self, world_size: int) -> MeshShape:
+        return MeshShape(dp_shard=world_size)
 
     def cost_model(self) -> StrategyModel | None:
         # each unit gathered before its forward and again before its backward, its gradients
@@ -75,36 +123,9 @@ class FSDP2Config(StrategyConfig):
                              sharded_params="trainable")
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
-        asked = DTYPES.get(self.param_dtype)
-        if asked is not None and asked != (low_dtype(training) or getattr(torch, training.dtype)):
-            raise ConfigError(f"strategy.param_dtype: {self.param_dtype} contradicts training.precision="
-                              f"{training.precision}; set training.precision (fp32, bf16 or fp16), which every backend "
-                              "follows, and leave strategy.param_dtype null")
-        if self.cpu_offload and device_type != "cuda":
-            raise ConfigError("strategy.cpu_offload: CPUOffloadPolicy moves shards between GPU and CPU and needs CUDA "
-                              "devices; set strategy.cpu_offload=false on a CPU-only machine")
+        self.check_fsdp2(training, device_type)
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
-        return self.shard(model, training, init_device_mesh(env.device.type, (env.world_size,)), env)
-
-    def shard(self, model: nn.Module, training: TrainingConfig, mesh: DeviceMesh, env: DistEnv,
-              engine_class: type[FSDP2Engine] = FSDP2Engine, **engine_args: Any) -> FSDP2Engine:
-        """fully_shard every unit and the root over the 1-D ``mesh`` (all ranks, or the data-parallel
-        dimension of a 2-D mesh: strategies/backends/tp.py); gradients are averaged over its ranks.
-        ``engine_args``: what ``engine_class`` takes besides an FSDP2 engine's arguments."""
-        low = low_dtype(training)
-        reduce = DTYPES.get(self.reduce_dtype) or (torch.float32 if low is not None else None)
-        options = dict(
-            mesh=mesh, reshard_after_forward=self.reshard_after_forward,
-            offload_policy=CPUOffloadPolicy() if self.cpu_offload else OffloadPolicy(),
-            mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce),
-            shard_placement_fn=partial(shard_largest_dim, world_size=mesh.size()) if self.shard_largest_dim else None,
-            ignored_params=set(frozen_parameters(model)),
-        )
-        for block in self.wrap_units(model):
-            fully_shard(block, **options)
-        fully_shard(model, **options)
-        cast = (f"FSDP2 MixedPrecisionPolicy(param_dtype={dtype_name(low)}, reduce_dtype={dtype_name(reduce)})"
-                if low is not None or reduce is not None else None)
-        return engine_class(model, build_optimizer(model.parameters(), training), training, mesh.size(),
-                            Amp.sharded_scaler(training, env.device.type), cast, **engine_args)
+        cast = apply_fsdp2(model, self.wrap_units(model), env.mesh["dp_shard"], self, training)
+        return FSDP2Engine(model, build_optimizer(model.parameters(), training), training, env.mesh.dp_size,
+                           Amp.sharded_scaler(training, env.device.type), cast)

@@ -1,40 +1,40 @@
 """``tp`` and ``fsdp2_tp``: tensor parallelism over the KAN layers (strategies/backends/tp_plan.py).
 
 ``tp`` cuts every layer over all ranks: one model replica, every rank trains on the same samples.
-``fsdp2_tp`` is the 2-D form: a (dp, tp) device mesh, the layers cut over its ``tp`` dimension
-and FSDP2 sharding (and averaging gradients) over its ``dp`` one, dp x tp = world size. Data
-sharding, the loss and the step records use the data-parallel position (DistEnv.split_into_replicas).
+``fsdp2_tp`` is the 2-D form, torchtitan's composition: the layers cut over the run mesh's ``tp``
+dimension, then FSDP2 (strategies/backends/fsdp2.py, ``apply_fsdp2``) sharding and averaging
+gradients over its ``dp_shard`` one, dp x tp = world size. Data sharding, the loss and the step
+records use the data-parallel position on the mesh (strategies/mesh.py).
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-import torch
 from pydantic import Field
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 
 from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
 from analysis.projection.step_model import StrategyModel
 from strategies.backends.dcp import DTensorStateDicts, ShardedCheckpoints
-from strategies.backends.fsdp2 import FSDP2Config, FSDP2Engine
+from strategies.backends.fsdp2 import FSDP2Engine, FSDP2Options, apply_fsdp2
 from strategies.backends.tp_plan import PLANS, LayerPlan, apply_tp, layer_plans, local_share, reduce_partial_gradients
 from strategies.distributed import DistEnv
 from strategies.engine import Engine
+from strategies.mesh import MeshShape, RunMesh
 from strategies.optim import build_optimizer
 from strategies.precision import Amp
-from strategies.sections import TrainingConfig
+from strategies.sections import Section, TrainingConfig
 from strategies.strategy import StrategyConfig
 
 PlanName = Literal["pairs", "colwise", "rowwise"]
 PLAN_HELP = "how layers are cut: " + "; ".join(f"{name}: {text}" for name, text in PLANS.items())
 
 
-def layout(plans: list[LayerPlan], dp: int, tp: int) -> dict:
+def layout(plans: list[LayerPlan], mesh: RunMesh) -> dict:
     """What the record's backend_config says of the cut: the mesh and each layer's split."""
-    return {"mesh": {"dp": dp, "tp": tp}, "layers": [p.split for p in plans]}
+    return {"mesh": {"dp": mesh.dp_size, "tp": mesh.tp_size}, "layers": [p.split for p in plans]}
 
 
 def check_model_splits(model: ModelConfig, tp: int, plan: str) -> None:
@@ -55,35 +55,51 @@ def check_precision(training: TrainingConfig, label: str) -> None:
                           "DTensors); use precision bf16 or fp32")
 
 
-class TPEngine(DTensorStateDicts, ShardedCheckpoints, Engine):
-    """Every rank holds its shards of every cut layer; gradients need no averaging (one replica)."""
+class CutLayout:
+    """An engine that reports how tensor parallelism cut the model (:func:`layout`) as its backend config."""
 
-    kind = "tp"
-    compiled_autograd = False
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig, amp: Amp,
-                 cut: dict) -> None:
-        super().__init__(model, optimizer, training, amp)
+    def __init__(self, *args: Any, cut: dict, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.cut = cut
-
-    def step(self) -> None:
-        reduce_partial_gradients(self.model)
-        super().step()
 
     def backend_config(self) -> dict:
         return self.cut
 
 
-class TPConfig(StrategyConfig):
+class TPEngine(CutLayout, DTensorStateDicts, ShardedCheckpoints, Engine):
+    """Every rank holds its shards of every cut layer; gradients need no averaging (one replica)."""
+
+    kind = "tp"
+    compiled_autograd = False
+
+    def step(self) -> None:
+        reduce_partial_gradients(self.model)
+        super().step()
+
+
+class FSDP2TPEngine(CutLayout, FSDP2Engine):
+    kind = "fsdp2_tp"
+
+
+class TPOptions(Section):
+    """How the layers are cut: the options of ``tp`` and of the TP half of ``fsdp2_tp``."""
+
+    plan: PlanName = Field("pairs", description=PLAN_HELP)
+
+    def tp_share(self, model: nn.Module, mesh: RunMesh) -> nn.Module:
+        """This rank's part of a plain copy of ``model``, cut as the plan cuts it over the mesh's ``tp``."""
+        return local_share(model, layer_plans(model.blocks, mesh.tp_size, self.plan), mesh.tp_rank, mesh.tp_size)
+
+
+class TPConfig(TPOptions, StrategyConfig):
     """Tensor parallelism: every KAN layer cut over all ranks (DTensor, local_map)."""
 
     name: Literal["tp"]
-    plan: PlanName = Field("pairs", description=PLAN_HELP)
 
     compiles_model: ClassVar[bool] = False
 
-    def ranks_per_replica(self, world_size: int) -> int:
-        return world_size
+    def mesh_shape(self, world_size: int) -> MeshShape:
+        return MeshShape(tp=world_size)
 
     def cost_model(self) -> StrategyModel | None:
         # each layer's tensors cut over every rank, activations exchanged per layer as the pairs
@@ -95,41 +111,30 @@ class TPConfig(StrategyConfig):
         check_model_splits(self.resolved_model(), world_size, self.plan)
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
-        mesh = init_device_mesh(env.device.type, (env.world_size,), mesh_dim_names=("tp",))
-        plans = apply_tp(model, mesh, self.plan)
+        plans = apply_tp(model, env.mesh["tp"], self.plan)
         return TPEngine(model, build_optimizer(model.parameters(), training), training,
-                        Amp.autocast(training, env.device.type), layout(plans, 1, env.world_size))
+                        Amp.autocast(training, env.device.type), cut=layout(plans, env.mesh))
 
     def compute_replica(self, model: nn.Module, env: DistEnv) -> nn.Module:
-        return local_share(model, layer_plans(model.blocks, env.world_size, self.plan), env.rank, env.world_size)
+        return self.tp_share(model, env.mesh)
 
 
-class FSDP2TPEngine(FSDP2Engine):
-    kind = "fsdp2_tp"
+class FSDP2TPConfig(FSDP2Options, TPOptions, StrategyConfig):
+    """2-D: tensor parallelism over the mesh's ``tp`` dimension, then FSDP2 over its ``dp_shard`` one."""
 
-    def __init__(self, *args: Any, cut: dict) -> None:
-        super().__init__(*args)
-        self.cut = cut
-
-    def backend_config(self) -> dict:
-        return self.cut
-
-
-class FSDP2TPConfig(FSDP2Config):
-    """2-D: FSDP2 over the data-parallel mesh dimension, tensor parallelism over the other."""
-
-    name: Literal["fsdp2_tp"]  # type: ignore[assignment]
+    name: Literal["fsdp2_tp"]
     tp_degree: int = Field(2, ge=1, description="ranks each layer is cut over; the data-parallel degree is world "
                                                 "size / tp_degree")
-    plan: PlanName = Field("pairs", description=PLAN_HELP)
     shard_largest_dim: bool = Field(False, description="FSDP2 shards the TP shards along dim 0 (FSDP2 composes with "
                                                        "TP on dim 0 only)")
 
-    compiles_step: ClassVar[bool] = False
     compiles_model: ClassVar[bool] = False
 
     def label(self) -> str:
-        return super().label() + "_tp"
+        return self.fsdp2_label() + "_tp"
+
+    def mesh_shape(self, world_size: int) -> MeshShape:
+        return MeshShape.with_tp(world_size, self.tp_degree, "strategy.tp_degree")
 
     def cost_model(self) -> StrategyModel | None:
         # the layers cut over tp_degree ranks (pairs plan), FSDP2 over the data-parallel ones
@@ -138,14 +143,9 @@ class FSDP2TPConfig(FSDP2Config):
         return StrategyModel(self.label(), grads="reduce_scatter", gather="per_unit", sharded_state=True,
                              sharded_params="trainable", tp=self.tp_degree)
 
-    def ranks_per_replica(self, world_size: int) -> int:
-        return self.tp_degree
-
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
-        super().preflight(training, device_type, world_size)
-        if world_size % self.tp_degree:
-            raise ConfigError(f"strategy.tp_degree: {self.tp_degree} does not divide the world size {world_size} "
-                              f"(dp x tp = world size); launch a multiple of {self.tp_degree} ranks or change tp_degree")
+        self.check_fsdp2(training, device_type)
+        self.mesh_shape(world_size)
         if self.shard_largest_dim:
             raise ConfigError("strategy.shard_largest_dim: FSDP2 shards tensor-parallel parameters along dim 0 only; "
                               "set strategy.shard_largest_dim=false")
@@ -153,11 +153,10 @@ class FSDP2TPConfig(FSDP2Config):
         check_model_splits(self.resolved_model(), self.tp_degree, self.plan)
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
-        tp = self.tp_degree
-        mesh = init_device_mesh(env.device.type, (env.world_size // tp, tp), mesh_dim_names=("dp", "tp"))
-        plans = apply_tp(model, mesh["tp"], self.plan)
-        return self.shard(model, training, mesh["dp"], env, FSDP2TPEngine, cut=layout(plans, env.world_size // tp, tp))
+        plans = apply_tp(model, env.mesh["tp"], self.plan)
+        cast = apply_fsdp2(model, self.wrap_units(model), env.mesh["dp_shard"], self, training)
+        return FSDP2TPEngine(model, build_optimizer(model.parameters(), training), training, env.mesh.dp_size,
+                             Amp.sharded_scaler(training, env.device.type), cast, cut=layout(plans, env.mesh))
 
     def compute_replica(self, model: nn.Module, env: DistEnv) -> nn.Module:
-        tp = self.tp_degree
-        return local_share(model, layer_plans(model.blocks, tp, self.plan), env.rank % tp, tp)
+        return self.tp_share(model, env.mesh)

@@ -50,7 +50,7 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines
                             cfg.strategy.missing_precision_support)
     cfg.strategy.preflight(cfg.training, device_type, world_size)
     t = cfg.training
-    shares = cfg.strategy.data_parallel_size(world_size)  # the world size, but for tensor parallelism
+    shares = cfg.strategy.mesh_shape(world_size).dp  # the world size, but for tensor parallelism
     plan = BatchPlan(cfg.task.n_train, t.micro_batch_for(shares) * t.grad_accum * shares, t.seed, t.epochs, t.steps)
     check_batch_fits_data(t, cfg.task.n_train, shares, plan.global_batch)
     if plan.total_steps <= t.warmup_steps:

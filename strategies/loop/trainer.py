@@ -75,13 +75,14 @@ class Trainer:
 
     def __init__(self, cfg: ExperimentConfig, env: DistEnv, show_progress: bool | None = None,
                  resume: Path | None = None) -> None:
-        self.cfg, self.env = cfg, env
         t = cfg.training
         if cfg.runtime.threads:
             torch.set_num_threads(cfg.runtime.threads)
         self.plan = preflight(cfg, env.device.type, env.world_size)
-        env.split_into_replicas(cfg.strategy.ranks_per_replica(env.world_size))
-        self.micro_batch = t.micro_batch_for(env.dp_size)
+        # The run's device mesh: from here on every part of the run reads its position from env.mesh.
+        env = env.on_mesh(cfg.strategy.mesh_shape(env.world_size))
+        self.cfg, self.env, mesh = cfg, env, env.mesh
+        self.micro_batch = t.micro_batch_for(mesh.dp_size)
         self.dtype = getattr(torch, t.dtype)
         self.data = cfg.task.generate(t.seed).to(env.device, self.dtype)
         self.model = build_model(cfg.model, t.seed)
@@ -111,8 +112,8 @@ class Trainer:
         # The suite's own split, for shapes, the baseline's warm-up and grid refits; and the
         # experiment's data path (the same, or a DataLoader), which the steps take their batches from.
         x, y = self.data.x_train, self.data.y_train
-        self.memory = MemoryBatches(x, y, self.plan, t, env.dp_size, env.dp_rank)
-        self.source = batch_source(x, y, self.plan, t, self.micro_batch, env.dp_size, env.dp_rank, env.device,
+        self.memory = MemoryBatches(x, y, self.plan, t, mesh.dp_size, mesh.dp_rank)
+        self.source = batch_source(x, y, self.plan, t, self.micro_batch, mesh.dp_size, mesh.dp_rank, env.device,
                                    self.start_step)
         self.last_batches: tuple[list[Batch], int] = self.memory.batches(self.start_step)
         if self.attempt.previous is not None:
@@ -290,17 +291,17 @@ class Trainer:
     def _evaluate(self) -> dict[str, float]:
         """The task's test metrics of the trained model, each data-parallel rank evaluating a
         shard. Every rank runs the same number of forward passes, which sharded strategies need."""
-        env, task = self.env, self.cfg.task
+        env, mesh, task = self.env, self.env.mesh, self.cfg.task
         n_test = self.data.x_test.shape[0]
-        shard = torch.arange(n_test).tensor_split(env.dp_size)[env.dp_rank]
+        shard = torch.arange(n_test).tensor_split(mesh.dp_size)[mesh.dp_rank]
         chunk = max(self.micro_batch, 1024)
-        n_chunks = max(1, math.ceil(math.ceil(n_test / env.dp_size) / chunk))
+        n_chunks = max(1, math.ceil(math.ceil(n_test / mesh.dp_size) / chunk))
         sums = self.engine.evaluate(((self.data.x_test[i], self.data.y_test[i]) for i in shard.tensor_split(n_chunks)),
                                     task.metric_sums)
         # The statistics may be of any shape (one per output): summed over ranks as one tensor.
         names = sorted(sums)
         parts = [sums[n].double().reshape(-1) for n in names]
-        totals = (env.all_reduce(torch.cat(parts), "sum") / env.ranks_per_replica).cpu()
+        totals = (env.all_reduce(torch.cat(parts), "sum") / mesh.ranks_per_replica).cpu()
         return task.metrics(dict(zip(names, totals.split([len(p) for p in parts]))), n_test)
 
     def _fail(self, exc: BaseException) -> None:

@@ -41,7 +41,7 @@ def combine_window(env: DistEnv, index: int, first_step: int, samples: list[Step
     table = torch.tensor(rows, dtype=torch.float64, device=env.device)
     summed = env.all_reduce(table.clone(), "sum").cpu().tolist()
     maxed = env.all_reduce(table, "max").cpu().tolist()
-    world, per_replica = env.world_size, env.ranks_per_replica
+    world, per_replica = env.world_size, env.mesh.ranks_per_replica
     (compute_sum, _, checked, *_), window_max = summed.pop(), maxed.pop()
     compute = compute_sum / world
     steps = [StepRecord(step=first_step + n + 1, loss=s[0] / per_replica, time_s_max=m[1], time_s_mean=s[1] / world,
