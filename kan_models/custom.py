@@ -40,7 +40,10 @@ def load_factory(spec: str) -> Callable[..., nn.Module]:
         raise ValueError(f"model.factory: {spec!r} is not 'package.module:function' or 'path/to/file.py:function'")
     try:
         module = import_file(Path(where)) if where.endswith(".py") else importlib.import_module(where)
-    except (ImportError, OSError, SyntaxError) as err:
+    except SystemExit as err:  # a script that runs itself on import: sys.exit(main())
+        raise ValueError(f"model.factory: importing {where} called sys.exit({err.code!r}); run the script's own code "
+                         "only under `if __name__ == \"__main__\":`, so that importing it defines the factory") from None
+    except Exception as err:  # whatever the user's module raises while it is imported, not only ImportError
         raise ValueError(f"model.factory: cannot import {where} ({type(err).__name__}: {err})") from None
     factory = getattr(module, name, None)
     if not callable(factory):

@@ -172,7 +172,7 @@ def describe_error(error: dict[str, Any], data: dict[str, Any], root: type[BaseM
         return f"{path}: missing '{error['ctx']['discriminator'].strip(chr(39))}' (which kind to use)"
     if kind == "missing":
         return f"{path}: required field is missing"
-    msg = msg.removeprefix("Value error, ")
+    msg = msg.removeprefix("Value error, ").removeprefix(f"{path}: ")  # a validator's own message may name the field
     shown = "" if isinstance(given, dict) else f" (given: {short_repr(given)})"
     return f"{path}: {msg}{shown}" if path else f"{msg}{shown}"
 

@@ -2,7 +2,10 @@
 ddp, fsdp2 and zero3 with per-step parity to its one-process run; bad factories are refused
 before launch; the FSDP units follow the wrap policy."""
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer
-from tests.helpers.launch import run_jobs
+from tests.helpers.launch import child_env, run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 12
@@ -81,6 +84,29 @@ def test_a_bad_factory_is_refused_before_launch(factory, message, tmp_path, monk
     with pytest.raises(ConfigError, match="model.factory") as err:
         parse_experiment(experiment(factory, str(tmp_path)))
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("raise RuntimeError('no GPU here')", "cannot import {file} (RuntimeError: no GPU here)"),
+    ("import json\nCONFIG = json.loads('{')", "cannot import {file} (JSONDecodeError: Expecting property name"),
+    ("WIDTH = {}['width']", "cannot import {file} (KeyError: 'width')"),
+    ("import sys\nsys.exit(3)", "importing {file} called sys.exit(3); run the script's own code only under"),
+    ("raise SystemExit", "importing {file} called sys.exit(None)"),
+], ids=["runtime_error", "json_error", "key_error", "sys_exit", "bare_exit"])
+def test_a_factory_module_that_fails_on_import_is_one_line_and_exit_2(body, message, tmp_path):
+    """As a user meets it: ``kanscale train`` ends before launch naming the file, with one
+    ``model.factory:`` line that says what the import raised, and no traceback."""
+    module = tmp_path / "broken_kan.py"
+    module.write_text(f"{body}\n\ndef build(**options):\n    return None\n")
+    config = tmp_path / "custom.yaml"
+    config.write_text(json.dumps(experiment(f"{module}:build", str(tmp_path / "runs"))))
+    proc = subprocess.run([sys.executable, "-m", "launchers.cli", "train", str(config)], cwd=ROOT, env=child_env(),
+                          capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert lines[0] == f"kanscale: error: {config} is invalid:" and len(lines) == 2, proc.stderr
+    assert lines[1].startswith("  - model.factory: ") and message.format(file=module) in lines[1], proc.stderr
+    assert not (tmp_path / "runs").exists()  # refused before anything ran
 
 
 class Block(nn.Module):
