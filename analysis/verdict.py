@@ -124,7 +124,7 @@ def fastest(table: pd.DataFrame) -> str:
 def least_memory(table: pd.DataFrame) -> str:
     kind = "device memory" if table["peak_memory_kind"].iloc[0] == "device" else "resident memory (RSS)"
     lowest = table["peak_memory_bytes"].min()
-    tied = table[table["peak_memory_bytes"] <= lowest * (1 + MEMORY_NOISE)]
+    tied = table[table["peak_memory_bytes"] <= lowest * (1 + MEMORY_NOISE)].sort_values("peak_memory_bytes")
     names = ", ".join(f"{where(r)} ({human_bytes(r['peak_memory_bytes'])})" for _, r in tied.iterrows())
     peak = f"least peak {kind} per rank: {names}" + (f" (within {MEMORY_NOISE:.0%} of each other: a tie)" if len(tied) > 1 else "")
     state = table.sort_values("model_state_bytes").iloc[0]

@@ -77,6 +77,15 @@ def test_least_memory_and_what_did_not_fit(tmp_path):
     assert findings(scale)["Did not finish"].startswith("zero2 at 2 ranks: does not fit (OutOfMemoryError")
 
 
+def test_a_memory_tie_lists_the_smallest_peak_first_whatever_the_speed(tmp_path):
+    (scale,) = verdict_of(tmp_path, [
+        make_record("d", world=2, samples_per_s=1800, peak_rss=10_100),  # faster, and 1% more memory: a tie
+        make_record("f", strategy="fsdp2", world=2, samples_per_s=1000, peak_rss=10_000),
+    ]).scales
+    assert findings(scale)["Least memory"].startswith(
+        "least peak resident memory (RSS) per rank: fsdp2 at 2 ranks (9.8 KiB), ddp at 2 ranks (9.9 KiB) (within 2%")
+
+
 def test_caveats_say_what_limits_the_verdict(tmp_path):
     (scale,) = verdict_of(tmp_path, [
         make_record("s", strategy="single", world=1, threads=1, cpus=2, peak_rss=10**9, comm=0.0),
