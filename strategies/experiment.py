@@ -78,12 +78,23 @@ class ExperimentConfig(Section):
         """Every field, defaults filled in: what a run used, written as its config.yaml."""
         return self.model_dump(mode="json")
 
+    def identity(self) -> dict[str, Any]:
+        """The resolved config less what does not make the experiment what it is (:func:`identity`)."""
+        return identity(self.resolved())
+
     def digest(self) -> str:
-        """Hash of the resolved config; equal digests mean equal experiments. Fault injection
-        is a test instrument, not part of the experiment, so a run that failed on purpose can
-        be resumed without it."""
-        canonical = json.dumps({k: v for k, v in self.resolved().items() if k != "fault"}, sort_keys=True)
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        """Hash of :meth:`identity`; equal digests mean equal experiments."""
+        return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def identity(resolved: dict[str, Any]) -> dict[str, Any]:
+    """A resolved config (a run's config.yaml) without fault injection, a test instrument (a run
+    that failed on purpose is resumed without it), and without ``output.dir``: where a run is
+    written is not what it is, so a run directory copied or moved elsewhere is the same run."""
+    kept = {k: v for k, v in resolved.items() if k != "fault"}
+    if isinstance(kept.get("output"), dict):
+        kept["output"] = {k: v for k, v in kept["output"].items() if k != "dir"}
+    return kept
 
 
 # ----------------------------------------------------------------------------------------

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from analysis.records import SUMMARY_FILE, RecordError, read_steps, read_summary
+from analysis.records import CONFIG_FILE, SUMMARY_FILE, RecordError, read_steps, read_summary
 from analysis.schema import RunRecord, StepRecord
 from kanscale.errors import ConfigError
+from kanscale.files import read_mapping
 from strategies.distributed import DistEnv
-from strategies.experiment import ExperimentConfig
+from strategies.experiment import ExperimentConfig, identity
 from strategies.lifecycle.checkpoint import Checkpoint, latest_checkpoint, set_aside, usable_checkpoint
 from strategies.lifecycle.run_lock import RunLock
 
@@ -34,13 +35,43 @@ def find_resumable(cfg: ExperimentConfig, world_size: int) -> Path:
             record = read_summary(summary)
         except RecordError:
             continue  # an unreadable record is no run to continue; `kanscale analyze` reports it
-        if (record.config_digest == cfg.digest() and record.topology.world_size == world_size and record.status != "ok"
+        if (record.topology.world_size == world_size and record.status != "ok" and same_experiment(record, summary.parent, cfg)
                 and latest_checkpoint(summary.parent) is not None):
             candidates.append((record.started_at, summary.parent))
     if not candidates:
         raise ConfigError(f"--resume: no unfinished run of this experiment with a checkpoint under {cfg.output.dir} "
                           f"(at world size {world_size}); give the run directory, or set training.checkpoint_every")
     return max(candidates)[1]
+
+
+def same_experiment(record: RunRecord, run_dir: Path, cfg: ExperimentConfig) -> bool:
+    """Whether the run in ``run_dir`` is of the experiment ``cfg``: equal digests, or, for a run
+    whose digest an earlier kanscale took over more fields (output.dir), an equal config.yaml."""
+    return record.config_digest == cfg.digest() or differences(run_dir, cfg) == []
+
+
+def differences(run_dir: Path, cfg: ExperimentConfig) -> list[str] | None:
+    """Each field in which the experiment of the run in ``run_dir`` (its config.yaml) and ``cfg``
+    differ, with both values; None where the run has no readable config.yaml."""
+    try:
+        theirs = dotted(identity(read_mapping(run_dir / CONFIG_FILE, "--resume")))
+    except (ConfigError, OSError):
+        return None
+    ours = dotted(cfg.identity())
+    unset = "(not set)"
+    return [f"{key}: {theirs.get(key, unset)!r} in the run, {ours.get(key, unset)!r} now"
+            for key in sorted(theirs.keys() | ours.keys()) if theirs.get(key, unset) != ours.get(key, unset)]
+
+
+def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping's leaves by dotted path (``training.lr``)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 @dataclass
@@ -68,9 +99,14 @@ def _decide_resume(cfg: ExperimentConfig, world_size: int, run_dir: Path) -> tup
         if previous.status == "ok":
             raise ConfigError(f"--resume: {run_dir} finished (status ok); a finished run is not resumed: start a new "
                               "one without --resume (a sweep with --resume skips finished points by itself)")
-        if previous.config_digest != cfg.digest() or previous.topology.world_size != world_size:
-            raise ConfigError(f"--resume: {run_dir} is a different experiment or world size ({previous.topology.world_size}"
-                              " ranks); resume with the config and launch it was started with")
+        if previous.topology.world_size != world_size:
+            raise ConfigError(f"--resume: {run_dir} ran at world size {previous.topology.world_size}, this launch has "
+                              f"{world_size} ranks; resume with the launch it was started with")
+        if not same_experiment(previous, run_dir, cfg):
+            differ = differences(run_dir, cfg)
+            raise ConfigError(f"--resume: {run_dir} is a different experiment"
+                              + (f" ({'; '.join(differ[:6])}{'; ...' if len(differ) > 6 else ''})" if differ else "")
+                              + "; resume with the config it was started with")
         steps = read_steps(run_dir)
         checkpoint, passed_over = usable_checkpoint(run_dir, len(steps))
         reasons = "; ".join(f"{p.path.name}: {p.why}" for p in passed_over)
