@@ -52,6 +52,26 @@ def test_accelerate_launch(tmp_path, config, distributed_type, label):
     assert record.strategy.label == label  # the backend Accelerate chose, in the strategies' vocabulary
 
 
+@pytest.mark.parametrize("refused", ["NO", "MULTI_CPU"])
+def test_the_fix_the_one_process_refusal_recommends_starts_every_rank(tmp_path, refused, capsys):
+    """Follow the message: a launch config accelerate would start one process for, given 2 ranks,
+    is refused; changed as the message says, it trains at world size 2."""
+    from launchers.cli import main
+
+    launch = tmp_path / "launch.yaml"
+    launch.write_text(f"compute_environment: LOCAL_MACHINE\ndistributed_type: {refused}\nmixed_precision: 'no'\n"
+                      "use_cpu: true\n")
+    command = ["run", "quickstart", "--strategy", "accelerate", "--launcher", "accelerate", "--accelerate-config",
+               str(launch), "--nproc-per-node", "2", "--out", str(tmp_path / "runs"),
+               "--set", "training.steps=12", "--set", "training.micro_batch=128", "--set", "measurement.baseline_steps=2"]
+    assert main(command) == 2
+    assert "set distributed_type: MULTI_GPU with use_cpu: true" in capsys.readouterr().err
+    launch.write_text(launch.read_text().replace(f"distributed_type: {refused}", "distributed_type: MULTI_GPU"))
+    assert main(command) == 0
+    record = only_record(tmp_path / "runs")
+    assert (record.status, record.topology.world_size, record.strategy.distributed_type) == ("ok", 2, "MULTI_CPU")
+
+
 @pytest.mark.parametrize("config,mechanism", [("ddp_cpu.yaml", "Accelerate mixed_precision=bf16"),
                                               ("deepspeed_zero2.yaml", "DeepSpeed bf16")])
 def test_an_accelerate_launch_config_that_sets_bf16_runs_an_experiment_that_asks_for_bf16(tmp_path, config, mechanism):

@@ -232,9 +232,32 @@ def test_an_accelerate_config_that_starts_one_process_is_refused_for_two_ranks(t
     assert main(["run", "quickstart", "--strategy", "accelerate", "--launcher", "accelerate", "--accelerate-config",
                  str(default), "--nproc-per-node", "2", "--dry-run"]) == 2
     assert launch_config_conflicts({"distributed_type": "NO"}, TrainingConfig(), "cpu", 2, model=MODEL) == [
-        "distributed_type: NO starts one process, but 2 ranks were asked for; set distributed_type: MULTI_CPU "
-        "(or another multi-process type)"]
+        "distributed_type: NO starts one process, but 2 ranks were asked for; set distributed_type: MULTI_GPU with "
+        "use_cpu: true (configs/accelerate/ddp_cpu.yaml: torchrun starts the ranks and the Accelerator runs MULTI_CPU "
+        "over gloo)"]
     assert launch_config_conflicts({"distributed_type": "NO"}, TrainingConfig(), "cpu", 1, model=MODEL) == []
+    assert launch_config_conflicts({"distributed_type": "NO"}, TrainingConfig(), "cuda", 2, model=MODEL) == [
+        "distributed_type: NO starts one process, but 2 ranks were asked for; set distributed_type: MULTI_GPU"]
+
+
+def test_accelerate_multi_cpu_without_mpi_is_refused_when_more_ranks_are_asked_for(tmp_path):
+    """accelerate launch has no launcher for MULTI_CPU but mpirun: without an mpirun hostfile it
+    starts one process, which trained alone and exited 0 (the record said world size 1)."""
+    multi_cpu = {"distributed_type": "MULTI_CPU", "use_cpu": True}
+    (problem,) = launch_config_conflicts(multi_cpu, TrainingConfig(), "cpu", 2, model=MODEL)
+    assert problem.startswith("distributed_type: MULTI_CPU starts one process unless MPI is configured "
+                              "(mpirun_config.mpirun_hostfile), but 2 ranks were asked for; set distributed_type: MULTI_GPU "
+                              "with use_cpu: true")
+    assert launch_config_conflicts(multi_cpu, TrainingConfig(), "cpu", 1, model=MODEL) == []
+    with_mpi = {**multi_cpu, "mpirun_config": {"mpirun_hostfile": str(tmp_path / "hosts")}}
+    assert launch_config_conflicts(with_mpi, TrainingConfig(), "cpu", 2, model=MODEL) == []
+    launch = tmp_path / "multi_cpu.yaml"
+    launch.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nmixed_precision: 'no'\n"
+                      "use_cpu: true\n")
+    from launchers.cli import main
+
+    assert main(["run", "quickstart", "--strategy", "accelerate", "--launcher", "accelerate", "--accelerate-config",
+                 str(launch), "--nproc-per-node", "2", "--dry-run"]) == 2
 
 
 def test_accelerate_launch_config_conflicts():

@@ -61,6 +61,12 @@ def describe_unknown(shown: str, key: str, known: list[str], consequence: str) -
     return f"{shown}: not a key accelerate knows ({consequence}); {hint}"
 
 
+def mpi_configured(launch: dict[str, Any]) -> bool:
+    """Whether an accelerate launch config gives mpirun a hostfile, with which accelerate launch
+    starts MULTI_CPU's processes."""
+    return bool((launch.get("mpirun_config") or {}).get("mpirun_hostfile"))
+
+
 def launch_config_conflicts(launch: dict[str, Any], training: TrainingConfig, device_type: str,
                             world_size: int = 1, *, model: ModelConfig) -> list[str]:
     """What an accelerate launch config says that the experiment contradicts or that cannot
@@ -68,11 +74,18 @@ def launch_config_conflicts(launch: dict[str, Any], training: TrainingConfig, de
     deepspeed strategy checks its own (and its unchecked keys are warned about)."""
     problems = unknown_launch_keys(launch)
     kind = launch.get("distributed_type")
-    if kind == "NO" and world_size > 1:
-        # `accelerate config default` writes this; Accelerate then starts one process and exits 0.
-        multi = "MULTI_GPU" if device_type == "cuda" else "MULTI_CPU"
-        problems.append(f"distributed_type: NO starts one process, but {world_size} ranks were asked for; "
-                        f"set distributed_type: {multi} (or another multi-process type)")
+    kind = "NO" if kind is False else kind  # YAML 1.1 reads an unquoted NO as false
+    one_process = {"NO": "starts one process",
+                   # accelerate launch has no launcher of its own for MULTI_CPU but mpirun's
+                   "MULTI_CPU": "starts one process unless MPI is configured (mpirun_config.mpirun_hostfile)"}
+    if kind in one_process and world_size > 1 and not (kind == "MULTI_CPU" and mpi_configured(launch)):
+        # `accelerate config default` writes NO, and MULTI_CPU reads like the answer on a CPU;
+        # under either accelerate launch starts one process, which trains alone and exits 0.
+        fix = ("distributed_type: MULTI_GPU" if device_type == "cuda" else
+               "distributed_type: MULTI_GPU with use_cpu: true (configs/accelerate/ddp_cpu.yaml: torchrun starts "
+               "the ranks and the Accelerator runs MULTI_CPU over gloo)")
+        problems.append(f"distributed_type: {kind} {one_process[kind]}, but {world_size} ranks were asked for; "
+                        f"set {fix}")
     if kind == "FSDP" and device_type != "cuda":
         problems.append(GPU_ONLY_MESSAGE)
     if training.precision == "fp16" and device_type == "cpu" and kind != "DEEPSPEED":
