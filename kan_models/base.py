@@ -77,6 +77,11 @@ class ModelConfig(BaseModel):
     def parameter_count(self) -> ParamCount:
         return count_parameters(self.sketch())
 
+    def check_shape(self, task: str, inputs: int, outputs: int) -> None:
+        """Refuse, before launch, a model that does not map the task's ``inputs`` to its
+        ``outputs``: a family builds the widths it is given, which the experiment checks against
+        the task, so only a model built by other code (custom) is looked at."""
+
     def refits_grids(self) -> bool:
         """Whether the model has grids for ``training.grid_update_every`` to refit."""
         model = self.sketch()

@@ -91,6 +91,36 @@ class CustomConfig(ModelConfig):
             raise ConfigError(f"model.factory: {self.factory} returned a {type(model).__name__}, not a torch.nn.Module")
         return model
 
+    def check_shape(self, task: str, inputs: int, outputs: int) -> None:
+        """One forward pass of two samples through the model as the factory builds it (on the meta
+        device where it allows, else for real on the CPU), its output checked against the task.
+        A wrong output width otherwise trained to ``ok`` (a loss that broadcasts), or failed after
+        launch (too few class logits)."""
+        model = self.sketch()
+        try:
+            out = self._two_samples(model, task, inputs)
+        except ConfigError:
+            if next((p.device.type for p in model.parameters()), "cpu") != "meta":
+                raise
+            with torch.random.fork_rng(devices=[]):  # a forward that computes with values meta tensors lack
+                out = self._two_samples(self.build(), task, inputs)
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
+        if shape != (2, outputs):
+            got = f"an output of shape {list(shape)}" if shape is not None else f"a {type(out).__name__}"
+            raise ConfigError(f"model.factory: {self.factory} builds a model that gives {got} for 2 samples, but "
+                              f"model.widths ends with {self.widths[-1]} and task {task} has {outputs} outputs, so "
+                              f"[2, {outputs}] was expected; make the factory's model output {outputs} values per "
+                              "sample (or change the task)")
+
+    def _two_samples(self, model: nn.Module, task: str, inputs: int) -> object:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        try:
+            with torch.no_grad():
+                return model(torch.zeros(2, inputs, device=device))
+        except Exception as err:  # noqa: BLE001 - whatever the user's forward raises on this input
+            raise ConfigError(f"model.factory: {self.factory} builds a model that does not take task {task}'s {inputs} "
+                              f"inputs (model.widths[0]): {type(err).__name__}: {err}") from None
+
     def sketch(self) -> nn.Module:
         """On the meta device where the factory allows it; a factory that computes with its
         tensors while it builds (as pykan does) is built for real, on the CPU."""

@@ -17,6 +17,7 @@ from kan_models.wrap import wrap_units
 from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
+from strategies.lifecycle.preflight import preflight
 from strategies.loop.trainer import Trainer
 from tests.helpers.launch import child_env, run_jobs
 
@@ -107,6 +108,47 @@ def test_a_factory_module_that_fails_on_import_is_one_line_and_exit_2(body, mess
     assert lines[0] == f"kanscale: error: {config} is invalid:" and len(lines) == 2, proc.stderr
     assert lines[1].startswith("  - model.factory: ") and message.format(file=module) in lines[1], proc.stderr
     assert not (tmp_path / "runs").exists()  # refused before anything ran
+
+
+SHAPED = """
+import torch
+from torch import nn
+
+
+class ValueDependent(nn.Module):  # reads a value in forward, which meta tensors do not have
+    def __init__(self, inputs, outputs):
+        super().__init__()
+        self.linear = nn.Linear(inputs, outputs)
+
+    def forward(self, x):
+        return self.linear(x) * (1.0 if float(x.abs().sum()) >= 0 else 2.0)
+
+
+def linear(inputs=64, outputs=10, value_dependent=False):
+    return ValueDependent(inputs, outputs) if value_dependent else nn.Linear(inputs, outputs)
+"""
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"outputs": 3}, "gives an output of shape [2, 3] for 2 samples, but model.widths ends with 10 and task sklearn "
+                     "has 10 outputs, so [2, 10] was expected; make the factory's model output 10 values per sample"),
+    ({"outputs": 3, "value_dependent": True}, "gives an output of shape [2, 3] for 2 samples"),
+    ({"inputs": 5}, "builds a model that does not take task sklearn's 64 inputs (model.widths[0]): RuntimeError"),
+    ({}, None), ({"value_dependent": True}, None),
+], ids=["too_few_logits", "too_few_on_cpu", "wrong_inputs", "right", "right_on_cpu"])
+def test_the_model_a_factory_builds_is_checked_against_the_task_before_launch(tmp_path, options, message):
+    module = tmp_path / "shaped.py"
+    module.write_text(SHAPED)
+    config = experiment(f"{module}:linear", str(tmp_path / "runs"))
+    config["model"]["options"] = options
+    cfg = parse_experiment(config)
+    if message is None:
+        preflight(cfg, "cpu", 1)
+        return
+    with pytest.raises(ConfigError) as refused:
+        preflight(cfg, "cpu", 1)
+    assert str(refused.value).startswith(f"model.factory: {module}:linear builds a model that ")
+    assert message in str(refused.value)
 
 
 class Block(nn.Module):

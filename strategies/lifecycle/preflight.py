@@ -73,6 +73,7 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines
     if machines.like_this_one:
         check_memory(cfg, device_type, machines.count)
         check_threads(cfg.runtime.threads, machines.ranks_here)
+    cfg.model.check_shape(cfg.task.name, cfg.task.input_dim, cfg.task.output_dim)  # after the memory check: it may build
     return plan
 
 
