@@ -16,6 +16,8 @@ from analysis.labels import strategy_label, topology_label
 from analysis.records import CONFIG_FILE, STEPS_FILE, SUMMARY_FILE, RecordError, read_summary
 from analysis.schema import RunRecord
 from kanscale.errors import ConfigError
+from kanscale.files import read_mapping
+from kanscale.identity import digest, identity
 
 # What reading one record may raise besides RecordError: an I/O error (a failing disk, a
 # permission), bytes that are not text, JSON nested deeper than the decoder recurses.
@@ -25,10 +27,22 @@ class Problem:
     message: str
 
 
+def repeat_identity(record: RunRecord, run_dir: Path) -> dict:
+    """What a run is as a point of a comparison: its experiment (config.yaml) but for the seed and
+    where it was written. Runs with equal identities are repeats of one point; a run without a
+    readable config.yaml is known by its config digest alone."""
+    try:
+        return identity(read_mapping(run_dir / CONFIG_FILE), seed=False)
+    except (ConfigError, OSError):
+        return {"config_digest": record.config_digest}
+
+
 def record_row(record: RunRecord, run_dir: Path) -> dict:
     """A flat row: nested fields joined with dots (``timings.step_mean_s``), plus the labels and
-    model-state total the tables group and sort by."""
+    model-state total the tables group and sort by, and the run's repeat identity (``repeat_key``,
+    its hash, and ``repeat_config``, the identity itself)."""
     row = pd.json_normalize(record.model_dump(mode="json"), sep=".").iloc[0].to_dict()
+    repeat = repeat_identity(record, run_dir)
     state = record.memory.model_state if record.memory else None
     row.update({
         "run_dir": str(run_dir),
@@ -37,6 +51,7 @@ def record_row(record: RunRecord, run_dir: Path) -> dict:
         "model_label": f"{record.model.family} {record.model.widths}",
         "task_label": record.task.label or record.task.name,
         "model_state_bytes": (state.params + state.grads + state.optimizer + state.master_params) if state else None,
+        "repeat_key": digest(repeat), "repeat_config": repeat,
     })
     return row
 

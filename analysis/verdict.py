@@ -4,6 +4,9 @@ does not scale, each with its numbers and spread, and the caveats that apply.
 
 Rules, so that a verdict is never stronger than its evidence:
 
+- Runs are repeats of one point only when their experiments are equal but for the seed (their
+  config.yaml); a strategy that ran different experiments at one world size has one point per
+  experiment, named by what differs.
 - A point's interval is the min-max of its repeated runs; a point run once has the spread of its
   rate over the run's timing windows instead (the caption says which).
 - Strategies are ranked by median throughput, but any whose interval overlaps the leader's is
@@ -21,6 +24,7 @@ import pandas as pd
 
 from analysis.format import human_bytes
 from analysis.tables import count, fixed, hardware, percent
+from kanscale.identity import differences, dotted
 
 SCALE = ["study", "model_label", "task_label"]
 POINT = ["strategy_label", "world_size", "topology_label"]
@@ -66,12 +70,31 @@ def interval(runs: pd.DataFrame) -> tuple[float, float, str]:
     return runs["samples_per_s_low"].iloc[0], runs["samples_per_s_high"].iloc[0], "windows"
 
 
+def point_names(runs: pd.DataFrame) -> dict[tuple, str]:
+    """The name in the verdict of each point (``POINT`` and repeat identity): the strategy's
+    label, and where one strategy at one world size and topology ran several different
+    experiments, what differs, so that they are separate points and never pooled as repeats
+    (``single (training.global_batch=64)``)."""
+    names = {}
+    for point, at in runs.groupby(POINT):
+        configs = at.drop_duplicates("repeat_key").set_index("repeat_key")["repeat_config"]
+        differ = sorted({key for other in configs for key in differences(configs.iloc[0], other)})
+        for key, config in configs.items():
+            flat = dotted(config)
+            names[(*point, key)] = point[0] + (f" ({', '.join(f'{k}={flat.get(k)}' for k in differ)})" if differ else "")
+    return names
+
+
 def points(runs: pd.DataFrame) -> pd.DataFrame:
+    if "repeat_key" not in runs:  # runs not read by load_runs: known by their config digest
+        runs = runs.assign(repeat_key=runs["config_digest"], repeat_config=[{}] * len(runs))
     rows = []
-    for (strategy, world, topology), at in runs.groupby(POINT):
+    names = point_names(runs)
+    for point, at in runs.groupby([*POINT, "repeat_key"]):
+        _, world, topology, _ = point
         low, high, kind = interval(at)
         rows.append({
-            "strategy": strategy, "world_size": world, "topology": topology, "runs": len(at),
+            "strategy": names[point], "world_size": world, "topology": topology, "runs": len(at),
             "samples_per_s": at["samples_per_s"].median(), "low": low, "high": high, "interval": kind,
             "speedup": at["speedup"].median(), "baseline": at["baseline"].iloc[0],
             "comm_overhead": at["comm_overhead"].median(), "comm_agree": at["comm_agree"].iloc[0],

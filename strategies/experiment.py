@@ -8,8 +8,6 @@ reported as a :class:`ConfigError` naming the field, what was given and what is 
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 import reprlib
 from pathlib import Path
 from typing import Any, get_args
@@ -21,6 +19,7 @@ from kan_models import AnyModelConfig, AnyTaskConfig
 from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, find_preset, parse_yaml_value, read_mapping
+from kanscale.identity import digest, identity
 from strategies.registry import AnyStrategyConfig
 from strategies.sections import FaultConfig, MeasurementConfig, OutputConfig, RuntimeConfig, Section, TrainingConfig
 from strategies.strategy import StrategyConfig
@@ -79,22 +78,12 @@ class ExperimentConfig(Section):
         return self.model_dump(mode="json")
 
     def identity(self) -> dict[str, Any]:
-        """The resolved config less what does not make the experiment what it is (:func:`identity`)."""
+        """The resolved config less what does not make the experiment what it is (kanscale/identity.py)."""
         return identity(self.resolved())
 
     def digest(self) -> str:
         """Hash of :meth:`identity`; equal digests mean equal experiments."""
-        return hashlib.sha256(json.dumps(self.identity(), sort_keys=True).encode()).hexdigest()[:16]
-
-
-def identity(resolved: dict[str, Any]) -> dict[str, Any]:
-    """A resolved config (a run's config.yaml) without fault injection, a test instrument (a run
-    that failed on purpose is resumed without it), and without ``output.dir``: where a run is
-    written is not what it is, so a run directory copied or moved elsewhere is the same run."""
-    kept = {k: v for k, v in resolved.items() if k != "fault"}
-    if isinstance(kept.get("output"), dict):
-        kept["output"] = {k: v for k, v in kept["output"].items() if k != "dir"}
-    return kept
+        return digest(self.identity())
 
 
 # ----------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """The report's verdict on hand-made runs with known answers: the fastest (or a tie), the least
 memory, what does not scale or did not fit, and the caveats."""
 
+import yaml
+
 from analysis.derive import derive
 from analysis.load import load_runs
 from analysis.report import analyze
+from analysis.records import RunWriter
 from analysis.schema import RunError
 from analysis.verdict import verdict
 from tests.helpers.records import make_record, write_record
@@ -51,6 +54,38 @@ def test_repeats_give_the_interval_over_runs(tmp_path):
     assert (row["low"], row["high"], row["interval"]) == (900, 1300, "repeats")
     assert "over repeated runs" in scale.spread
     assert not any("each point ran once" in c for c in scale.caveats)
+
+
+def with_config(record, training: dict, out: str = "runs") -> tuple:
+    return record, {"name": "hand", "training": training, "output": {"dir": out}}
+
+
+def verdict_of_configured(tmp_path, configured):
+    for record, config in configured:
+        RunWriter(write_record(tmp_path, record)).write_config(yaml.safe_dump(config))
+    runs, problems = load_runs(tmp_path)
+    assert problems == []
+    return verdict(derive(runs), runs[runs["status"] != "ok"])
+
+
+def test_runs_of_different_experiments_are_separate_points_named_by_what_differs(tmp_path):
+    (scale,) = verdict_of_configured(tmp_path, [
+        with_config(make_record("a", strategy="single", samples_per_s=1000, window=(950, 1050)), {"seed": 0, "global_batch": 64}),
+        with_config(make_record("b", strategy="single", samples_per_s=3000, window=(2900, 3100)), {"seed": 0, "global_batch": 256}),
+    ]).scales
+    points = scale.points.set_index("strategy")
+    assert set(points.index) == {"single (training.global_batch=64)", "single (training.global_batch=256)"}
+    assert list(points["runs"]) == [1, 1] and set(points["interval"]) == {"windows"}  # not "repeats" of one point
+    assert findings(scale)["Fastest"].startswith("single (training.global_batch=256) at 1 rank, 3,000 samples/s")
+
+
+def test_runs_that_differ_only_in_seed_and_place_are_repeats(tmp_path):
+    (scale,) = verdict_of_configured(tmp_path, [
+        with_config(make_record("a", world=2, samples_per_s=900), {"seed": 0, "lr": 0.01}, out="here"),
+        with_config(make_record("b", world=2, samples_per_s=1300), {"seed": 1, "lr": 0.01}, out="there"),
+    ]).scales
+    (row,) = scale.points.itertuples()
+    assert (row.strategy, row.runs, row.low, row.high, row.interval) == ("ddp", 2, 900, 1300, "repeats")
 
 
 def test_what_is_slower_than_one_process_does_not_scale(tmp_path):

@@ -20,8 +20,9 @@ from analysis.records import CONFIG_FILE, SUMMARY_FILE, RecordError, read_steps,
 from analysis.schema import RunRecord, StepRecord
 from kanscale.errors import ConfigError
 from kanscale.files import read_mapping
+from kanscale.identity import differences as config_differences, identity
 from strategies.distributed import DistEnv
-from strategies.experiment import ExperimentConfig, identity
+from strategies.experiment import ExperimentConfig
 from strategies.lifecycle.checkpoint import Checkpoint, latest_checkpoint, set_aside, usable_checkpoint
 from strategies.lifecycle.run_lock import RunLock
 
@@ -54,24 +55,10 @@ def differences(run_dir: Path, cfg: ExperimentConfig) -> list[str] | None:
     """Each field in which the experiment of the run in ``run_dir`` (its config.yaml) and ``cfg``
     differ, with both values; None where the run has no readable config.yaml."""
     try:
-        theirs = dotted(identity(read_mapping(run_dir / CONFIG_FILE, "--resume")))
+        theirs = identity(read_mapping(run_dir / CONFIG_FILE, "--resume"))
     except (ConfigError, OSError):
         return None
-    ours = dotted(cfg.identity())
-    unset = "(not set)"
-    return [f"{key}: {theirs.get(key, unset)!r} in the run, {ours.get(key, unset)!r} now"
-            for key in sorted(theirs.keys() | ours.keys()) if theirs.get(key, unset) != ours.get(key, unset)]
-
-
-def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested mapping's leaves by dotted path (``training.lr``)."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(dotted(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+    return [f"{key}: {run!r} in the run, {now!r} now" for key, (run, now) in config_differences(theirs, cfg.identity()).items()]
 
 
 @dataclass
