@@ -5,15 +5,17 @@ The samples are split into train and test by ``test_fraction`` with the experime
 with ``standardize`` every input column is centred and scaled by the mean and standard deviation
 of the *train* split only (the test split is never looked at to fit anything);
 ``standardize_target`` does the same to regression targets. Class labels, of
-any type, are numbered 0..C-1 in sorted order. The data is read once per process and cached; the
+any type, are numbered 0..C-1 in sorted order; a missing label is refused, never made a class. The data is read once per process and cached; the
 experiment's validation reads it first, so a bad file is refused before anything is launched.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 from pydantic import Field
 
@@ -30,13 +32,27 @@ class Table:
     classes: int | None = None
 
 
+def listing(items: Sequence, most: int = 8) -> str:
+    """Up to ``most`` of ``items``, comma-separated, and how many there are when there are more:
+    a message about a file of a million columns stays one readable line."""
+    shown = ", ".join(map(str, items[:most]))
+    return f"{shown}, ... ({len(items):,} in all)" if len(items) > most else shown
+
+
 def as_classes(labels: np.ndarray, what: str) -> tuple[np.ndarray, int]:
-    """Labels of any type -> 0..C-1 (sorted order), and C."""
+    """Labels of any type -> 0..C-1 (sorted order), and C. A missing label (NaN, None, an empty
+    or blank string) is refused with its rows: numbered, it would become a class of its own."""
     if labels.ndim != 1:
-        raise ValueError(f"{what}: a classification target is one column of labels, got shape {labels.shape}")
+        raise ValueError(f"{what} is not one column of labels (shape {labels.shape}); a classification has one target")
+    # as text, every kind of missing reads alike: NaN and None are <NA>, a blank cell is ""
+    missing = pd.Series(labels).astype("string").str.strip().fillna("").eq("").to_numpy(dtype=bool)
+    if missing.any():
+        rows = np.flatnonzero(missing) + 1
+        raise ValueError(f"{what} has {len(rows)} missing label(s) (an empty cell or NaN) in row(s) {listing(rows)}; "
+                         "a missing label is not a class: fill in those labels or drop those rows")
     names, codes = np.unique(labels, return_inverse=True)
     if len(names) < 2:
-        raise ValueError(f"{what}: a classification needs at least 2 classes, the target has {len(names)}")
+        raise ValueError(f"{what} has {len(names)} class(es); a classification needs at least 2")
     return codes.astype(np.int64), len(names)
 
 
