@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
+import sys
 from pathlib import Path
 
 from launchers.cli.common import common_options
@@ -30,28 +32,43 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    """Exit 0 when every point ran or was skipped, 1 when one failed or was stopped, 2 for a study
+    refused before any point ran, 128 + the signal's number (143 for SIGTERM, 130 for Ctrl-C)
+    when the sweep itself was stopped."""
     from analysis.load import load_runs
     from analysis.tables import markdown, quick_comparison
-    from launchers.studies.sweep import run_sweep
+    from launchers.studies.sweep import SweepStopped, run_sweep, stop_signal
+    from strategies.lifecycle.failures import Terminated
 
-    results = run_sweep(args.study, args.out, resume=args.resume, dry_run=args.dry_run, only=args.only,
-                        submit_jobs=args.submit, wait=args.wait, oversubscribe=args.oversubscribe)
+    try:
+        results = run_sweep(args.study, args.out, resume=args.resume, dry_run=args.dry_run, only=args.only,
+                            submit_jobs=args.submit, wait=args.wait, oversubscribe=args.oversubscribe)
+    except (SweepStopped, Terminated, KeyboardInterrupt) as err:
+        where = f" during {err.result.point} (logged in {Path(args.out) / 'sweep.jsonl'})" if isinstance(err, SweepStopped) else ""
+        stop = signal.Signals[err.result.signal] if isinstance(err, SweepStopped) else stop_signal(err)
+        again = ["kanscale", "sweep", args.study, "--out", args.out, "--resume", *(f for o in args.only for f in ("--only", o)),
+                 *(flag for flag, on in (("--submit", args.submit), ("--wait", args.wait),
+                                         ("--oversubscribe", args.oversubscribe)) if on)]
+        print(f"\nsweep: stopped by {stop.name}{where}; continue the study with: {shlex.join(again)}", file=sys.stderr)
+        return 128 + stop
     if args.dry_run:  # a point that cannot be planned has said why (launchers.studies.sweep)
         return 1 if any(r.status == "failed" for r in results) else 0
     counts = {status: sum(r.status == status for r in results) for status in dict.fromkeys(r.status for r in results)}
     print("\nsweep: " + ", ".join(f"{n} {status}" for status, n in counts.items()))
     for r in results:
-        if r.status == "failed":
-            print(f"  failed: {r.point}: {r.detail}")
+        if r.status in ("failed", "stopped"):
+            print(f"  {r.status}: {r.point}: {r.detail}")
     run_ids = {r.run_id for r in results if r.run_id}
     runs, _ = load_runs(args.out)
-    if run_ids and not runs.empty:
-        print("\n" + markdown(quick_comparison(runs[runs["run_id"].isin(run_ids)])))
+    # Only finished runs have the table's figures: a sweep whose every run failed or stopped has none to show.
+    finished = runs[runs["run_id"].isin(run_ids) & (runs["status"] == "ok")] if not runs.empty else runs
+    if not finished.empty:
+        print("\n" + markdown(quick_comparison(finished)))
     written = [r for r in results if r.status in ("written", "submitted")]
     if written:
         advice = "" if args.submit else "; submit each with sbatch, or rerun with --submit"
         advice = advice if args.wait or not args.submit else "; follow them with --resume --submit --wait"
         print(f"\n{len(written)} sbatch script(s) under {Path(args.out) / 'slurm'}{advice}")
     print(f"\nnext: kanscale analyze {shlex.quote(args.out)}")
-    return 1 if counts.get("failed") else 0
+    return 1 if counts.get("failed") or counts.get("stopped") else 0
 

@@ -7,6 +7,11 @@ this machine as that many nodes (127.0.0.1), unless the study's launcher is SLUR
 one sbatch script per point instead; with ``--submit`` it submits them, and with ``--wait`` it
 follows the jobs until each has ended and logs the point's final status from its run record.
 ``--resume`` does not submit again a point whose job from an earlier submission still lives.
+
+A SIGTERM (a user's kill, SLURM's time limit) or Ctrl-C stops the sweep: the running point's
+processes are stopped, the point is logged as ``stopped`` with the signal, and
+:class:`SweepStopped` ends the sweep, which ``kanscale sweep`` turns into exit code 128 + the
+signal's number. ``--resume`` then continues the study (:mod:`launchers.studies.leftovers`).
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import signal
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -30,8 +37,10 @@ from launchers.launch.request import RunRequest
 from launchers.launch.run import execute, plan
 from launchers.launch.slurm import write_script
 from launchers.launch.slurm_jobs import follow, is_active, job_id, job_state
+from launchers.studies.leftovers import no_strays, set_aside_runs
 from launchers.studies.study import Point, StudyConfig, axis_label, expand, load_study, strategy_config
 from strategies.lifecycle.checkpoint import latest_checkpoint
+from strategies.lifecycle.failures import STOPPED, Terminated, raise_on_sigterm
 from strategies.lifecycle.preflight import check_output_dir
 
 # Two names for this machine: the deepspeed launcher needs one distinct host name per node.
@@ -43,11 +52,27 @@ REASON_CHARS = 2000
 @dataclass
 class PointResult:
     point: str
-    status: str  # ok | failed | skipped | written | submitted | planned
+    status: str  # ok | failed | stopped | skipped | written | submitted | planned
     seconds: float = 0.0
     run_id: str | None = None
     detail: str = ""
     job_id: str | None = None  # the SLURM job of a submitted point
+    signal: str | None = None  # what stopped a stopped point: SIGTERM or SIGINT
+    set_aside: list[str] = field(default_factory=list)  # earlier runs of the point this one replaces
+
+
+class SweepStopped(Exception):
+    """The sweep was stopped by a signal while ``result.point`` ran; the point's processes have
+    been stopped and ``result`` (status stopped) logged."""
+
+    def __init__(self, result: PointResult) -> None:
+        super().__init__(f"stopped by {result.signal} during {result.point}")
+        self.result = result
+
+
+def stop_signal(err: BaseException) -> signal.Signals:
+    """The signal behind a stop: Terminated is raise_on_sigterm's SIGTERM, KeyboardInterrupt Ctrl-C."""
+    return signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM
 
 
 RunKey = tuple[str, int, int]
@@ -58,15 +83,27 @@ def run_key(digest: str, nodes: int, procs_per_node: int) -> RunKey:
     return digest, nodes, procs_per_node
 
 
-def runs_by_point(out: Path, finished: bool) -> dict[RunKey, list[RunRecord]]:
-    """Run records under OUT by point, oldest first: the complete ones (``finished``), or the
-    unfinished ones that have a checkpoint to resume from."""
-    found: dict[RunKey, list[RunRecord]] = {}
+@dataclass
+class EarlierRuns:
+    """The run records under OUT by point, oldest first: the complete ones, the unfinished ones
+    with a checkpoint to resume from, and the unfinished ones without one (``stale``: a rerun of
+    the point starts afresh and sets them aside)."""
+
+    done: dict[RunKey, list[RunRecord]] = field(default_factory=dict)
+    resumable: dict[RunKey, list[RunRecord]] = field(default_factory=dict)
+    stale: dict[RunKey, list[RunRecord]] = field(default_factory=dict)
+
+
+def earlier_runs(out: Path) -> EarlierRuns:
+    earlier = EarlierRuns()
     for record in records_under(out):
-        if (record.status == "ok") == finished and (finished or latest_checkpoint(out / record.run_id) is not None):
-            t = record.topology
-            found.setdefault(run_key(record.config_digest, t.nodes, t.procs_per_node), []).append(record)
-    return found
+        if record.status == "ok":
+            kind = earlier.done
+        else:
+            kind = earlier.resumable if latest_checkpoint(out / record.run_id) is not None else earlier.stale
+        t = record.topology
+        kind.setdefault(run_key(record.config_digest, t.nodes, t.procs_per_node), []).append(record)
+    return earlier
 
 
 def launcher_for(study: StudyConfig, point: Point) -> str:
@@ -123,20 +160,30 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
         raise ConfigError(f"--only {' '.join(only)}: no point of {study_path} matches")
     for note in notes:
         print(f"[sweep] not run: {note}", file=sys.stderr)
-    done = runs_by_point(out_dir, finished=True) if resume else {}
-    resumable = runs_by_point(out_dir, finished=False) if resume else {}
+    earlier = earlier_runs(out_dir) if resume else EarlierRuns()
     alive = live_submissions(out_dir) if resume and submit_jobs else {}
     results: list[PointResult] = []
     interactive = sys.stderr.isatty() if progress is None else progress
     bar = tqdm(points, unit="point", disable=dry_run or not interactive, file=sys.stderr, dynamic_ncols=True)
     start = time.monotonic()
+    raise_on_sigterm()  # from here on a SIGTERM stops the sweep as below, whatever it is doing
     for n, point in enumerate(bar, start=1):
         bar.set_description(point.key[:60])
-        if point.key in alive:
-            result = PointResult(point.key, "submitted", job_id=alive[point.key],
-                                 detail=f"job {alive[point.key]} of an earlier submission still lives; not submitted again")
-        else:
-            result = run_point(study, point, out_dir, done, resumable, dry_run, submit_jobs, oversubscribe)
+        try:
+            if point.key in alive:
+                result = PointResult(point.key, "submitted", job_id=alive[point.key],
+                                     detail=f"job {alive[point.key]} of an earlier submission still lives; not submitted again")
+            else:
+                result = run_point(study, point, out_dir, earlier, dry_run, submit_jobs, oversubscribe)
+        except (Terminated, KeyboardInterrupt) as err:  # before its launch (a launch raises SweepStopped)
+            if dry_run:
+                raise
+            name = stop_signal(err).name
+            raise stopped(out_dir, study, bar.write, PointResult(
+                point.key, "stopped", signal=name,
+                detail=f"the sweep was stopped by {name} before this point was launched")) from None
+        except SweepStopped as err:
+            raise stopped(out_dir, study, bar.write, err.result) from None
         results.append(result)
         if dry_run:
             if result.status == "failed":  # the point's commands are not printed: say why
@@ -150,6 +197,13 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
     if wait:
         results = follow_submitted(out_dir, study, results, bar.write)
     return results
+
+
+def stopped(out: Path, study: StudyConfig, say: Callable[..., None], result: PointResult) -> SweepStopped:
+    """Log a point the sweep was stopped during; the stop to raise."""
+    log_result(out, study, result)
+    say(f"[sweep] stopped   {result.point} ({result.seconds:.1f} s) {result.detail}", file=sys.stderr)
+    return SweepStopped(result)
 
 
 def live_submissions(out: Path) -> dict[str, str]:
@@ -198,20 +252,20 @@ def records_under(out: Path) -> list[RunRecord]:
     return records
 
 
-def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, list[RunRecord]],
-              resumable: dict[RunKey, list[RunRecord]], dry_run: bool, submit_jobs: bool,
+def run_point(study: StudyConfig, point: Point, out: Path, earlier: EarlierRuns, dry_run: bool, submit_jobs: bool,
               oversubscribe: bool = False) -> PointResult:
-    """Run one point. When resuming, ``done`` holds the complete runs (the point's n-th repeat
-    is skipped if n of them exist) and ``resumable`` the unfinished ones to continue from their
-    checkpoints (both are empty otherwise)."""
+    """Run one point. When resuming, ``earlier`` holds OUT's runs: the point's n-th repeat is
+    skipped if n complete ones exist, an unfinished one with a checkpoint is continued, and the
+    unfinished ones without are set aside when the point runs (all empty otherwise).
+    A signal during the launch raises :class:`SweepStopped` once the point's processes are stopped."""
     start = time.monotonic()
     try:
         request = point_request(study, point, out, oversubscribe)
         cfg, request, launch = plan(request)
         key = run_key(cfg.digest(), point.nodes, point.procs_per_node)
-        finished = done.get(key, [])
-        if len(finished) <= point.repeat and resumable.get(key):
-            request.resume = str(out / resumable[key].pop(0).run_id)
+        finished = earlier.done.get(key, [])
+        if len(finished) <= point.repeat and earlier.resumable.get(key):
+            request.resume = str(out / earlier.resumable[key].pop(0).run_id)
             cfg, request, launch = plan(request)
     except ConfigError as err:
         return PointResult(point.key, "failed", detail=one_line(str(err)))
@@ -220,22 +274,49 @@ def run_point(study: StudyConfig, point: Point, out: Path, done: dict[RunKey, li
     if dry_run:
         print(f"# {point.key}\n{launch.render()}\n")
         return PointResult(point.key, "planned")
+    # The point's unfinished runs without a checkpoint can never be continued: this run (or the
+    # job submitted) replaces them, afresh or resuming another (launchers/studies/leftovers.py).
+    replaced = ([] if request.spec.launcher == "slurm" and not submit_jobs
+                else set_aside_runs(out, [out / r.run_id for r in earlier.stale.pop(key, [])], point.key))
     if request.spec.launcher == "slurm":
         script, reply = write_script(launch, submit_jobs)
         return PointResult(point.key, "submitted" if submit_jobs else "written", detail=reply or f"sbatch {shlex.quote(str(script))}",
-                           job_id=job_id(reply or ""))
+                           job_id=job_id(reply or ""), set_aside=replaced)
     log = out / "logs" / f"{point.key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("*/summary.json"))
-    code = execute(launch, log=log)
-    seconds = time.monotonic() - start
+    try:
+        with no_strays(point.key):
+            code = execute(launch, log=log)
+    except (Terminated, KeyboardInterrupt) as err:  # execute() has stopped the launch's processes
+        raise SweepStopped(outcome(point, out, request, log, before, start, stopped_by=stop_signal(err),
+                                   replaced=replaced)) from None
+    return outcome(point, out, request, log, before, start, code=code, replaced=replaced)
+
+
+def outcome(point: Point, out: Path, request: RunRequest, log: Path, before: set[Path], start: float,
+            code: int | None = None, stopped_by: signal.Signals | None = None, replaced: list[str] = ()) -> PointResult:
+    """What became of a launched point, from its run record (the new one in OUT, or the one it
+    resumed): ok, failed, or stopped, by the sweep's signal (``stopped_by``) or by one its ranks
+    got directly (their record says so: a user's kill of a rank, or of the launcher)."""
     new = [read_summary(p) for p in set(out.glob("*/summary.json")) - before]
     record = new[0] if new else (read_summary(Path(request.resume)) if request.resume else None)
-    if code == 0 and record is not None and record.status == "ok":
-        return PointResult(point.key, "ok", seconds, record.run_id)
-    reason = f"{record.error.type}: {record.error.message}" if record and record.error else f"exit code {code}"
-    return PointResult(point.key, "failed", seconds, run_id=record.run_id if record else None,
-                       detail=f"{one_line(reason)}; see {log}")
+    run_id = record.run_id if record else None
+    seconds, replaced = time.monotonic() - start, list(replaced)
+    if stopped_by is None and code == 0 and record is not None and record.status == "ok":
+        return PointResult(point.key, "ok", seconds, run_id, set_aside=replaced)
+    if stopped_by is not None:
+        ran = f"; its run {run_id} is recorded as {record.status}" if record else ""
+        detail = (f"the sweep was stopped by {stopped_by.name} while this point ran and stopped its processes{ran}; "
+                  "kanscale sweep --resume continues it from its latest checkpoint, or runs it again")
+    elif record is not None and record.error is not None and record.error.type == STOPPED:
+        stopped_by, detail = signal.SIGTERM, one_line(f"{record.error.type}: {record.error.message}")
+    else:
+        reason = f"{record.error.type}: {record.error.message}" if record and record.error else f"exit code {code}"
+        return PointResult(point.key, "failed", seconds, run_id=run_id, detail=f"{one_line(reason)}; see {log}",
+                           set_aside=replaced)
+    return PointResult(point.key, "stopped", seconds, run_id=run_id, detail=f"{detail}; see {log}",
+                       signal=stopped_by.name, set_aside=replaced)
 
 
 def one_line(message: str) -> str:
