@@ -85,10 +85,16 @@ class RunWriter:
 
     def append_steps(self, steps: list[StepRecord]) -> None:
         lines = "".join(StepRecord.model_validate(s.model_dump()).model_dump_json() + "\n" for s in steps)
-        with open(self.run_dir / STEPS_FILE, "a") as f:
-            f.write(lines)
-            f.flush()
-            os.fsync(f.fileno())
+        with open(self.run_dir / STEPS_FILE, "ab", buffering=0) as f:  # unbuffered: nothing left to flush at close
+            start = f.seek(0, os.SEEK_END)
+            try:
+                data = memoryview(lines.encode())
+                while data:  # a raw write may write part and return its length; the next one raises
+                    data = data[f.write(data):]
+                os.fsync(f.fileno())
+            except OSError:
+                f.truncate(start)  # a part written before the disk filled would be a torn line mid-file once appended to
+                raise
 
 
 def read_regular(path: Path) -> bytes:

@@ -15,8 +15,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                             description="Merge any strategy's checkpoint (torch, DCP shards, DeepSpeed ZeRO partitions) "
                                         "into one plain state dict plus the model config; start a run from it under any "
                                         "strategy with --set training.init_from=FILE.")
-    export.add_argument("checkpoint", help="a checkpoint directory (RUN_DIR/checkpoints/step-NNNNNN) or a run directory "
-                                           "(its latest complete checkpoint)")
+    export.add_argument("checkpoint", help="a run directory (its newest checkpoint that verifies; newer ones that do "
+                                           "not are named on stderr and skipped) or one checkpoint directory "
+                                           "(RUN_DIR/checkpoints/step-NNNNNN, refused unless it verifies)")
     export.add_argument("--out", required=True, help="file to write, e.g. model.pt")
     export.set_defaults(func=main)
 

@@ -11,8 +11,9 @@ cleaned up by the next save. Only the newest ``keep`` complete checkpoints are k
 ``meta.json`` is the checkpoint's manifest: besides the step, format and world size it holds the
 sha256 of every file in the directory (``files``), computed by rank 0 once every rank has written.
 A resume verifies them before it changes anything (:func:`usable_checkpoint`) and falls back to
-the newest checkpoint that verifies. Checkpoints written before the manifest had checksums are
-used unverified, as they were before: they were written as atomically as today's.
+the newest checkpoint that verifies; ``kanscale export`` reads a checkpoint only through the same
+function (strategies/lifecycle/export.py). Checkpoints written before the manifest had checksums
+are used unverified, as they were before: they were written as atomically as today's.
 
 A run's state between steps is the model and optimizer state, the step count (the data order
 is a function of the seed and the step), and each rank's random generator state, saved as
@@ -32,9 +33,12 @@ from typing import Any
 import torch
 
 from strategies.distributed import DistEnv
+from strategies.lifecycle.disk import disk_full
 
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
 META_FILE = "meta.json"
+PARTIAL = ".tmp"  # a save in progress, or one that died: never read
+SET_ASIDE = re.compile(r"^step-\d{6,}\.corrupt(-\d+)?$")  # failed verification (set_aside): never read
 
 
 @dataclass(frozen=True)
@@ -82,35 +86,33 @@ def latest_checkpoint(run_dir: Path) -> Checkpoint | None:
     return done[-1] if done else None
 
 
-def open_checkpoint(path: Path) -> Checkpoint:
-    """A checkpoint directory, or a run directory (its latest complete checkpoint)."""
-    path = Path(path)
-    if (path / META_FILE).is_file():
-        return Checkpoint(path, json.loads((path / META_FILE).read_text()))
-    latest = latest_checkpoint(path)
-    if latest is None:
-        raise FileNotFoundError(f"{path}: no complete checkpoint here (a checkpoint directory has {META_FILE})")
-    return latest
-
-
 def save_checkpoint(engine: Any, env: DistEnv, run_dir: Path, step: int, meta: dict[str, Any], keep: int) -> Path:
-    """Write a complete checkpoint of ``engine`` after ``step`` steps (every rank calls this)."""
+    """Write a complete checkpoint of ``engine`` after ``step`` steps (every rank calls this). A
+    save that fails for a full disk raises :class:`DiskFull` naming the partial checkpoint; that
+    is deleted when the run ends (``Attempt.release``), not here, where other ranks may still be
+    writing into it and a rank failing on a vanished directory would blur which failure came first."""
     final = checkpoints_dir(run_dir) / f"step-{step:06d}"
-    tmp = final.with_name(final.name + ".tmp")
-    if env.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    env.barrier()
-    engine.save(tmp)
-    torch.save(torch.get_rng_state(), tmp / f"rng-rank{env.rank}.pt")
-    env.barrier()
-    if env.is_main:
-        (tmp / META_FILE).write_text(json.dumps({**meta, "step": step, "format": engine.checkpoint_format,
-                                                 "world_size": env.world_size, "files": file_digests(tmp)},
-                                                indent=2, default=str))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        prune(run_dir, keep)
+    tmp = final.with_name(final.name + PARTIAL)
+    try:
+        if env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        env.barrier()
+        engine.save(tmp)
+        torch.save(torch.get_rng_state(), tmp / f"rng-rank{env.rank}.pt")
+        env.barrier()
+        if env.is_main:
+            (tmp / META_FILE).write_text(json.dumps({**meta, "step": step, "format": engine.checkpoint_format,
+                                                     "world_size": env.world_size, "files": file_digests(tmp)},
+                                                    indent=2, default=str))
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            prune(run_dir, keep)
+    except BaseException as err:
+        full = disk_full(err, tmp, "checkpoint")
+        if full is err:
+            raise
+        raise full from err
     env.barrier()
     return final
 
@@ -134,7 +136,8 @@ def verify(checkpoint: Checkpoint) -> str | None:
     its directory, or a file it lists is missing or differs from its checksum. Files the manifest
     does not list are not looked at. A checkpoint without checksums passes (see the docstring)."""
     if checkpoint.path.name != f"step-{checkpoint.step:06d}":
-        return f"its {META_FILE} says step {checkpoint.step}"
+        return (f"its {META_FILE} says step {checkpoint.step}, not the step of its name (its save named it "
+                f"step-{checkpoint.step:06d})")
     for name, expected in (checkpoint.meta["files"] if checkpoint.verifiable else {}).items():
         path = checkpoint.path / name
         if not path.is_file():
@@ -153,21 +156,30 @@ class PassedOver:
     corrupt: bool  # it failed verification (else it is sound, but its steps' records are missing)
 
 
-def usable_checkpoint(run_dir: Path, steps_recorded: int) -> tuple[Checkpoint | None, list[PassedOver]]:
-    """The newest complete checkpoint that verifies and whose steps are all in steps.jsonl (a
-    resume keeps the records of the steps before it), and each newer one passed over."""
+def verified(path: Path) -> Checkpoint | str:
+    """The checkpoint in ``path`` if it can be trusted, else why not: its manifest cannot be read,
+    or :func:`verify` finds a problem. What a resume and an export both go by."""
+    meta = read_meta(path)
+    if meta is None:
+        return f"its {META_FILE} cannot be read"
+    checkpoint = Checkpoint(path, meta)
+    return verify(checkpoint) or checkpoint
+
+
+def usable_checkpoint(run_dir: Path, steps_recorded: int | None) -> tuple[Checkpoint | None, list[PassedOver]]:
+    """The newest complete checkpoint that verifies and, for a resume (``steps_recorded``, the
+    steps in steps.jsonl; None for an export, which reads the model only), whose steps are all
+    recorded (a resume keeps the records of the steps before it); and each newer one passed over."""
     passed_over = []
     for path in reversed(_step_dirs(run_dir)):
-        meta = read_meta(path)
-        checkpoint = Checkpoint(path, meta) if meta is not None else None
-        problem = f"its {META_FILE} cannot be read" if checkpoint is None else verify(checkpoint)
-        if problem is not None:
-            passed_over.append(PassedOver(path, problem, corrupt=True))
-        elif checkpoint.step > steps_recorded:
-            passed_over.append(PassedOver(path, f"steps.jsonl holds only {steps_recorded} of its {checkpoint.step} steps",
+        found = verified(path)
+        if isinstance(found, str):
+            passed_over.append(PassedOver(path, found, corrupt=True))
+        elif steps_recorded is not None and found.step > steps_recorded:
+            passed_over.append(PassedOver(path, f"steps.jsonl holds only {steps_recorded} of its {found.step} steps",
                                           corrupt=False))
         else:
-            return checkpoint, passed_over
+            return found, passed_over
     return None, passed_over
 
 
@@ -186,7 +198,13 @@ def prune(run_dir: Path, keep: int) -> None:
     """Delete all but the newest ``keep`` complete checkpoints, and leftovers of failed saves."""
     for old in complete_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old.path, ignore_errors=True)
-    for leftover in checkpoints_dir(run_dir).glob("*.tmp"):
+    discard_partial_saves(run_dir)
+
+
+def discard_partial_saves(run_dir: Path) -> None:
+    """Delete what saves that did not complete left (``step-N.tmp``): after a save, and when a run
+    ends (rank 0, once its failure is recorded: a full disk leaves a partial checkpoint behind)."""
+    for leftover in checkpoints_dir(run_dir).glob(f"*{PARTIAL}"):
         shutil.rmtree(leftover, ignore_errors=True)
 
 

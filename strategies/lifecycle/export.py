@@ -5,6 +5,13 @@ Runs offline, in one process, without a process group: the engine class that wri
 also merges it (``consolidate``): DCP checkpoints with torch.distributed.checkpoint's own
 converter, ZeRO checkpoints with DeepSpeed's zero_to_fp32.
 
+Which checkpoint it reads is decided by the verification a resume uses (:func:`usable_checkpoint`,
+strategies/lifecycle/checkpoint.py): of a run directory, the newest checkpoint that verifies, each
+newer one named on stderr with why it was skipped (and left in place: an export changes nothing in
+a run; a resume sets such checkpoints aside); a checkpoint directory given by name, only if it
+verifies. A directory set aside as corrupt (``.corrupt``), a save that did not complete (``.tmp``)
+and one without a readable manifest are never read.
+
 An export holds tensors and plain data only (the model config as JSON types), so it is read
 with ``torch.load(weights_only=True)``, which cannot run code: kanscale never unpickles a file
 a user hands it (:func:`read_export`). What is not of that form is refused.
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,10 +30,66 @@ import torch
 
 from kan_models import build_model, parse_model_config
 from kanscale.errors import ConfigError
-from strategies.lifecycle.checkpoint import Checkpoint, open_checkpoint
+from strategies.lifecycle.checkpoint import (
+    META_FILE,
+    PARTIAL,
+    SET_ASIDE,
+    STEP_DIR,
+    Checkpoint,
+    usable_checkpoint,
+    verified,
+)
 from strategies.registry import CHECKPOINT_FORMATS
 
 NOT_PLAIN = "kanscale loads such files with torch.load(weights_only=True) and never unpickles them"
+
+
+def checkpoint_to_export(path: Path) -> Checkpoint:
+    """The checkpoint ``kanscale export`` reads from ``path``, a run directory or a checkpoint
+    directory (see the module docstring); a ConfigError naming the directory, why and what to do
+    where there is none it can trust."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"export: {path} does not exist; give a run directory or one of its checkpoints "
+                          "(RUN_DIR/checkpoints/step-NNNNNN)")
+    if (path / META_FILE).exists() or path.name.startswith("step-"):
+        checkpoint = _named_checkpoint(path)
+    else:
+        checkpoint, passed_over = usable_checkpoint(path, steps_recorded=None)
+        if checkpoint is None and not passed_over:
+            raise ConfigError(f"export: {path}: no complete checkpoint here (a checkpoint directory has {META_FILE}); "
+                              "give a run directory written with training.checkpoint_every, or one of its checkpoints")
+        if checkpoint is None:
+            raise ConfigError(f"export: {path} has no checkpoint that verifies ("
+                              + "; ".join(f"{p.path.name}: {p.why}" for p in passed_over)
+                              + "); none of it can be exported: train it again (a checkpoint that fails verification "
+                              "is never read)")
+        for p in passed_over:
+            print(f"kanscale: export {path}: skipped {p.path.name} ({p.why}; left in place)", file=sys.stderr)
+        if passed_over:
+            print(f"kanscale: export {path}: exporting {checkpoint.path.name}, the newest checkpoint that verifies",
+                  file=sys.stderr)
+    if not checkpoint.verifiable:
+        print(f"kanscale: export: {checkpoint.path} was written without checksums (by an earlier kanscale) and is "
+              "read unverified", file=sys.stderr)
+    return checkpoint
+
+
+def _named_checkpoint(path: Path) -> Checkpoint:
+    """A checkpoint directory given by name: read only if it is a complete one that verifies."""
+    run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
+    instead = (f"export the run directory {run_dir} instead, which takes its newest checkpoint that verifies"
+               if run_dir is not None else "export the run directory it belongs to, or another checkpoint")
+    if SET_ASIDE.match(path.name):
+        raise ConfigError(f"export: {path} was set aside by a resume because it failed verification (a .corrupt "
+                          f"checkpoint is never read); {instead}")
+    if path.name.endswith(PARTIAL) or not STEP_DIR.match(path.name) and not (path / META_FILE).exists():
+        raise ConfigError(f"export: {path} is no complete checkpoint (a save that did not finish, ending in {PARTIAL}, "
+                          f"or without {META_FILE}: never read); {instead}")
+    found = verified(path)
+    if isinstance(found, str):
+        raise ConfigError(f"export: {path} fails verification: {found}; {instead}")
+    return found
 
 
 def consolidated_state(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
@@ -46,7 +110,7 @@ def consolidated_state(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
 def export(checkpoint_path: str | Path, out: str | Path) -> tuple[Path, Checkpoint]:
     """Write ``out``: {"model_state", "model" (its config), "source"}; checked by loading the
     state into a freshly built model, so an incomplete conversion fails here, not later."""
-    checkpoint = open_checkpoint(Path(checkpoint_path))
+    checkpoint = checkpoint_to_export(Path(checkpoint_path))
     state = consolidated_state(checkpoint)
     # through JSON: the config and the source are stored as plain data, which weights_only reads
     model_config = json.loads(json.dumps(checkpoint.meta["config"]["model"]))

@@ -22,8 +22,9 @@ import json
 import math
 import os
 import signal
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -91,6 +92,20 @@ def reports_locked(folder: Path) -> Iterator[None]:
 
 def write_report(folder: Path, report: FailureReport) -> None:
     atomic_write_text(Path(folder) / f"rank{report.rank}.json", json.dumps(asdict(report)))
+
+
+def record_failure(folder: Path, report: FailureReport, world_size: int, write: Callable[[RunError], None]) -> None:
+    """Under the reports' lock, write this rank's report and then the record (``write``, given the
+    root cause of every report so far). Where even that finds no room (a full disk that the reserve
+    of strategies/lifecycle/disk.py could not cover), the failure is said on stderr, where it fits,
+    and the record keeps its last version."""
+    try:
+        with reports_locked(folder):
+            write_report(folder, report)
+            write(root_cause(read_reports(folder), world_size))
+    except OSError as err:
+        print(f"kanscale: rank {report.rank} could not record its failure in {Path(folder).parent.parent} ({err}); "
+              f"it failed with {report.type}: {report.message}", file=sys.stderr)
 
 
 def read_reports(folder: Path) -> list[FailureReport]:

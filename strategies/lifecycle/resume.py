@@ -5,7 +5,10 @@ Rank 0 decides, before anything in the run directory changes: it takes the direc
 experiment and world size, reads its steps, and picks the newest checkpoint that verifies
 (strategies/lifecycle/checkpoint.py), setting aside the corrupt ones it passed over. Every rank then gets
 the same outcome by one broadcast, a refusal included, so all ranks go on or all refuse with the
-same message; none waits in a collective for a rank that gave up.
+same message; none waits in a collective for a rank that gave up. Having taken the directory,
+rank 0 reserves the room a failure's record needs (strategies/lifecycle/disk.py); a disk without
+that room is refused the same way. When the run ends, rank 0 deletes the reserve and what a save
+that did not complete left, then lets the lock go.
 """
 
 from __future__ import annotations
@@ -23,7 +26,14 @@ from kanscale.files import read_mapping
 from kanscale.identity import differences as config_differences, identity
 from strategies.distributed import DistEnv
 from strategies.experiment import ExperimentConfig
-from strategies.lifecycle.checkpoint import Checkpoint, latest_checkpoint, set_aside, usable_checkpoint
+from strategies.lifecycle.checkpoint import (
+    Checkpoint,
+    discard_partial_saves,
+    latest_checkpoint,
+    set_aside,
+    usable_checkpoint,
+)
+from strategies.lifecycle.disk import free_space, reserve_space
 from strategies.lifecycle.run_lock import RunLock
 
 
@@ -71,8 +81,22 @@ class Attempt:
     steps: list[StepRecord] = field(default_factory=list)  # the steps before the checkpoint, kept
 
     def release(self) -> None:
+        """Rank 0, once the record is final: clean up and let the directory go."""
         if self.lock is not None:
+            discard_partial_saves(self.run_dir)
+            free_space(self.run_dir)
             self.lock.release()
+
+
+def _take(run_dir: Path, world_size: int) -> RunLock:
+    """Rank 0: lock a new run's directory and reserve the room to record a failure."""
+    lock = RunLock.acquire(run_dir)
+    try:
+        reserve_space(run_dir, world_size)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def _decide_resume(cfg: ExperimentConfig, world_size: int, run_dir: Path) -> tuple[RunLock, dict[str, Any]]:
@@ -80,7 +104,7 @@ def _decide_resume(cfg: ExperimentConfig, world_size: int, run_dir: Path) -> tup
     if not (run_dir / SUMMARY_FILE).is_file():
         raise ConfigError(f"--resume {run_dir}: not a run directory (no {SUMMARY_FILE}); give a directory a run wrote "
                           f"under output.dir, or --resume alone for the newest unfinished run")
-    lock = RunLock.acquire(run_dir)
+    lock, reserved = RunLock.acquire(run_dir), False
     try:
         previous = read_summary(run_dir)  # under the lock: the run cannot finish or resume meanwhile
         if previous.status == "ok":
@@ -100,10 +124,14 @@ def _decide_resume(cfg: ExperimentConfig, world_size: int, run_dir: Path) -> tup
         if checkpoint is None:
             raise ConfigError(f"--resume: {run_dir} has no usable checkpoint to resume from"
                               + (f" ({reasons})" if reasons else "") + "; start a new run without --resume")
+        reserve_space(run_dir, world_size)  # before anything changes: a disk without room is refused as it is
+        reserved = True
         for p in passed_over:
             note = f"set aside as {set_aside(p.path).name}" if p.corrupt else "left in place"
             print(f"kanscale: --resume {run_dir}: passed over {p.path.name} ({p.why}; {note})", file=sys.stderr)
     except BaseException:
+        if reserved:
+            free_space(run_dir)
         lock.release()
         raise
     if passed_over:
@@ -139,7 +167,7 @@ def open_attempt(cfg: ExperimentConfig, env: DistEnv, run_dir: Path, resume: boo
     resume. Refuses (ConfigError, on every rank) a run another one owns, a finished run, another
     experiment's, and one without a checkpoint that verifies."""
     if not resume:
-        lock, _ = _on_rank0(env, lambda: (RunLock.acquire(run_dir), {}))
+        lock, _ = _on_rank0(env, lambda: (_take(run_dir, env.world_size), {}))
         return Attempt(run_dir, number=1, lock=lock)
     lock, outcome = _on_rank0(env, lambda: _decide_resume(cfg, env.world_size, run_dir))
     previous = RunRecord.model_validate(outcome["previous"])
