@@ -67,6 +67,7 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
     for column, source in (("samples_per_s_low", "throughput.samples_per_s_low"),
                            ("samples_per_s_high", "throughput.samples_per_s_high")):
         ok[column] = optional(ok, source).fillna(ok["samples_per_s"])
+    ok["outside_cores"] = optional(ok, "measurement.outside_load.cores_busy")
     ok["comm_agree"] = optional(ok, "comm.agree")
     ok["comm_trusted"] = optional(ok, "comm.trusted")
     # Ranks x (threads + DataLoader workers) per machine against its cores: at 1 or more, ranks

@@ -17,6 +17,11 @@ in full precision from in-memory batches, which is what its migration says.
 
 v4 -> v5: the record says what ``training.compile`` compiled. v4 could compile only the model
 (``model.compile``), and recorded a compile time exactly when it did.
+
+v5 -> v6: the record says which compute baseline ran (``measurement.baseline``: every v5 run had
+the whole replica, the default) and what other processes took of the machine
+(``measurement.outside_load``: v5 did not measure it, so None); exposed communication may be
+None (a baseline switched off, or no method read a time). A v5 record keeps its raw figures.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 
 from analysis.schema import SCHEMA_VERSION
 
-READABLE_VERSIONS = (1, 2, 3, 4, SCHEMA_VERSION)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, SCHEMA_VERSION)
 V2_COMM_NOTE = ("recorded by schema v2: compute timed once before training on a replica, with a barrier around every "
                 "step; the difference was clamped at 0, so 0 may stand for a negative one")
 _FSDP1_LABELS = {"FULL_SHARD": "fsdp1", "SHARD_GRAD_OP": "fsdp1_grad_op", "NO_SHARD": "fsdp1_no_shard",
@@ -38,8 +43,8 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     version = data.get("schema_version")
     if version == SCHEMA_VERSION:
         return data
-    later = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5]
-    steps = {v: later[v - 1:] for v in (1, 2, 3, 4)}
+    later = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6]
+    steps = {v: later[v - 1:] for v in (1, 2, 3, 4, 5)}
     if version in steps:
         for step in steps[version]:
             data = step(data)
@@ -89,6 +94,14 @@ def _v4_to_v5(v4: dict[str, Any]) -> dict[str, Any]:
     compiled = (record.get("timings") or {}).get("compile_s") is not None
     record["compile"] = ({"setting": "model", "mechanism": "torch.compile(model) (schema v4)"} if compiled else
                          {"setting": "none", "mechanism": "eager (schema v4)"})
+    return record
+
+
+def _v5_to_v6(v5: dict[str, Any]) -> dict[str, Any]:
+    record = copy.deepcopy(v5)
+    record["schema_version"] = 6
+    if isinstance(record.get("measurement"), dict):
+        record["measurement"]["baseline"] = "replica"
     return record
 
 

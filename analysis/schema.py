@@ -1,4 +1,4 @@
-"""Metrics schema v5: the run record (one per run, ``summary.json``) and the step records (one
+"""Metrics schema v6: the run record (one per run, ``summary.json``) and the step records (one
 per optimizer step, ``steps.jsonl``). Every strategy writes exactly these fields; analysis reads
 nothing else. Records are validated when written and when read; ``kanscale schema`` prints the
 JSON Schema generated from these classes (also shipped as ``analysis/run_record.schema.json``).
@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import models_json_schema
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 Status = Literal["ok", "failed", "incomplete"]
 
 
@@ -91,10 +91,11 @@ class Timings(Record):
     step_p50_s: float = Field(ge=0.0, description="of the steps' times, slowest rank")
     step_p95_s: float = Field(ge=0.0)
     data_s: float = Field(ge=0.0, description="per step: fetching the batch")
-    compute_s: float = Field(ge=0.0, description="per step: the same per-rank work on an unwrapped replica, no communication, "
-                                                 "sampled between timing windows (median)")
-    comm_exposed_s: float = Field(description="per step: exposed communication by the method comm.trusted names, raw "
-                                              "(it may fall below 0 within noise; see comm)")
+    compute_s: float | None = Field(None, ge=0.0, description="per step: the same per-rank work with no communication, "
+                                                              "by the baseline measurement.baseline names, sampled between "
+                                                              "timing windows (median); None with baseline off")
+    comm_exposed_s: float | None = Field(None, description="per step: exposed communication by the method comm.trusted "
+                                                           "names; None where no method measured it (comm.note says why)")
     compile_s: float | None = Field(None, ge=0.0, description="torch.compile time, excluded from step times")
 
 
@@ -121,7 +122,9 @@ class CommExposure(Record):
     difference_s: float | None = Field(None, description="replica - check, median over windows")
     noise_s: float | None = Field(None, ge=0.0, description="how far the difference may stray by chance (see docs/metrics.md)")
     agree: bool | None = Field(None, description="|difference| <= noise; None with one method")
-    trusted: Literal["replica", "check"] = Field(description="the method comm_exposed_s and comm_overhead use")
+    trusted: Literal["replica", "check", "none"] = Field(
+        description="the method comm_exposed_s and comm_overhead use; none: no method measured a time (a baseline "
+                    "switched off, or every method read below zero)")
     note: str = Field(description="what the two methods say, in words")
 
 
@@ -157,20 +160,34 @@ class Memory(Record):
                                                                    "training steps, less the replica's; None on CPU")
     peak_rss_bytes: int | None = Field(None, ge=0, description="peak resident set size of the process (max over ranks), "
                                                                "during training steps, less the replica's")
-    replica_bytes: int | None = Field(None, ge=0, description="what the compute-baseline replica held (max over ranks), "
-                                                              "measured when it was built, taken off the peaks")
+    replica_bytes: int | None = Field(None, ge=0, description="what the compute baseline held (max over ranks), measured "
+                                                              "when it was built, taken off the peaks (0 with none)")
     model_state: ModelStateBytes = Field(description="bytes each kind of model state takes on the rank holding the most of it")
+
+
+class OutsideLoad(Record):
+    """What other processes took of the run's machine while it was timed (the busiest machine)."""
+
+    cores_busy: float = Field(ge=0.0, description="cores kept busy by other processes, on average over the timed windows "
+                                                  "(/proc/stat busy time of the run's cores less the run's own CPU time)")
+    run_cores_busy: float = Field(ge=0.0, description="cores the run's own processes kept busy on that machine")
+    cores: int = Field(ge=1, description="cores the run's ranks could run on there")
+    seconds: float = Field(ge=0.0, description="wall time it was measured over")
 
 
 class MeasurementInfo(Record):
     comm_method: str = Field(description="how comm.replica was measured")
     comm_probe: str = Field("none", description="measurement.comm_probe: none, or paper (the published study's probe ran)")
-    baseline_steps: int = Field(ge=0, description="replica steps timed after each window")
+    baseline: Literal["replica", "layerwise", "off"] = Field(
+        "replica", description="the compute baseline that ran (measurement.baseline, auto resolved)")
+    baseline_steps: int = Field(ge=0, description="baseline steps timed after each window")
     check_method: str | None = Field(None, description="how comm.check was measured, if it was")
     timing: Literal["windowed", "per_step"] = Field(
         "windowed", description="windowed: ranks synchronize once per window; per_step: a barrier around every step")
     window_steps: int = Field(1, ge=1, description="steps per timing window")
     windows: int = Field(0, ge=0, description="timed windows the spreads are over")
+    outside_load: OutsideLoad | None = Field(None, description="other processes' use of the machine during the timed "
+                                                                "windows; None where the kernel does not say")
     paper_probe_overhead: float | None = Field(
         None, description="with measurement.comm_probe=paper: the published study's (t2 - t1) / t2, mean over probed batches")
 
@@ -196,7 +213,7 @@ class RunError(Record):
 
 
 # What a finished (ok) run must hold besides the fields every record has.
-OK_REQUIRES = ("timings", "throughput", "comm_overhead", "comm", "measurement", "memory", "final_loss", "test_metrics",
+OK_REQUIRES = ("timings", "throughput", "comm", "measurement", "memory", "final_loss", "test_metrics",
                "finished_at")
 
 
@@ -207,7 +224,7 @@ class RunRecord(Record):
          "then": {"required": list(OK_REQUIRES), "properties": {f: {"not": {"type": "null"}} for f in OK_REQUIRES}}},
         {"if": {"properties": {"status": {"const": "failed"}}, "required": ["status"]}, "then": {"required": ["error"]}},
     ]})
-    schema_version: Literal[5] = SCHEMA_VERSION
+    schema_version: Literal[6] = SCHEMA_VERSION
     run_id: str
     name: str
     status: Status
@@ -225,7 +242,8 @@ class RunRecord(Record):
     batch: BatchInfo
     timings: Timings | None = None
     throughput: Throughput | None = None
-    comm_overhead: float | None = Field(None, ge=-1.0, le=1.0, description="comm_exposed_s / step time (raw, see comm)")
+    comm_overhead: float | None = Field(None, ge=-1.0, le=1.0, description="comm_exposed_s / step time; None where "
+                                                                                "comm_exposed_s is (see comm)")
     comm: CommExposure | None = None
     measurement: MeasurementInfo | None = None
     memory: Memory | None = None
@@ -251,8 +269,9 @@ class StepRecord(Record):
     loss: float = Field(description="global mean training loss of the step")
     time_s_max: float = Field(ge=0.0, description="step time, slowest rank")
     time_s_mean: float = Field(ge=0.0)
-    comm_s_max: float = Field(description="exposed communication (step - data - compute, raw), largest over ranks")
-    comm_s_mean: float = Field()
+    comm_s_max: float | None = Field(None, description="exposed communication (step - data - compute, raw), largest over "
+                                                      "ranks; None without a compute baseline (measurement.baseline off)")
+    comm_s_mean: float | None = None
     compute_s: float | None = Field(None, ge=0.0, description="the replica's compute time after this step's window, mean over ranks")
     window: int | None = Field(None, ge=0, description="the timing window the step belongs to")
     samples: int = Field(ge=0, description="global samples in the step")
@@ -280,4 +299,4 @@ def json_schema(version: int = SCHEMA_VERSION) -> dict[str, Any]:
 
 
 # Earlier versions' schemas, as they were shipped (without a root: validate against $defs/RunRecord).
-FROZEN_SCHEMAS = {v: f"run_record.v{v}.schema.json" for v in (1, 2, 3, 4)}
+FROZEN_SCHEMAS = {v: f"run_record.v{v}.schema.json" for v in (1, 2, 3, 4, 5)}

@@ -25,7 +25,7 @@ def fixed(digits: int) -> Formatter:
 
 
 def percent(v: float) -> str:
-    return f"{100 * v:.1f}%"
+    return "n/a" if pd.isna(v) else f"{100 * v:.1f}%"
 
 
 def general(v: float) -> str:
@@ -141,7 +141,10 @@ def quick_comparison(runs: pd.DataFrame) -> pd.DataFrame:
     table = ok[list(QUICK_COLUMNS)].rename(columns=QUICK_COLUMNS)
     table["params"] = table["params"].map(count)
     table["samples/s"] = table["samples/s"].map(count)
-    table["comm overhead"] = table["comm overhead"].map(percent)
+    one_process = ok["topology.world_size"].to_numpy() == 1
+    table["comm overhead"] = [("not measured" if pd.isna(v) else
+                               f"{percent(v)} beyond compute (1 process)" if single else percent(v))
+                              for v, single in zip(table["comm overhead"], one_process)]
     table["model state / rank"] = table["model state / rank"].map(human_bytes)
     table["final loss"] = table["final loss"].map(general)
     return table.reset_index(drop=True)

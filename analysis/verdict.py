@@ -31,6 +31,9 @@ POINT = ["strategy_label", "world_size", "topology_label"]
 MEMORY_NOISE = 0.02  # allocator and page-granularity noise of resident memory, as a share of the peak
 OVERHEAD_CAVEAT = 0.5  # exposed communication above this share of the step: the step is mostly overhead
 STATE_CAVEAT = 0.01  # model state below this share of peak memory: sharding it barely moves the peak
+# Other processes busier than this many cores during the timed steps: the machine was shared. A quiet
+# machine's kernel threads and daemons stay well below it (0.00-0.03 cores, measured here).
+OUTSIDE_CAVEAT = 0.15
 MEMORY_ERRORS = ("outofmemory", "out of memory", "memoryerror", "does not fit", "cannot allocate")
 
 
@@ -102,6 +105,7 @@ def points(runs: pd.DataFrame) -> pd.DataFrame:
             "step_ms": at["step_ms"].median(), "peak_memory_bytes": at["peak_memory_bytes"].median(),
             "peak_memory_kind": at["peak_memory_kind"].iloc[0], "model_state_bytes": at["model_state_bytes"].median(),
             "reference": bool(at["strategy.reference"].iloc[0]), "core_load": at["core_load"].max(),
+            "outside_cores": at["outside_cores"].max(),
             "precision": at["precision.setting"].iloc[0], "workers": at["batch.loader_workers"].iloc[0],
             "threads": at["topology.threads_per_rank"].iloc[0] if "topology.threads_per_rank" in at else None,
             "cores": at["environment.cpu_count"].iloc[0] if "environment.cpu_count" in at else None,
@@ -215,6 +219,14 @@ def caveats(table: pd.DataFrame) -> list[str]:
                         "with them")
                      + "; a speedup near the rank count was not possible here, and the ranking may differ on "
                        "machines with a core (or a GPU) to spare per rank")
+    shared = table[table["outside_cores"] > OUTSIDE_CAVEAT].sort_values("outside_cores", ascending=False)
+    if not shared.empty:
+        worst = shared.iloc[0]
+        of = f" of its {worst['cores']:.0f}" if pd.notna(worst["cores"]) else ""
+        notes.append(f"the machine was shared: other processes kept up to {worst['outside_cores']:.2f} core(s){of} busy while "
+                     f"{', '.join(shared['strategy'])} {'was' if len(shared) == 1 else 'were'} timed (measured from "
+                     "/proc/stat against the runs' own CPU time), so those rates are lower than on a quiet machine and the "
+                     "ranking may differ there; rerun them when it is idle")
     differ = table[table["comm_agree"].eq(False)]
     if not differ.empty:
         notes.append("the two exposed-communication methods disagree beyond noise for "
@@ -237,7 +249,9 @@ def caveats(table: pd.DataFrame) -> list[str]:
 def text_table(table: pd.DataFrame) -> pd.DataFrame:
     def comm(row: pd.Series) -> str:
         if pd.isna(row["comm_overhead"]):
-            return ""
+            return "not measured"
+        if row["world_size"] == 1:  # no communication: what the figure measures is overhead beyond compute
+            return f"{percent(row['comm_overhead'])} beyond compute (1 process: no comm)"
         methods = {True: "methods agree", False: f"methods differ: {row['comm_trusted']}"}.get(row["comm_agree"], "one method")
         return f"{percent(row['comm_overhead'])} ({methods})"
 

@@ -8,6 +8,15 @@ from analysis.format import human_bytes
 from analysis.schema import RunRecord
 
 
+def overhead(record: RunRecord) -> str:
+    """The step's share beyond compute, named for what it is: communication (and the backend's own
+    work) where there are several ranks; with one process there is no communication to name."""
+    what = "comm overhead" if record.topology.world_size > 1 else "overhead beyond compute (1 process: no comm)"
+    if record.comm_overhead is None:
+        return f"{what} not measured"
+    return f"{what} {100 * record.comm_overhead:.1f}%"
+
+
 def format_summary(record: RunRecord, run_dir: Path) -> str:
     r = record
     m, b, topo = r.model, r.batch, r.topology
@@ -39,7 +48,7 @@ def format_summary(record: RunRecord, run_dir: Path) -> str:
                      f"step p50 {r.timings.step_p50_s * 1e3:.2f} ms, p95 {r.timings.step_p95_s * 1e3:.2f} ms, "
                      f"data {r.timings.data_s * 1e3:.2f} ms ({b.loader}"
                      + (f", {b.loader_workers} workers" if b.loader == "dataloader" else "") + "); "
-                     f"comm overhead {100 * (r.comm_overhead or 0):.1f}%"
+                     + overhead(r)
                      + (f"; compiling {r.timings.compile_s:.1f} s (not in step times)" if r.timings.compile_s else ""))
         if r.comm:
             lines.append(f"comm       {r.comm.note}")

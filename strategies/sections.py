@@ -4,11 +4,14 @@ the task and the strategy (:mod:`strategies.strategy`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kanscale.errors import ConfigError
+
+if TYPE_CHECKING:
+    from strategies.mesh import MeshShape
 
 
 class Section(BaseModel):
@@ -99,9 +102,26 @@ class MeasurementConfig(Section):
         "windowed", description="windowed: ranks synchronize once per window of steps, as training does not at all; "
                                 "per_step: a barrier (and device synchronize) around every step, for per-step distributions")
     window_steps: int = Field(10, ge=1, description="steps per timing window (rates and spreads are per window)")
+    baseline: Literal["auto", "replica", "layerwise", "off"] = Field(
+        "auto", description="the compute-only baseline exposed communication is measured against. replica: a whole "
+                            "unsharded copy of the model and its optimizer on every rank; layerwise: one sharded unit at "
+                            "a time and the optimizer over this rank's shard, never more than a sharding strategy's own "
+                            "share; off: none, and no exposed-communication figure; auto: layerwise where the strategy "
+                            "shards over dp_shard (FSDP, ZeRO 1-3) and nothing is compiled, else replica")
     baseline_steps: int = Field(
-        2, ge=1, description="steps of the compute-only replica timed after each window (their median is the window's "
+        2, ge=1, description="steps of the compute-only baseline timed after each window (their median is the window's "
                              "compute time, which exposed communication is measured against)")
+
+    @field_validator("baseline", mode="before")
+    @classmethod
+    def _unquoted_off(cls, value: object) -> object:
+        return "off" if value is False else value  # YAML 1.1 reads an unquoted off as false
+
+    def baseline_for(self, mesh: MeshShape, compile: str) -> str:
+        """The baseline a run with this mesh and ``training.compile`` setting takes (auto resolved)."""
+        if self.baseline != "auto":
+            return self.baseline
+        return "layerwise" if mesh.dp_shard > 1 and mesh.tp == 1 and compile == "none" else "replica"
     comm_probe: Literal["none", "paper"] = Field(
         "none", description="paper: also run the published study's probe (every second batch two extra forwards and an "
                             "extra all-reduce that changes the gradients), for comparison only; needs strategy ddp")

@@ -108,10 +108,20 @@ def test_a_torn_last_step_line_is_skipped(finished_run, tmp_path):
         read_steps(torn)
 
 
+def as_v5(record: RunRecord) -> dict:
+    """The record as v5 wrote it: no measurement.baseline (always the whole replica) and no
+    measurement.outside_load."""
+    data = json.loads(record.model_dump_json())
+    data["schema_version"] = 5
+    for field in ("baseline", "outside_load"):
+        data["measurement"].pop(field)
+    return data
+
+
 def as_early_v5(record: RunRecord) -> dict:
     """The record as v5 was first written: without the model's machine choices (an optional field
     v5 gained on 2026-12-02); the earlier versions' builders start from here."""
-    data = json.loads(record.model_dump_json())
+    data = as_v5(record)
     data["model"].pop("machine_choices")
     return data
 
@@ -121,6 +131,19 @@ def test_an_early_v5_record_reads_with_the_new_fields_empty(finished_run, tmp_pa
     (tmp_path / "summary.json").write_text(json.dumps(as_early_v5(record)))
     read = read_summary(tmp_path)
     assert read.model.machine_choices == {}
+
+
+def test_v5_records_are_migrated_on_read(finished_run, tmp_path):
+    record, _ = finished_run
+    v5 = as_v5(record)
+    shipped_v5 = json.loads((ROOT / "analysis/run_record.v5.schema.json").read_text())
+    jsonschema.validate(v5, shipped_v5)  # a genuine v5 record
+    (tmp_path / "summary.json").write_text(json.dumps(v5))
+    migrated = read_summary(tmp_path)
+    # every v5 run timed a whole replica, and none measured the machine's other load
+    assert migrated.schema_version == 6 and migrated.measurement.baseline == "replica"
+    assert migrated.measurement.outside_load is None
+    assert json_schema(5) == shipped_v5 and json_schema(6) != shipped_v5
 
 
 @pytest.mark.parametrize("compile_s", [None, 4.2])
@@ -135,9 +158,9 @@ def test_v4_records_are_migrated_on_read(finished_run, tmp_path, compile_s):
     (tmp_path / "summary.json").write_text(json.dumps(v4))
     migrated = read_summary(tmp_path)
     # v4 compiled only the model (model.compile), and recorded a compile time exactly when it did
-    assert migrated.schema_version == 5 and migrated.compile.setting == ("none" if compile_s is None else "model")
+    assert migrated.schema_version == 6 and migrated.compile.setting == ("none" if compile_s is None else "model")
     assert "schema v4" in migrated.compile.mechanism
-    assert json_schema(4) == shipped_v4 and json_schema(5) != shipped_v4
+    assert json_schema(4) == shipped_v4 and json_schema(6) != shipped_v4
 
 
 def as_v3(record: RunRecord) -> dict:
@@ -158,9 +181,9 @@ def test_v3_records_are_migrated_on_read(finished_run, tmp_path):
     jsonschema.validate(v3, shipped_v3)  # a genuine v3 record
     (tmp_path / "summary.json").write_text(json.dumps(v3))
     migrated = read_summary(tmp_path)
-    assert migrated.schema_version == 5 and migrated.precision.setting == "fp32"
+    assert migrated.schema_version == 6 and migrated.precision.setting == "fp32"
     assert "schema v3" in migrated.precision.mechanism and migrated.batch.loader == "memory"
-    assert json_schema(3) == shipped_v3 and json_schema(5) != shipped_v3
+    assert json_schema(3) == shipped_v3 and json_schema(6) != shipped_v3
 
 
 def as_v2(record: RunRecord) -> dict:
@@ -197,7 +220,7 @@ def test_v2_records_are_migrated_on_read(finished_run, tmp_path):
     jsonschema.validate(v2, {**shipped_v2, "$ref": "#/$defs/RunRecord"})  # a genuine v2 record
     (tmp_path / "summary.json").write_text(json.dumps(v2))
     migrated = read_summary(tmp_path)
-    assert migrated.schema_version == 5 and migrated.comm.replica.median_s == v2["timings"]["comm_exposed_s"]
+    assert migrated.schema_version == 6 and migrated.comm.replica.median_s == v2["timings"]["comm_exposed_s"]
     assert migrated.comm.trusted == "replica" and "clamped at 0" in migrated.comm.note
     assert migrated.measurement.timing == "per_step" and migrated.measurement.windows == record.batch.timed_steps
     assert json_schema(2) == shipped_v2
@@ -216,6 +239,6 @@ def test_v1_records_are_migrated_on_read(finished_run, tmp_path, name, options, 
     jsonschema.validate(v1, {**shipped_v1, "$ref": "#/$defs/RunRecord"})  # a genuine v1 record
     (tmp_path / "summary.json").write_text(json.dumps(v1))
     migrated = read_summary(tmp_path)
-    assert migrated.schema_version == 5 and migrated.test_metrics == {"mse": v1["test_mse"]}
+    assert migrated.schema_version == 6 and migrated.test_metrics == {"mse": v1["test_mse"]}
     assert migrated.strategy.label == label and migrated.strategy.reference == (name == "single")
-    assert json_schema(1) == shipped_v1 and json_schema(5) != shipped_v1
+    assert json_schema(1) == shipped_v1 and json_schema(6) != shipped_v1

@@ -63,6 +63,7 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines
         raise ConfigError(f"measurement.comm_probe: strategy {cfg.strategy.label()} does not support the {probe} probe "
                           f"({PROBES[probe]}); use strategy {supporting} or set measurement.comm_probe=none")
     check_compile(cfg, device_type)
+    check_baseline(cfg, world_size)
     if t.grid_update_every and not cfg.model.refits_grids():
         raise ConfigError(f"training.grid_update_every: a {cfg.model.family} model has no grids to refit (only spline "
                           "KANs do: bspline, pykan, or a custom model with update_grid); set training.grid_update_every=0")
@@ -75,6 +76,20 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines
         check_threads(cfg.runtime.threads, machines.ranks_here)
     cfg.model.check_shape(cfg.task.name, cfg.task.input_dim, cfg.task.output_dim)  # after the memory check: it may build
     return plan
+
+
+def check_baseline(cfg: ExperimentConfig, world_size: int) -> None:
+    """The layerwise baseline times eager units of a whole layer each (strategies/measure/layerwise.py)."""
+    if cfg.measurement.baseline != "layerwise":
+        return
+    if cfg.training.compile != "none":
+        raise ConfigError(f"measurement.baseline: layerwise times the units eagerly, but training.compile is "
+                          f"{cfg.training.compile}, so it would not time what the run computes; set "
+                          "measurement.baseline=replica (or off), or training.compile=none")
+    if cfg.strategy.mesh_shape(world_size).tp > 1:
+        raise ConfigError(f"measurement.baseline: layerwise times whole layers, but {cfg.strategy.label()} cuts each "
+                          "layer over tensor-parallel ranks; set measurement.baseline=replica (its replica is already "
+                          "this rank's part of each layer) or off")
 
 
 def check_device(cfg: ExperimentConfig, device_type: str) -> None:

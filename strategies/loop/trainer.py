@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from analysis.records import RunWriter
-from analysis.schema import RunRecord, StepRecord
+from analysis.schema import RunError, RunRecord, StepRecord
 from kan_models import build_model, count_parameters
 from kan_models.compile import compile_model
 from kanscale.errors import ConfigError
@@ -33,6 +33,7 @@ from strategies.distributed import DistEnv
 from strategies.engine import Batch, Engine
 from strategies.experiment import ExperimentConfig, dump_yaml
 from strategies.lifecycle.checkpoint import load_checkpoint, save_checkpoint
+from strategies.lifecycle.disk import disk_full, free_space
 from strategies.lifecycle.export import read_export
 from strategies.lifecycle.failures import (
     STOPPED,
@@ -40,12 +41,9 @@ from strategies.lifecycle.failures import (
     check_finite,
     inject_fault,
     raise_on_sigterm,
-    read_reports,
+    record_failure,
     reporting_failure,
     reports_dir,
-    reports_locked,
-    root_cause,
-    write_report,
 )
 from strategies.lifecycle.preflight import preflight
 from strategies.lifecycle.resume import find_resumable, open_attempt
@@ -53,7 +51,9 @@ from strategies.loop.loader import MemoryBatches, batch_source
 from strategies.loop.progress import Progress
 from strategies.measure.baseline import ComputeBaseline
 from strategies.measure.combine import Window, combine_memory, combine_window
+from strategies.measure.layerwise import LayerwiseBaseline
 from strategies.measure.memory import TrainingPeaks
+from strategies.measure.outside_load import combine_outside_load, read_now
 from strategies.measure.probes import build_probe
 from strategies.measure.record import batch_info, initial_record, new_run_id, now_iso, results
 from strategies.measure.timing import StepTimer, window_bounds
@@ -113,6 +113,7 @@ class Trainer:
         # experiment's data path (the same, or a DataLoader), which the steps take their batches from.
         x, y = self.data.x_train, self.data.y_train
         self.memory = MemoryBatches(x, y, self.plan, t, mesh.dp_size, mesh.dp_rank)
+        self.baseline_kind = cfg.measurement.baseline_for(mesh.shape, t.compile)
         self.source = batch_source(x, y, self.plan, t, self.micro_batch, mesh.dp_size, mesh.dp_rank, env.device,
                                    self.start_step)
         self.last_batches: tuple[list[Batch], int] = self.memory.batches(self.start_step)
@@ -161,21 +162,26 @@ class Trainer:
             self._train()
             test_metrics = self._evaluate()
             state = self.engine.counted_state or self.engine.model_state_bytes()
-            memory = combine_memory(self.env, self.peaks, self.baseline.held_bytes, state)
-            measured = results(self.env, self.combined, self.windows, memory, self.cfg.measurement)
+            memory = combine_memory(self.env, self.peaks, self.baseline.held_bytes if self.baseline else 0, state)
+            measured = results(self.env, self.combined, self.windows, memory, self.cfg.measurement, self.baseline_kind)
             measured["timings"] = measured["timings"].model_copy(update={"compile_s": self.compile_s})
-            if self.probe is not None:
-                measured["measurement"] = measured["measurement"].model_copy(update=self.probe.results())
+            outside = combine_outside_load(self.env, self.load_start, self.load_end) if self.load_start else None
+            measured["measurement"] = measured["measurement"].model_copy(update={
+                "outside_load": outside, **(self.probe.results() if self.probe is not None else {})})
             self.record = self.record.model_copy(update={**measured, "test_metrics": test_metrics,
                                                          "batch": self._batch_info(self.steps_done),
                                                          "precision": self.engine.precision_info()})
+            free_space(self.run_dir)  # the room kept for the last record (strategies/lifecycle/disk.py)
+            self._write()
         except BaseException as exc:
-            self._fail(exc)
-            raise
+            failure = disk_full(exc, self.run_dir, "in the run directory")  # named so, with the path and errno
+            self._fail(failure)
+            if failure is exc:
+                raise
+            raise failure from exc
         finally:
             self.progress.close()
             self.source.close()
-        self._write()
         return self.record
 
     def _compile(self, model: torch.nn.Module) -> float:
@@ -186,19 +192,25 @@ class Trainer:
         mode = self.cfg.training.compile_mode
         return compile_model(model, sample, **({} if mode == "default" else {"mode": mode}))[1]
 
-    def _build_baseline(self) -> ComputeBaseline:
-        """The compute-only replica (compiled when the model is), warmed up on this attempt's
-        first batches; every rank builds its own at the same time."""
-        t = self.cfg.training
+    def _build_baseline(self) -> ComputeBaseline | LayerwiseBaseline | None:
+        """The compute-only baseline measurement.baseline asks for (None: off), warmed up on this
+        attempt's first batches; every rank builds its own at the same time, before the strategy
+        wraps the model."""
+        t, m = self.cfg.training, self.cfg.measurement
+        if self.baseline_kind == "off":
+            return None
+        if self.baseline_kind == "layerwise":
+            baseline = LayerwiseBaseline(self.model, self.cfg.strategy.wrap_units(self.model), self.env.device, t,
+                                         self.env.mesh.shape.dp_shard, m.baseline_steps)
+        else:
+            def replica() -> torch.nn.Module:
+                model = build_model(self.cfg.model, t.seed).to(device=self.env.device, dtype=self.dtype)
+                model.load_state_dict(self.model.state_dict())
+                if t.compile == "model":
+                    self._compile(model)  # the model's compiled code is cached by now
+                return self.cfg.strategy.compute_replica(model, self.env)
 
-        def replica() -> torch.nn.Module:
-            model = build_model(self.cfg.model, t.seed).to(device=self.env.device, dtype=self.dtype)
-            model.load_state_dict(self.model.state_dict())
-            if t.compile == "model":
-                self._compile(model)  # the model's compiled code is cached by now
-            return self.cfg.strategy.compute_replica(model, self.env)
-
-        baseline = ComputeBaseline(replica, self.env.device, t, self.cfg.measurement.baseline_steps)
+            baseline = ComputeBaseline(replica, self.env.device, t, m.baseline_steps)
         baseline.warm_up(*self.last_batches, self.cfg.task.loss_sum, steps=min(t.warmup_steps, 3))
         return baseline
 
@@ -208,8 +220,11 @@ class Trainer:
         numbered = [s.window for s in self.combined if s.window is not None]
         first_index = max(numbered) + 1 if numbered else 0
         self.peaks.reset()
+        self.load_start = self.load_end = None
         bounds = window_bounds(self.start_step, self.plan.total_steps, t.warmup_steps, m.window_steps, t.checkpoint_every)
         for index, (first, end) in enumerate(bounds, start=first_index):
+            if self.load_start is None and first >= t.warmup_steps:
+                self.load_start = read_now()
             timer.start_window()
             for step in range(first, end):
                 self._step(step, timer)
@@ -217,7 +232,7 @@ class Trainer:
             # Between windows: the training's memory peaks, then the baseline on the window's last
             # micro-batches (its own step's memory never counts), then the one combining collective.
             self.peaks.read()
-            compute_s = self.baseline.sample(*self.last_batches, self.cfg.task.loss_sum)
+            compute_s = self.baseline.sample(*self.last_batches, self.cfg.task.loss_sum) if self.baseline else None
             self.peaks.reset()
             steps, window = combine_window(env, index, first, samples, compute_s, wall_s, t.warmup_steps)
             finite = [s for s in steps if math.isfinite(s.loss)]
@@ -233,6 +248,7 @@ class Trainer:
                 save_checkpoint(self.engine, env, self.run_dir, end,
                                 {"run_id": self.run_dir.name, "config": self.cfg.resolved(), "strategy": self.record.strategy.label},
                                 keep=t.keep_checkpoints)
+        self.load_end = read_now()
         self._write_steps()
 
     def _grid_update_due(self, step: int) -> bool:
@@ -305,25 +321,28 @@ class Trainer:
         return task.metrics(dict(zip(names, totals.split([len(p) for p in parts]))), n_test)
 
     def _fail(self, exc: BaseException) -> None:
-        """Write the completed steps not yet written, report this rank's failure and rewrite the
-        record from this attempt's reports so far (any rank may be the last one able to). Ctrl-C,
+        """Report this rank's failure and rewrite the record from this attempt's reports so far (any
+        rank may be the last one able to), then write the completed steps not yet written. Ctrl-C,
         or a SIGTERM no rank's failure preceded, leaves the run ``incomplete``: stopped, not failed."""
         with reporting_failure():
-            if self.writer is not None:
-                try:
-                    self._write_steps()
-                except OSError:
-                    pass  # the disk may be what failed; the record below matters more
+            free_space(self.run_dir)  # on a full disk, the room for the report and the record
             report = FailureReport(rank=self.env.rank, step=self.steps_done, type=type(exc).__name__,
                                    message=str(exc) or type(exc).__name__, time=time.time())
-            folder = reports_dir(self.run_dir, self.attempt.number)
-            with reports_locked(folder):
-                write_report(folder, report)
-                error = root_cause(read_reports(folder), self.env.world_size)
+
+            def write(error: RunError) -> None:
                 status = "incomplete" if isinstance(exc, KeyboardInterrupt) or error.type == STOPPED else "failed"
                 self.record = self.record.model_copy(update=dict(status=status, error=error, finished_at=now_iso(),
                                                                  batch=self._batch_info(error.step or 0)))
                 (self.writer or RunWriter(self.run_dir)).write_summary(self.record)
+
+            record_failure(reports_dir(self.run_dir, self.attempt.number), report, self.env.world_size, write)
+            # The steps after the record: the reserve holds room for the record, whose size is
+            # bounded; how many steps are not yet written is not.
+            if self.writer is not None:
+                try:
+                    self._write_steps()
+                except OSError:
+                    pass  # a full disk: they do not fit (append_steps leaves no torn line)
 
 
 @dataclass(frozen=True)

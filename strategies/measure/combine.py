@@ -4,6 +4,7 @@ the end (one)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,12 +28,15 @@ class Window:
     times: WindowTimes
 
 
-def combine_window(env: DistEnv, index: int, first_step: int, samples: list[StepSample], compute_s: float, wall_s: float,
-                   warmup_steps: int) -> tuple[list[StepRecord], Window]:
+def combine_window(env: DistEnv, index: int, first_step: int, samples: list[StepSample], compute_s: float | None,
+                   wall_s: float, warmup_steps: int) -> tuple[list[StepRecord], Window]:
     """Step records and the window summary from every rank's samples of one window (two
     collectives for the whole window). A step's exposed communication on a rank is its time
     beyond data and the compute baseline sampled after the window. Losses and samples are summed
-    over the data-parallel replicas: the ranks within one replica (tensor parallel) hold the same."""
+    over the data-parallel replicas: the ranks within one replica (tensor parallel) hold the same.
+    ``compute_s`` None (no baseline): the steps have no exposed-communication figure."""
+    measured = compute_s is not None
+    compute_s = compute_s if measured else 0.0
     losses = torch.stack([s.loss_share.double() for s in samples]).cpu().tolist()
     rows = [[loss, s.time_s, s.time_s - s.data_s - compute_s, s.samples, s.data_s, s.blocked_s or 0.0]
             for loss, s in zip(losses, samples)]
@@ -45,12 +49,13 @@ def combine_window(env: DistEnv, index: int, first_step: int, samples: list[Step
     (compute_sum, _, checked, *_), window_max = summed.pop(), maxed.pop()
     compute = compute_sum / world
     steps = [StepRecord(step=first_step + n + 1, loss=s[0] / per_replica, time_s_max=m[1], time_s_mean=s[1] / world,
-                        comm_s_max=m[2], comm_s_mean=s[2] / world, compute_s=compute, window=index,
+                        comm_s_max=m[2] if measured else None, comm_s_mean=s[2] / world if measured else None,
+                        compute_s=compute if measured else None, window=index,
                         samples=round(s[3] / per_replica), timed=first_step + n >= warmup_steps)
              for n, (s, m) in enumerate(zip(summed, maxed))]
     n = len(steps)
     times = WindowTimes(step_s=sum(s[1] for s in summed) / world / n, data_s=sum(s[4] for s in summed) / world / n,
-                        compute_s=compute,
+                        compute_s=compute if measured else math.nan,
                         blocked_s=sum(s[5] for s in summed) / world / n if checked == world else None)
     return steps, Window(first_step=first_step, timed=first_step >= warmup_steps, steps=n,
                          samples=sum(r.samples for r in steps), wall_s=window_max[1], times=times)

@@ -13,7 +13,8 @@ Per timing window, averaged over ranks:
 So replica - check = the backend's CPU work + the baseline's error, and a replica figure below
 the check (beyond noise) can only mean the baseline ran slower than the training's own
 compute: the check is then the one to trust. Nothing is clamped: the raw figures, their spread
-over windows and the verdict all go into the record.
+over windows and the verdict all go into the record; but a method whose median is below zero
+measured nothing (no time is negative), so it is never the run's figure.
 """
 
 from __future__ import annotations
@@ -50,22 +51,49 @@ def ms(seconds: float) -> str:
     return f"{1e3 * seconds:.2f} ms"
 
 
-def exposure(windows: list[WindowTimes], step_s: float, check_valid: bool) -> CommExposure:
+def exposure(windows: list[WindowTimes], step_s: float, check_valid: bool, communicates: bool = True) -> CommExposure:
     """The record's ``comm`` section from the timed windows of a run (``step_s``: its mean step).
     The noise of the difference is half its range over windows, and at least NOISE_FLOOR of the
-    step: two methods agree when their median difference lies within it."""
+    step: two methods agree when their median difference lies within it. ``communicates``: false
+    for one process, whose figure is then overhead beyond compute, not communication.
+
+    A method whose median reads below zero measured nothing: no time can be negative, so the
+    reading is the method's error (a baseline slower than the training, clocks read under load).
+    It is named in the note as such, and never becomes the run's figure: the other method is
+    trusted where it reads a time, else the run has none (``trusted: none``)."""
+    comm = _compare(windows, step_s, check_valid)
+    if not communicates:
+        comm = comm.model_copy(update={"note": f"one process, so no communication: what is measured is overhead beyond "
+                                               f"compute (the loop's own work and the baseline's error). {comm.note}"})
+    return comm
+
+
+def _compare(windows: list[WindowTimes], step_s: float, check_valid: bool) -> CommExposure:
     replica = spread([w.replica_s for w in windows])
-    if not check_valid or any(w.blocked_s is None for w in windows):
+    check = None
+    if check_valid and all(w.blocked_s is not None for w in windows):
+        check = spread([w.blocked_s for w in windows])
+    floor = NOISE_FLOOR * step_s
+    negative = [f"the {name} method read {ms(s.median_s)} per step, "
+                + (f"zero within noise ({ms(floor)})" if s.median_s >= -floor else
+                   "less than nothing beyond noise: that is its error on this machine, not a measurement")
+                for name, s in (("replica", replica), ("check", check)) if s is not None and s.median_s < 0]
+    if check is not None and check.median_s < 0:
+        check = None
+    if check is None:
+        if replica.median_s < 0:
+            return CommExposure(replica=replica, trusted="none", note="; ".join(negative) + ": no figure for this run")
+        why = (negative or ["no independent check on this device or with more than one thread per rank"])[0]
         return CommExposure(replica=replica, trusted="replica",
-                            note=f"replica method only ({ms(replica.median_s)} per step): no independent check on this "
-                                 "device or with more than one thread per rank")
-    check = spread([w.blocked_s for w in windows])
+                            note=f"replica method only ({ms(replica.median_s)} per step): {why}")
     differences = [w.replica_s - w.blocked_s for w in windows]
     difference = statistics.median(differences)
     noise = max((max(differences) - min(differences)) / 2, NOISE_FLOOR * step_s)
     agree = abs(difference) <= noise
     both = f"the replica method reads {ms(replica.median_s)} per step, the check {ms(check.median_s)} blocked"
-    if agree:
+    if replica.median_s < 0:
+        trusted, note = "check", f"{negative[0]}; the check reads {ms(check.median_s)} blocked per step: trust the check"
+    elif agree:
         trusted, note = "replica", f"the methods agree: {both}, within noise ({ms(noise)})"
     elif difference > 0:
         trusted, note = "replica", (
@@ -80,7 +108,13 @@ def exposure(windows: list[WindowTimes], step_s: float, check_valid: bool) -> Co
                         trusted=trusted, note=note)
 
 
-def trusted_seconds(comm: CommExposure) -> float:
-    """The per-step exposed communication the trusted method reads (median over windows)."""
-    chosen = comm.check if comm.trusted == "check" else comm.replica
-    return chosen.median_s
+def unmeasured(note: str) -> CommExposure:
+    """The ``comm`` section of a run that measured no compute baseline (``note`` says why)."""
+    return CommExposure(trusted="none", note=note)
+
+
+def trusted_seconds(comm: CommExposure) -> float | None:
+    """The per-step exposed communication the trusted method reads (median over windows); None
+    where no method measured it."""
+    chosen = {"check": comm.check, "replica": comm.replica}.get(comm.trusted)
+    return None if chosen is None else chosen.median_s

@@ -31,7 +31,7 @@ from strategies.batch_plan import BatchPlan
 from strategies.distributed import DistEnv, device_name
 from strategies.experiment import ExperimentConfig
 from strategies.measure.combine import Window
-from strategies.measure.comm_exposure import exposure, trusted_seconds
+from strategies.measure.comm_exposure import exposure, trusted_seconds, unmeasured
 from strategies.measure.environment import environment_info
 from strategies.measure.timing import blocked_clock_method
 from strategies.sections import MeasurementConfig
@@ -78,12 +78,19 @@ def initial_record(cfg: ExperimentConfig, env: DistEnv, run_id: str, params: Par
     )
 
 
+COMM_METHODS = {
+    "replica": "step time - data - compute of an unwrapped replica, sampled after each window on all ranks at once",
+    "layerwise": "step time - data - compute of the sharded units one at a time and the optimizer on this rank's shard, "
+                 "sampled after each window on all ranks at once",
+}
+
+
 def results(env: DistEnv, steps: list[StepRecord], windows: list[Window], memory: Memory,
-            measurement: MeasurementConfig) -> dict:
+            measurement: MeasurementConfig, baseline: str) -> dict:
     """The record's measured fields, from numbers already combined across ranks (combine.py).
     ``steps`` are all the run's combined step records (from before a resume too); ``windows`` this
     attempt's timing windows, of which the timed ones give the rates, the compute baseline and
-    exposed communication with their spread."""
+    exposed communication with their spread. ``baseline``: the one that ran (or off)."""
     times = [r.time_s_max for r in steps if r.timed]
     timed = [w for w in windows if w.timed]
     wall, n_steps = sum(w.wall_s for w in timed), sum(w.steps for w in timed)
@@ -91,21 +98,26 @@ def results(env: DistEnv, steps: list[StepRecord], windows: list[Window], memory
     samples_per_s = sum(w.samples for w in timed) / wall
     rates = [w.samples / w.wall_s for w in timed]
     check_valid = env.device.type == "cpu" and torch.get_num_threads() == 1
-    comm = exposure([w.times for w in timed], step_mean, check_valid)
+    if baseline == "off":
+        comm = unmeasured("measurement.baseline off: no compute baseline ran, so this run has no exposed-communication "
+                          "figure (its rates and memory are measured as ever)")
+    else:
+        comm = exposure([w.times for w in timed], step_mean, check_valid, communicates=env.world_size > 1)
     exposed = trusted_seconds(comm)
     return dict(
         status="ok", error=None, finished_at=now_iso(),
         timings=Timings(total_s=sum(r.time_s_max for r in steps), step_mean_s=step_mean, step_p50_s=percentile(times, 50),
                         step_p95_s=percentile(times, 95), data_s=sum(w.times.data_s * w.steps for w in timed) / n_steps,
-                        compute_s=statistics.median(w.times.compute_s for w in timed), comm_exposed_s=exposed),
+                        compute_s=None if baseline == "off" else statistics.median(w.times.compute_s for w in timed),
+                        comm_exposed_s=exposed),
         throughput=Throughput(samples_per_s=samples_per_s, samples_per_s_per_rank=samples_per_s / env.world_size,
                               samples_per_s_low=min(rates), samples_per_s_high=max(rates)),
-        comm_overhead=max(-1.0, min(1.0, exposed / step_mean)), comm=comm,
+        comm_overhead=None if exposed is None else min(1.0, exposed / step_mean), comm=comm,
         measurement=MeasurementInfo(
-            comm_method="step time - data - compute of an unwrapped replica, sampled after each window on all ranks at once",
-            comm_probe=measurement.comm_probe, baseline_steps=measurement.baseline_steps,
-            check_method=blocked_clock_method() if check_valid else None, timing=measurement.timing,
-            window_steps=measurement.window_steps, windows=len(timed)),
+            comm_method=COMM_METHODS.get(baseline, "none: measurement.baseline off"), baseline=baseline,
+            comm_probe=measurement.comm_probe, baseline_steps=0 if baseline == "off" else measurement.baseline_steps,
+            check_method=blocked_clock_method() if check_valid and baseline != "off" else None,
+            timing=measurement.timing, window_steps=measurement.window_steps, windows=len(timed)),
         memory=memory,
         final_loss=steps[-1].loss,
     )
