@@ -8,7 +8,8 @@
   of it.
 
 The 1-rank baseline of a run is the 1-rank run of the same strategy on the same experiment: the
-same study, strategy, model, task and per-rank batch. A strategy that never ran on one rank (a
+same study, strategy, model, task and per-rank batch, and everything else in its config.yaml but
+the seed and the output directory (its repeat identity). A strategy that never ran on one rank (a
 sweep that runs only the one-process reference at world size 1, as `make demo` does) is measured
 against the `single` run of the same study, model, task and global batch instead: the same
 training, done by one process. Column ``baseline`` says which ("own 1-rank", "single process").
@@ -42,10 +43,13 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
     ok["samples_per_s"] = ok["throughput.samples_per_s"]
     ok["samples_per_s_per_rank"] = ok["throughput.samples_per_s_per_rank"]
     one_rank = ok[ok["world_size"] == 1]
-    own = one_rank.groupby(GROUP, dropna=False)["samples_per_s"].median().rename("own_baseline")
+    # The same experiment, not only the same strategy and batch: a 1-rank run with another learning
+    # rate or grid is another point, never this run's baseline (repeat_key: analysis/load.py).
+    group = GROUP + (["repeat_key"] if "repeat_key" in ok else [])
+    own = one_rank.groupby(group, dropna=False)["samples_per_s"].median().rename("own_baseline")
     single = (one_rank[one_rank["strategy.reference"].astype(bool)].groupby(SINGLE_GROUP, dropna=False)["samples_per_s"]
               .median().rename("single_baseline"))
-    ok = ok.join(own, on=GROUP).join(single, on=SINGLE_GROUP)
+    ok = ok.join(own, on=group).join(single, on=SINGLE_GROUP)
     ok["baseline"] = np.where(ok["own_baseline"].notna(), "own 1-rank",
                               np.where(ok["single_baseline"].notna(), "single process", None))
     ok["baseline_samples_per_s"] = ok["own_baseline"].fillna(ok["single_baseline"])

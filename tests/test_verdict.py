@@ -1,3 +1,4 @@
+import pytest
 """The report's verdict on hand-made runs with known answers: the fastest (or a tie), the least
 memory, what does not scale or did not fit, and the caveats."""
 
@@ -86,6 +87,18 @@ def test_runs_that_differ_only_in_seed_and_place_are_repeats(tmp_path):
     ]).scales
     (row,) = scale.points.itertuples()
     assert (row.strategy, row.runs, row.low, row.high, row.interval) == ("ddp", 2, 900, 1300, "repeats")
+
+
+def test_a_speedup_is_taken_against_the_same_experiment_on_one_rank(tmp_path):
+    """Two 1-rank ddp runs of different learning rates beside a 2-rank run of one of them: the
+    2-rank run's baseline is its own experiment's, never the median of both."""
+    (scale,) = verdict_of_configured(tmp_path, [
+        with_config(make_record("slow", world=1, samples_per_s=1000), {"seed": 0, "lr": 0.01}),
+        with_config(make_record("fast", world=1, samples_per_s=3000), {"seed": 0, "lr": 0.05}),
+        with_config(make_record("two", world=2, samples_per_s=1800), {"seed": 0, "lr": 0.01}),
+    ]).scales
+    two = scale.points[scale.points["world_size"] == 2].iloc[0]
+    assert two["speedup"] == pytest.approx(1.8)  # against 1,000 (lr 0.01); the pooled median 2,000 gave 0.9
 
 
 def test_what_is_slower_than_one_process_does_not_scale(tmp_path):
