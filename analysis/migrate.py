@@ -20,7 +20,8 @@ v4 -> v5: the record says what ``training.compile`` compiled. v4 could compile o
 
 v5 -> v6: the record says which compute baseline ran (``measurement.baseline``: every v5 run had
 the whole replica, the default) and what other processes took of the machine
-(``measurement.outside_load``: v5 did not measure it, so None); exposed communication may be
+(``measurement.outside_load``: v5 did not measure it, so None) and where torch.compile broke
+its graphs (``compile.graph_breaks``: not counted, None); exposed communication may be
 None (a baseline switched off, or no method read a time). A v5 record keeps its raw figures.
 """
 

@@ -141,6 +141,9 @@ class CompileInfo(Record):
     setting: Literal["none", "model", "step"] = Field(description="training.compile as asked")
     mechanism: str = Field(description="what was compiled, and how: torch.compile(model), or the step's parts")
     mode: str = Field("default", description="torch.compile's mode (reduce-overhead: CUDA graphs)")
+    graph_breaks: list[str] | None = Field(
+        None, description="the distinct reasons torch.compile broke a graph during this run (rank 0), read at the end "
+                          "(empty: every compiled region was one graph); None when nothing was compiled")
 
 
 class PrecisionInfo(Record):

@@ -19,6 +19,22 @@ def any_batch_size(batch: torch.Tensor) -> torch.Tensor:
     return batch
 
 
+def graph_break_counts() -> dict[str, int]:
+    """How often torch.compile broke a graph in this process so far, by reason (dynamo's own counter)."""
+    from torch._dynamo.utils import counters
+
+    return dict(counters["graph_break"])
+
+
+def graph_breaks(before: dict[str, int]) -> list[str]:
+    """The distinct reasons torch.compile broke a graph since ``before`` (graph_break_counts()),
+    each cut to its first line: empty where every region compiled since became one graph. Breaks
+    asked for by name (``torch._dynamo.graph_break()``, which PyTorch's own optimizer step calls)
+    are meant, not a model's surprise, and are left out."""
+    reasons = {reason.strip().splitlines()[0] for reason, n in graph_break_counts().items() if n > before.get(reason, 0)}
+    return sorted(r for r in reasons if "torch._dynamo.graph_break()" not in r)
+
+
 def compile_model(model: nn.Module, sample: torch.Tensor, **options: Any) -> tuple[nn.Module, float]:
     """Compile ``model`` in place and return it with the compile time in seconds.
 

@@ -42,7 +42,10 @@ def format_summary(record: RunRecord, run_dir: Path) -> str:
                      + (f" (NOT {asked}: the model's operations are ones {p.mechanism} leaves in full precision)"
                         if asked and p.compute_dtype and asked not in p.compute_dtype else ""))
     if r.compile is not None and r.compile.setting != "none":
-        lines.append(f"compile    {r.compile.setting}: {r.compile.mechanism}")
+        breaks = r.compile.graph_breaks
+        lines.append(f"compile    {r.compile.setting}: {r.compile.mechanism}" + (
+            "" if breaks is None else "; one graph per compiled region" if not breaks else
+            f"; NOT one graph: {len(breaks)} graph break reason(s): {'; '.join(b[:120] for b in breaks[:3])}"))
     if r.throughput and r.timings:
         lines.append(f"speed      {r.throughput.samples_per_s:,.0f} samples/s ({r.throughput.samples_per_s_per_rank:,.0f} per rank); "
                      f"step p50 {r.timings.step_p50_s * 1e3:.2f} ms, p95 {r.timings.step_p95_s * 1e3:.2f} ms, "

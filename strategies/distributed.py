@@ -153,6 +153,11 @@ class DistEnv:
         dist.all_gather_object(out, value)
         return [str(v) for v in out]
 
+    def ranks_differing(self, value: str) -> list[int]:
+        """The ranks whose ``value`` is not rank 0's (a collective: every rank calls it)."""
+        values = self.gather_strings(value)
+        return [rank for rank, v in enumerate(values) if v != values[0]]
+
     def broadcast_string(self, value: str) -> str:
         if not self.distributed:
             return value

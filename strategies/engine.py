@@ -133,12 +133,13 @@ class Engine:
         (``n_global`` samples in the whole step, over every rank); return this rank's share of
         that loss, detached. Summed over the ranks, the shares are the global mean."""
         total = torch.zeros((), device=batches[0][0].device, dtype=batches[0][0].dtype)
-        if self.compilation is not None and self._dtype_watch_pending:
+        if self.training.compile != "none" and self._dtype_watch_pending:
             # The dtype watch's one-shot hooks must fire, and go, before the step is traced:
             # traced, they stayed in the compiled graph and doubled the step (5.3 against 2.6 ms
-            # on the study's model, measured). One forward pass without gradients fires them.
+            # on the study's model, measured); in a compiled model they broke its graph (their
+            # handles). One eager forward pass without gradients fires them.
             with torch.no_grad():
-                self.forward(batches[0][0])
+                torch.compiler.disable(self.forward)(batches[0][0])
             self._dtype_watch_pending = False
         backward = self.compilation.backward if self.compilation else contextlib.nullcontext
         # A compiled step takes the sample count as a tensor: as a Python int, an epoch's short

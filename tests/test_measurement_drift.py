@@ -97,8 +97,10 @@ def test_a_run_without_communication_still_reads_about_none(loaded_run):
     comm = record.comm
     print(json.dumps(comm.model_dump(), indent=1))
     assert abs(comm.replica.median_s) < 0.15 * step
-    assert abs(comm.check.median_s) < 0.05 * step  # waiting for a core is not blocking
-    assert abs(record.comm_overhead) < 0.15
+    # Waiting for a core is not blocking: the check reads about 0, and a reading below 0 is not
+    # kept as a measurement (the note names it).
+    assert comm.check.median_s < 0.05 * step if comm.check is not None else "check method read" in comm.note
+    assert record.comm_overhead is None or record.comm_overhead < 0.15
     # What a baseline timed once, before the load, would have made of the loaded steps:
     before, during = halves(steps)
     fixed = statistics.median(s.compute_s for s in before)

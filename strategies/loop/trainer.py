@@ -17,6 +17,7 @@ the training with a baseline taken on the same machine at the same time.
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 import time
 from dataclasses import dataclass
@@ -25,9 +26,9 @@ from pathlib import Path
 import torch
 
 from analysis.records import RunWriter
-from analysis.schema import RunError, RunRecord, StepRecord
+from analysis.schema import CompileInfo, RunError, RunRecord, StepRecord
 from kan_models import build_model, count_parameters
-from kan_models.compile import compile_model
+from kan_models.compile import compile_model, graph_break_counts, graph_breaks
 from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.engine import Batch, Engine
@@ -90,7 +91,13 @@ class Trainer:
             self.model.load_state_dict(load_exported(t.init_from, cfg))
         self.model.to(device=env.device, dtype=self.dtype)
         # Every rank starts from rank 0's weights: some initialisations (pykan's least-squares
-        # fit) are not bitwise reproducible, and not every backend broadcasts them itself.
+        # fit) are not bitwise reproducible, and not every backend broadcasts them itself. A
+        # factory that built another model on some rank would fail inside the broadcast, naming nothing.
+        layout = "; ".join(f"{k} {tuple(v.shape)} {v.dtype}" for k, v in self.model.state_dict().items())
+        if differ := env.ranks_differing(hashlib.sha256(layout.encode()).hexdigest()):
+            raise ConfigError(f"model: rank(s) {differ} built a model other than rank 0's (names, shapes or dtypes of its "
+                              f"tensors differ); the model ({cfg.model.family}, model.factory where custom) must be built "
+                              "the same on every rank: do not make it depend on the rank")
         env.broadcast_tensors(list(self.model.state_dict().values()))
         self.params = count_parameters(self.model)
         # A plain copy for refitting grids: the engine's model may be sharded or wrapped.
@@ -122,6 +129,7 @@ class Trainer:
                 "started_at": self.attempt.previous.started_at,
                 "resumed_at_steps": [*self.attempt.previous.resumed_at_steps, self.checkpoint.step]})
         self.writer: RunWriter | None = None
+        self.breaks_before = graph_break_counts()  # the record counts this run's graph breaks only
 
     def _batch_info(self, steps_done: int):
         return batch_info(self.cfg, self.plan, self.micro_batch, steps_done)
@@ -170,7 +178,8 @@ class Trainer:
                 "outside_load": outside, **(self.probe.results() if self.probe is not None else {})})
             self.record = self.record.model_copy(update={**measured, "test_metrics": test_metrics,
                                                          "batch": self._batch_info(self.steps_done),
-                                                         "precision": self.engine.precision_info()})
+                                                         "precision": self.engine.precision_info(),
+                                                         "compile": self._compile_info()})
             free_space(self.run_dir)  # the room kept for the last record (strategies/lifecycle/disk.py)
             self._write()
         except BaseException as exc:
@@ -183,6 +192,10 @@ class Trainer:
             self.progress.close()
             self.source.close()
         return self.record
+
+    def _compile_info(self) -> CompileInfo:
+        info = self.engine.compile_info()
+        return info if info.setting == "none" else info.model_copy(update={"graph_breaks": graph_breaks(self.breaks_before)})
 
     def _compile(self, model: torch.nn.Module) -> float:
         """Compile the (unwrapped) model in place on a batch of the training shape; returns the
