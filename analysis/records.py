@@ -31,7 +31,7 @@ class RecordError(ValueError):
     """A run record that cannot be read or does not follow the schema."""
 
 
-def _new_temp_file(path: Path) -> tuple[int, Path]:
+def new_temp_file(path: Path) -> tuple[int, Path]:
     """A new, empty temporary file beside ``path``. Created with mode 0666 like every other file a
     run writes (``open``, ``torch.save``), so the umask (or the directory's default ACL) sets its
     permissions: a group sharing a results directory reads all of it. ``tempfile.mkstemp`` would
@@ -48,7 +48,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` atomically: a reader sees the old file or the new one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _new_temp_file(path)
+    fd, tmp = new_temp_file(path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

@@ -18,7 +18,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     export.add_argument("checkpoint", help="a run directory (its newest checkpoint that verifies; newer ones that do "
                                            "not are named on stderr and skipped) or one checkpoint directory "
                                            "(RUN_DIR/checkpoints/step-NNNNNN, refused unless it verifies)")
-    export.add_argument("--out", required=True, help="file to write, e.g. model.pt")
+    export.add_argument("--out", required=True, help="file to write, e.g. model.pt, outside the run directory it reads "
+                                                      "(replaced as a whole once complete)")
     export.set_defaults(func=main)
 
 

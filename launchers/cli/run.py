@@ -58,10 +58,15 @@ def main(args: argparse.Namespace) -> int:
     from kanscale.errors import ConfigError
     from launchers.launch.commands import LaunchSpec
     from launchers.launch.request import RunRequest
-    from launchers.launch.run import execute, plan
+    from launchers.launch.run import check_rereadable, execute, plan
     from launchers.launch.slurm import SlurmOptions, write_script
     from strategies.experiment import load_experiment
 
+    # before this process reads them: the experiment is read here and again by every rank, the
+    # others by the ranks or the launcher (plan() checks the experiment again, for sweeps)
+    for path, option in ((args.deepspeed_config, "--deepspeed-config"), (args.accelerate_config, "--accelerate-config"),
+                         (args.hostfile, "--hostfile"), (args.config, "config")):
+        check_rereadable(path, option)
     overrides = experiment_overrides(args)
     # loaded once, as every rank will load it (``--out`` is its output.dir), and handed to plan()
     cfg = load_experiment(args.config, [*overrides, *([f"output.dir={args.out}"] if args.out else [])],

@@ -37,6 +37,19 @@ from strategies.lifecycle.preflight import Machines, check_device, preflight
 LAUNCHER_PACKAGES = {"torchrun": "torch", "accelerate": "accelerate", "deepspeed": "deepspeed"}
 
 
+def check_rereadable(path: str | None, field: str) -> None:
+    """Refuse a file the launched processes read again that can be read only once: every rank
+    reads the experiment (and its DeepSpeed JSON) itself, and the launchers read their own
+    configs, but a pipe (bash's ``<(...)``, a /dev/fd/N that exists in this process only) or a
+    FIFO gives its text to the first reader. A name that is no file here is left to the lookup
+    that follows (a shipped preset, "does not exist")."""
+    if path is None or not os.path.exists(path) or os.path.isfile(path) or os.path.isdir(path):
+        return
+    raise ConfigError(f"{field}: {path} is not a regular file (a pipe such as bash's <(...) gives, a FIFO or a device), "
+                      "and every launched process reads it again, which a pipe allows once and only in this process; "
+                      "write it to a file first (e.g. sed ... > my.yaml) and give that file")
+
+
 def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
     """Refuse a launch that cannot work, before anything starts."""
     spec = request.spec
@@ -167,6 +180,7 @@ def build_launch(request: RunRequest, cfg: ExperimentConfig) -> Launch:
 def plan(request: RunRequest, cfg: ExperimentConfig | None = None) -> tuple[ExperimentConfig, RunRequest, Launch]:
     """Validate everything and build the commands; nothing runs yet. ``cfg``: the request's
     experiment where the caller has loaded it already (:meth:`RunRequest.load` otherwise)."""
+    check_rereadable(request.config, "config")  # before it is read: a FIFO without a writer would block
     cfg = cfg or request.load()
     request = resolve(request, cfg)
     check_launch(cfg, request)

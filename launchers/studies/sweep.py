@@ -8,6 +8,12 @@ one sbatch script per point instead; with ``--submit`` it submits them, and with
 follows the jobs until each has ended and logs the point's final status from its run record.
 ``--resume`` does not submit again a point whose job from an earlier submission still lives.
 
+One sweep at a time owns an output directory: it holds ``OUT/.sweep.lock`` (:class:`SweepLock`,
+the run directories' locking mechanism) from its first point to its last, and a second sweep on
+the same OUT is refused naming the holder. A launched point's run is the new record in OUT of
+that point's experiment and topology (:func:`run_key`), never merely the first record that
+appeared while it ran.
+
 A SIGTERM (a user's kill, SLURM's time limit) or Ctrl-C stops the sweep: the running point's
 processes are stopped, the point is logged as ``stopped`` with the signal, and
 :class:`SweepStopped` ends the sweep, which ``kanscale sweep`` turns into exit code 128 + the
@@ -42,11 +48,19 @@ from launchers.studies.study import Point, StudyConfig, axis_label, expand, load
 from strategies.lifecycle.checkpoint import latest_checkpoint
 from strategies.lifecycle.failures import STOPPED, Terminated, raise_on_sigterm
 from strategies.lifecycle.preflight import check_output_dir
+from strategies.lifecycle.run_lock import DirectoryLock
 
 # Two names for this machine: the deepspeed launcher needs one distinct host name per node.
 LOCAL_HOSTS = ["localhost", "127.0.0.1"]
 # the most of a failed point's reason that is shown and logged
 REASON_CHARS = 2000
+
+
+class SweepLock(DirectoryLock):
+    """A sweep's hold on its output directory, for as long as it runs points there."""
+
+    FILE, HOLDER, OWNS = ".sweep.lock", "sweep", "an output directory"
+    INSTEAD = "then run again (--resume skips the points it completed), or give another --out"
 
 
 @dataclass
@@ -160,6 +174,17 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
         raise ConfigError(f"--only {' '.join(only)}: no point of {study_path} matches")
     for note in notes:
         print(f"[sweep] not run: {note}", file=sys.stderr)
+    lock = None if dry_run else SweepLock.acquire(out_dir)  # a dry run writes nothing
+    try:
+        return run_points(study, points, out_dir, resume, dry_run, submit_jobs, wait, progress, oversubscribe)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def run_points(study: StudyConfig, points: list[Point], out_dir: Path, resume: bool, dry_run: bool, submit_jobs: bool,
+               wait: bool, progress: bool | None, oversubscribe: bool) -> list[PointResult]:
+    """Run (or plan) ``points`` in order into ``out_dir``, logging each; the sweep's loop."""
     earlier = earlier_runs(out_dir) if resume else EarlierRuns()
     alive = live_submissions(out_dir) if resume and submit_jobs else {}
     results: list[PointResult] = []
@@ -289,17 +314,20 @@ def run_point(study: StudyConfig, point: Point, out: Path, earlier: EarlierRuns,
         with no_strays(point.key):
             code = execute(launch, log=log)
     except (Terminated, KeyboardInterrupt) as err:  # execute() has stopped the launch's processes
-        raise SweepStopped(outcome(point, out, request, log, before, start, stopped_by=stop_signal(err),
+        raise SweepStopped(outcome(point, key, out, request, log, before, start, stopped_by=stop_signal(err),
                                    replaced=replaced)) from None
-    return outcome(point, out, request, log, before, start, code=code, replaced=replaced)
+    return outcome(point, key, out, request, log, before, start, code=code, replaced=replaced)
 
 
-def outcome(point: Point, out: Path, request: RunRequest, log: Path, before: set[Path], start: float,
+def outcome(point: Point, key: RunKey, out: Path, request: RunRequest, log: Path, before: set[Path], start: float,
             code: int | None = None, stopped_by: signal.Signals | None = None, replaced: list[str] = ()) -> PointResult:
-    """What became of a launched point, from its run record (the new one in OUT, or the one it
-    resumed): ok, failed, or stopped, by the sweep's signal (``stopped_by``) or by one its ranks
-    got directly (their record says so: a user's kill of a rank, or of the launcher)."""
-    new = [read_summary(p) for p in set(out.glob("*/summary.json")) - before]
+    """What became of a launched point, from its run record (the new one in OUT of this point's
+    experiment and topology, ``key``, or the one it resumed): ok, failed, or stopped, by the
+    sweep's signal (``stopped_by``) or by one its ranks got directly (their record says so: a
+    user's kill of a rank, or of the launcher). A record of another experiment that appeared
+    meanwhile (a ``kanscale train --out OUT``) is not this point's."""
+    new = [r for r in map(read_summary, sorted(set(out.glob("*/summary.json")) - before))
+           if run_key(r.config_digest, r.topology.nodes, r.topology.procs_per_node) == key]
     record = new[0] if new else (read_summary(Path(request.resume)) if request.resume else None)
     run_id = record.run_id if record else None
     seconds, replaced = time.monotonic() - start, list(replaced)

@@ -30,6 +30,7 @@ from kanscale.files import find_file, read_mapping
 from strategies.backends.deepspeed_config import (
     AUTO,
     Resolution,
+    check_async_io,
     get_path,
     hidden_size,
     hidden_size_values,
@@ -216,7 +217,8 @@ class DeepSpeedConfig(StrategyConfig):
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError("strategy.name: deepspeed is not installed; pip install deepspeed (or pick another strategy)")
-        warn_unchecked(self.resolution(training, world_size), f"strategy.config: {self.config}")
+        warn_unchecked(resolution := self.resolution(training, world_size), f"strategy.config: {self.config}")
+        check_async_io(resolution.config, accelerator_env(device_type))
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
         ds_config = self.resolve(training, env.world_size)

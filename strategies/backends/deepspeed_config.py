@@ -18,11 +18,14 @@ import copy
 import difflib
 import json
 import os
+import subprocess
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 from kan_models.base import ModelConfig
+from kanscale.errors import ConfigError
 from strategies.sections import TrainingConfig
 
 AUTO = "auto"
@@ -164,6 +167,39 @@ def misspelled(dotted: str) -> str | None:
     return f"{section + '.' if section else ''}{close[0]}" if close and key not in other else None
 
 
+def nvme_offloads(config: dict[str, Any]) -> list[str]:
+    """The offload blocks of ``config`` that go to NVMe (ZeRO-Infinity), dotted:
+    ``zero_optimization.offload_optimizer`` and/or ``zero_optimization.offload_param``."""
+    return [f"zero_optimization.{block}" for block in ("offload_optimizer", "offload_param")
+            if get_path(config, ("zero_optimization", block, "device")) == "nvme"]
+
+
+# exit 3: DeepSpeed's async_io op (its NVMe swapper) cannot be built or loaded here
+ASYNC_IO_CHECK = ("import sys; from deepspeed.ops.op_builder import AsyncIOBuilder; "
+                  "sys.exit(0 if AsyncIOBuilder().is_compatible(verbose=False) else 3)")
+
+
+def check_async_io(config: dict[str, Any], accelerator: dict[str, str]) -> None:
+    """Refuse NVMe offload in ``config`` where DeepSpeed's async_io op, which does the swapping,
+    is not available on this machine: DeepSpeed finds out only when a rank builds it, after the
+    launch. Asked in a process of its own with the ranks' ``accelerator`` environment, since
+    DeepSpeed picks its accelerator (and so its op builders) once per process, on import."""
+    blocks = nvme_offloads(config)
+    if not blocks:
+        return
+    asked = subprocess.run([sys.executable, "-c", ASYNC_IO_CHECK], env={**os.environ, **accelerator},
+                           capture_output=True, text=True, timeout=300)
+    devices = " and ".join(f"{block}.device" for block in blocks)
+    if asked.returncode == 3:
+        raise ConfigError(f"strategy.config: {devices} is \"nvme\", but DeepSpeed's async_io op, which swaps to NVMe, "
+                          "is not available on this machine (AsyncIOBuilder().is_compatible() is False: it needs libaio, "
+                          "e.g. apt install libaio-dev; ds_report lists the ops); install it, or set the device to \"cpu\"")
+    if asked.returncode != 0:
+        why = (asked.stderr.strip().splitlines() or [f"exit code {asked.returncode}"])[-1]
+        raise ConfigError(f"strategy.config: {devices} is \"nvme\", and whether DeepSpeed's async_io op is available "
+                          f"here could not be found out ({why}); set the device to \"cpu\", or fix the installation")
+
+
 def as_json(value: Any) -> str:
     return json.dumps(value)
 
@@ -193,6 +229,10 @@ def resolve_native(native: dict[str, Any], training: TrainingConfig, world_size:
                         "(\"auto\" is filled for batch sizes, accumulation, clipping, fp16/bf16.enabled, "
                         "reduce_bucket_size, stage3_prefetch_bucket_size, stage3_param_persistence_threshold and "
                         "stage3_gather_16bit_weights_on_model_save)")
+    # DeepSpeed asserts this inside every rank, after the launch
+    problems += [f"{block}.device is \"nvme\" but {block}.nvme_path is not set (DeepSpeed needs the directory it swaps "
+                 f"to): give {block}.nvme_path, a directory on a local NVMe drive, in {source}, or set {block}.device "
+                 "to \"cpu\"" for block in nvme_offloads(config) if not get_path(config, (*block.split("."), "nvme_path"))]
     unknown = unknown_keys(native)
     fixes = {key: fix for key in unknown if (fix := misspelled(key))}
     problems += [f"{key} is not a DeepSpeed key; did you mean {fix}? (rename it in {source})" for key, fix in fixes.items()]

@@ -15,11 +15,17 @@ and one without a readable manifest are never read.
 An export holds tensors and plain data only (the model config as JSON types), so it is read
 with ``torch.load(weights_only=True)``, which cannot run code: kanscale never unpickles a file
 a user hands it (:func:`read_export`). What is not of that form is refused.
+
+An export never writes into what it reads: an ``--out`` inside the run directory (or the
+checkpoint directory, for one outside a run) is refused, symlinks resolved, before the checkpoint
+is loaded; and the file is written beside its place and renamed onto it, so a reader (or a failed
+export) never leaves a half-written file under that name.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import sys
 import warnings
@@ -28,6 +34,7 @@ from typing import Any
 
 import torch
 
+from analysis.records import new_temp_file
 from kan_models import build_model, parse_model_config
 from kanscale.errors import ConfigError
 from strategies.lifecycle.checkpoint import (
@@ -92,6 +99,20 @@ def _named_checkpoint(path: Path) -> Checkpoint:
     return found
 
 
+def refuse_out_inside(out: Path, checkpoint: Checkpoint) -> None:
+    """Refuse an ``out`` inside the run directory ``checkpoint`` belongs to (or inside the
+    checkpoint directory itself, for one outside a run), symlinks resolved: writing there would
+    replace or add to files the export reads and a resume verifies (a checkpoint's own state.pt)."""
+    source = checkpoint.path.resolve()
+    protected = source.parent.parent if source.parent.name == "checkpoints" else source
+    where = Path(out).resolve()
+    if where == protected or protected in where.parents:
+        what = "run directory" if protected != source else "checkpoint"
+        raise ConfigError(f"--out: {out} lies inside the {what} being exported ({protected}), where it would overwrite "
+                          "or add to the files it is read from; write the export outside it, e.g. --out "
+                          f"{protected.parent / (protected.name + '.pt')}")
+
+
 def consolidated_state(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
     """The model's full state dict, with the plain model's keys, merged by the engine class that
     writes the checkpoint's format. A torch-format file holding Python objects is refused: the
@@ -111,6 +132,7 @@ def export(checkpoint_path: str | Path, out: str | Path) -> tuple[Path, Checkpoi
     """Write ``out``: {"model_state", "model" (its config), "source"}; checked by loading the
     state into a freshly built model, so an incomplete conversion fails here, not later."""
     checkpoint = checkpoint_to_export(Path(checkpoint_path))
+    refuse_out_inside(Path(out), checkpoint)
     state = consolidated_state(checkpoint)
     # through JSON: the config and the source are stored as plain data, which weights_only reads
     model_config = json.loads(json.dumps(checkpoint.meta["config"]["model"]))
@@ -121,7 +143,16 @@ def export(checkpoint_path: str | Path, out: str | Path) -> tuple[Path, Checkpoi
     out.parent.mkdir(parents=True, exist_ok=True)
     source = json.loads(json.dumps({k: checkpoint.meta[k] for k in ("run_id", "step", "strategy", "format", "world_size")},
                                    default=str))
-    torch.save({"model_state": model.state_dict(), "model": model_config, "source": source}, out)
+    fd, tmp = new_temp_file(out)  # beside out, renamed onto it once complete (as run records are written)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"model_state": model.state_dict(), "model": model_config, "source": source}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return out, checkpoint
 
 

@@ -17,6 +17,10 @@ Network filesystems: NFSv4 and Lustre or GPFS mounted with flock support lock ac
 filesystem without it (Lustre mounted ``noflock``, some FUSE ones) fails the call: the run then
 goes on with a warning, refused only if the owner recorded in the file still runs on this host,
 since refusing outright would make such filesystems unusable.
+
+The mechanism is :class:`DirectoryLock`'s; a subclass names its lock file and its holder:
+:class:`RunLock` for a run directory, ``SweepLock`` (launchers/studies/sweep.py) for a sweep's
+output directory.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import socket
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar, Self
 
 from kanscale.errors import ConfigError
 
@@ -62,55 +66,60 @@ def _read_owner(file: IO[str]) -> dict[str, Any] | None:
     return owner if isinstance(owner, dict) else None
 
 
-def _refusal(run_dir: Path, owner: dict[str, Any] | None) -> ConfigError:
-    path = run_dir / LOCK_FILE
-    if owner is None:
-        return ConfigError(f"{run_dir} is in use by another run that is just starting (its lock {path} is held); wait "
-                           "for that run to end or stop it, then run again")
-    if _owner_alive(owner) is False:
-        return ConfigError(f"{run_dir} is locked ({path}) on behalf of a run that has ended ({_describe(owner)}): a "
-                           "process it started still holds the lock, or a network filesystem has not released it yet "
-                           f"(about 90 s); `fuser -v {path}` shows who holds it here; stop it, then run again")
-    return ConfigError(f"{run_dir} is in use by another run ({_describe(owner)}); one run at a time owns a run "
-                       "directory: wait for that run to end or stop it, then run again")
+class DirectoryLock:
+    """A process's hold on a directory; :meth:`release` (or the process ending) lets it go."""
 
-
-class RunLock:
-    """rank 0's hold on a run directory; :meth:`release` (or the process ending) lets it go."""
+    FILE: ClassVar[str]  # the lock file, in the directory
+    HOLDER: ClassVar[str]  # what holds it: "run", "sweep"
+    OWNS: ClassVar[str]  # what one holder at a time owns, in the refusal: "a run directory"
+    INSTEAD: ClassVar[str]  # what else to do than wait, after "wait for that {HOLDER} to end or stop it, "
 
     def __init__(self, file: IO[str]) -> None:
         self._file: IO[str] | None = file
 
     @classmethod
-    def acquire(cls, run_dir: Path) -> "RunLock":
-        """Take the run directory's lock or refuse (:class:`ConfigError` naming the owner). Opening
+    def _refusal(cls, directory: Path, owner: dict[str, Any] | None) -> ConfigError:
+        path, holder = directory / cls.FILE, cls.HOLDER
+        if owner is None:
+            return ConfigError(f"{directory} is in use by another {holder} that is just starting (its lock {path} is "
+                               f"held); wait for that {holder} to end or stop it, {cls.INSTEAD}")
+        if _owner_alive(owner) is False:
+            return ConfigError(f"{directory} is locked ({path}) on behalf of a {holder} that has ended ({_describe(owner)}): "
+                               "a process it started still holds the lock, or a network filesystem has not released it "
+                               f"yet (about 90 s); `fuser -v {path}` shows who holds it here; stop it, {cls.INSTEAD}")
+        return ConfigError(f"{directory} is in use by another {holder} ({_describe(owner)}); one {holder} at a time owns "
+                           f"{cls.OWNS}: wait for that {holder} to end or stop it, {cls.INSTEAD}")
+
+    @classmethod
+    def acquire(cls, directory: Path) -> Self:
+        """Take the directory's lock or refuse (:class:`ConfigError` naming the owner). Opening
         the lock file creates it if needed; nothing else in the directory is touched."""
-        run_dir = Path(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        path = run_dir / LOCK_FILE
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / cls.FILE
         try:
             file = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o666), "r+")
         except OSError as err:
-            raise ConfigError(f"{path}: cannot open the run's lock file ({err.strerror}); the run directory must be "
-                              "writable by whoever runs it") from None
+            raise ConfigError(f"{path}: cannot open the {cls.HOLDER}'s lock file ({err.strerror}); the directory must be "
+                              f"writable by whoever runs the {cls.HOLDER}") from None
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
             locked = True
         except OSError as err:
             if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                print(f"kanscale: warning: {path}: this filesystem does not lock files ({err.strerror}); only a run "
-                      "recorded there and still running on this host stops a second one", file=sys.stderr)
+                print(f"kanscale: warning: {path}: this filesystem does not lock files ({err.strerror}); only a "
+                      f"{cls.HOLDER} recorded there and still running on this host stops a second one", file=sys.stderr)
                 locked = False
             else:
                 owner = _read_owner(file)
                 file.close()
-                raise _refusal(run_dir, owner) from None
+                raise cls._refusal(directory, owner) from None
         previous = _read_owner(file)
         if previous is not None and not locked and _owner_alive(previous):
             file.close()
-            raise _refusal(run_dir, previous)
+            raise cls._refusal(directory, previous)
         if previous is not None:
-            print(f"kanscale: {run_dir}: took over the lock of an earlier run that did not end cleanly "
+            print(f"kanscale: {directory}: took over the lock of an earlier {cls.HOLDER} that did not end cleanly "
                   f"({_describe(previous)}), which no longer holds it", file=sys.stderr)
         file.seek(0)
         file.truncate()
@@ -129,3 +138,9 @@ class RunLock:
         finally:
             self._file.close()  # closing the file releases the flock
             self._file = None
+
+
+class RunLock(DirectoryLock):
+    """rank 0's hold on a run directory."""
+
+    FILE, HOLDER, OWNS, INSTEAD = LOCK_FILE, "run", "a run directory", "then run again"
