@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+import types
 from dataclasses import dataclass
-from typing import Annotated, ClassVar
+from typing import Annotated, Any, ClassVar, Iterator, Literal, Union, get_args, get_origin
 
 import torch
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 from torch import nn
 
 
@@ -19,8 +22,80 @@ def _increasing(interval: tuple[float, float]) -> tuple[float, float]:
 # A [low, high] range (a grid's span, a task's input range), refused unless low < high.
 Interval = Annotated[tuple[float, float], AfterValidator(_increasing)]
 
+# A seed: NumPy's SeedSequence refuses a negative one, and pykan hands its seed to the legacy
+# np.random.seed, which takes 0 <= seed < 2^32 only (torch.manual_seed takes up to 2^64 - 1).
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
 
-class WrapPolicy(BaseModel):
+
+def _options(annotation: Any) -> list[Any]:
+    """The types an annotation admits, unions and Annotated unwrapped: ``int | None`` -> [int, None]."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _options(get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return [option for arg in get_args(annotation) for option in _options(arg)]
+    return [annotation]
+
+
+def _number_wanted(option: Any) -> str | None:
+    """What a number-typed option asks for, in words (None: it is not a number type)."""
+    if option is int:
+        return "an integer"
+    if option is float:
+        return "a number"
+    values = get_args(option) if get_origin(option) is Literal else ()
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return f"one of {', '.join(map(str, numbers))}" if numbers else None
+
+
+def booleans_as_numbers(value: Any, annotation: Any, loc: tuple = ()) -> Iterator[tuple[tuple, bool, str]]:
+    """Each place in ``value`` where a field of type ``annotation`` would take a boolean for a
+    number (pydantic's lax mode reads true as 1): its location (``()`` for the value itself,
+    ``(1,)`` for item 1 of a list), the boolean, and what the field wants there, in words."""
+    options = _options(annotation)
+    if isinstance(value, bool):
+        if not any(o is bool or o is Any or (get_origin(o) is Literal and value in get_args(o)) for o in options):
+            wanted = next(filter(None, map(_number_wanted, options)), None)
+            if wanted:
+                yield loc, value, wanted
+        return
+    for option in options if isinstance(value, (list, tuple, dict)) else ():
+        origin, args = get_origin(option), get_args(option)
+        if isinstance(value, dict) and origin is dict and len(args) == 2:
+            items = [(key, item, args[1]) for key, item in value.items()]
+        elif not isinstance(value, dict) and origin in (list, tuple) and args:
+            item_types = itertools.repeat(args[0]) if origin is list or args[-1] is Ellipsis else args
+            items = [(i, item, item_type) for i, (item, item_type) in enumerate(zip(value, item_types))]
+        else:
+            continue
+        for key, item, item_type in items:
+            yield from booleans_as_numbers(item, item_type, (*loc, key))
+        return
+
+
+class NumbersNotBooleans(BaseModel):
+    """Base of every config class: a boolean given for a number (``micro_batch: true``,
+    ``widths: [2, true, 1]``; YAML's yes and on are booleans too) is refused, naming the field,
+    where pydantic's lax mode would silently take it as 1. Strict mode would refuse it too, but
+    also a YAML list for a tuple field, which every config writes. (A model validator rather than
+    a field validator: pydantic allows none of the latter on the family/name discriminators.)"""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        errors = [{"type": PydanticCustomError("bool_as_number", "{given} is a boolean, not a number; give {wanted}",
+                                               {"given": str(flag).lower(), "wanted": wanted}),
+                   "loc": (name, *where), "input": flag}
+                  for name, field in cls.model_fields.items() if name in data
+                  for where, flag, wanted in booleans_as_numbers(data[name], field.annotation)]
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return data
+
+
+class WrapPolicy(NumbersNotBooleans):
     """Which submodules the FSDP strategies shard as one unit each (kan_models/wrap.py)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -30,7 +105,7 @@ class WrapPolicy(BaseModel):
                                                  "least this many parameters is a unit")
 
 
-class ModelConfig(BaseModel):
+class ModelConfig(NumbersNotBooleans):
     """Fields every family has. A family subclasses this, narrows ``family`` to a literal,
     adds its own options and implements :meth:`build`."""
 
@@ -153,7 +228,11 @@ class ParamCount:
 def count_parameters(model: nn.Module) -> ParamCount:
     """Trainable = elements of parameters that require grad; total = elements of the whole
     state (parameters and buffers such as spline grids), which is how the published study counts
-    pykan's non-trainable grid and mask tensors."""
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(t.numel() for t in model.state_dict().values())
+    pykan's non-trainable grid and mask tensors. A tensor shared by two modules (tied weights)
+    counts once: the state dict names it under each, so its tensors are told apart by identity
+    (keep_vars: the parameters and buffers themselves; on the meta device, where sketches are
+    counted, there is no storage address to compare)."""
+    state = {id(t): t for t in model.state_dict(keep_vars=True).values()}.values()
+    trainable = sum(t.numel() for t in state if isinstance(t, nn.Parameter) and t.requires_grad)
+    total = sum(t.numel() for t in state)
     return ParamCount(trainable=trainable, total=total)

@@ -95,8 +95,14 @@ class CustomConfig(ModelConfig):
         """One forward pass of two samples through the model as the factory builds it (on the meta
         device where it allows, else for real on the CPU), its output checked against the task.
         A wrong output width otherwise trained to ``ok`` (a loss that broadcasts), or failed after
-        launch (too few class logits)."""
+        launch (too few class logits). A model with nothing to train is refused too: it failed
+        at the first backward, after launch."""
         model = self.sketch()
+        if not any(p.requires_grad for p in model.parameters()):
+            held = sum(1 for _ in model.parameters())
+            why = f"all {held} of its parameters have requires_grad=False" if held else "it has no parameters"
+            raise ConfigError(f"model.factory: {self.factory} builds a model with no trainable parameter ({why}); "
+                              "make the factory's model hold at least one parameter that requires grad")
         try:
             out = self._two_samples(model, task, inputs)
         except ConfigError:

@@ -19,7 +19,7 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from kan_models.base import ModelConfig, ParamCount
+from kan_models.base import ModelConfig, ParamCount, Seed
 
 
 class PyKANModel(nn.Module):
@@ -61,7 +61,7 @@ class PyKANConfig(ModelConfig):
     resolution: ClassVar[dict[str, str]] = {"grid": "grid", "order": "k"}
     grid: int = Field(10, ge=1, le=1000, description="number of grid intervals")
     k: int = Field(3, ge=1, le=5, description="spline order")
-    seed: int | None = Field(None, description="pykan's seed; default: the experiment's training.seed")
+    seed: Seed | None = Field(None, description="pykan's seed (0 <= seed < 2^32); default: the experiment's training.seed")
     grid_range: tuple[float, float] = (-1.0, 1.0)
     symbolic_enabled: bool = Field(True, description="pykan default; the symbolic branch costs time")
     save_act: bool = Field(True, description="pykan default; keeps activations for plotting")

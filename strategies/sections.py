@@ -6,25 +6,28 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from kan_models.base import NumbersNotBooleans, Seed
 from kanscale.errors import ConfigError
 
 if TYPE_CHECKING:
     from strategies.mesh import MeshShape
 
 
-class Section(BaseModel):
+class Section(NumbersNotBooleans):
     # Unknown keys are refused (a misspelling would otherwise be ignored), and so are infinite
     # and NaN floats (YAML's .inf, .nan): every bound a field declares holds for them or not by
     # accident (lr: .inf is "greater than 0"), and no hyperparameter, timeout or size means them.
+    # A boolean for a number is refused by the base class (true would be 1).
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class TrainingConfig(Section):
     """Every hyperparameter, passed explicitly to whichever backend trains the model."""
 
-    seed: int = Field(0, description="seeds the data, the initial weights and the data order")
+    seed: Seed = Field(0, description="seeds the data, the initial weights and the data order; 0 <= seed < 2^32 "
+                                      "(NumPy's seeding, which pykan uses, takes no more)")
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     lr: float = Field(1e-3, gt=0.0)
     betas: tuple[float, float] = Field((0.9, 0.999), description="Adam/AdamW betas")
@@ -130,7 +133,12 @@ class MeasurementConfig(Section):
 class RuntimeConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads per rank; default: torch's")
-    timeout_s: float = Field(120.0, gt=0.0, description="collective timeout: a rank waiting longer on the others fails")
+    timeout_s: float = Field(
+        120.0, ge=1.0, description="collective timeout: a rank waiting longer on the others fails. At least 1 s: the "
+                                   "same timeout bounds connecting to the launcher's store and forming the process "
+                                   "group, which 1 ms does not allow (the ranks failed after launch); a healthy rank "
+                                   "may also reach a collective later than the others by whatever it does alone "
+                                   "(writing a checkpoint, the record)")
 
 
 class FaultConfig(Section):

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
+
+from kan_models.base import NumbersNotBooleans
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,9 @@ class Objective:
 class Regression(Objective):
     """Real-valued targets of any width: the squared error, averaged over the outputs of each
     sample and summed over samples; scored by mse, rmse and r2 (the coefficient of
-    determination, averaged over outputs as scikit-learn does)."""
+    determination, averaged over outputs as scikit-learn does). Where an output's test targets
+    have no spread (one test sample, a constant target) r2 is undefined, and it is left out rather
+    than given a number (scikit-learn's force_finite would say 0 or 1): mse and rmse remain."""
 
     name = "regression"
 
@@ -75,8 +79,12 @@ class Regression(Objective):
         error, total, squares = sums["squared_error"], sums["target"], sums["target_squared"]
         mse = float(error.sum()) / (n * error.numel())
         variance = squares - total.pow(2) / n  # n times each output's variance over the test set
-        r2 = float(torch.where(variance > 0, 1 - error / variance.clamp_min(1e-300), torch.zeros_like(error)).mean())
-        return {"mse": mse, "rmse": mse ** 0.5, "r2": r2}
+        scores = {"mse": mse, "rmse": mse ** 0.5}
+        # No spread is zero up to the rounding of the sums above: 999 samples of a constant 0.0137
+        # leave 1.5e-16 of their squares, which 1 - error / variance turned into an r2 of -3.6e15.
+        if bool((variance > 1e-12 * squares).all()):
+            scores["r2"] = float((1 - error / variance).mean())
+        return scores
 
 
 class Classification(Objective):
@@ -100,8 +108,9 @@ class Classification(Objective):
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (Regression(), Classification())}
 
 
-class TaskConfig(BaseModel):
-    # no infinite or NaN floats (YAML's .inf, .nan): no option of a task means them
+class TaskConfig(NumbersNotBooleans):
+    # no infinite or NaN floats (YAML's .inf, .nan): no option of a task means them (and no
+    # boolean for a number: the base class)
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     name: str

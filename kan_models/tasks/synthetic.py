@@ -26,7 +26,7 @@ class SyntheticTask(TaskConfig):
     """A scalar function of inputs drawn uniformly from ``x_range`` in every dimension."""
 
     n_train: int = Field(10_000, ge=1, description="training samples")
-    n_test: int = Field(2_000, ge=1, description="test samples")
+    n_test: int = Field(2_000, ge=2, description="test samples (at least 2: r2 is undefined on one)")
     noise_std: float = Field(0.0, ge=0.0, description="std of Gaussian noise added to training targets")
     x_range: Interval = (-1.0, 1.0)
 

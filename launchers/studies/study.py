@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from kan_models.base import NumbersNotBooleans
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, find_preset
 from launchers.launch.slurm import SlurmOptions
@@ -44,7 +45,7 @@ TOPOLOGY = re.compile(r"^(\d+)x(\d+)$")
 STRATEGY = TypeAdapter(AnyStrategyConfig)
 
 
-class StudyConfig(BaseModel):
+class StudyConfig(NumbersNotBooleans):  # repeats: true is not 1 run
     model_config = ConfigDict(extra="forbid")
 
     study: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
@@ -64,6 +65,8 @@ class StudyConfig(BaseModel):
     def _axes(cls, matrix: dict[str, list[Any]]) -> dict[str, list[Any]]:
         if not matrix or any(not values for values in matrix.values()):
             raise ValueError("needs at least one axis, each with at least one value")
+        for axis, values in matrix.items():
+            check_distinct(axis, values)
         check_axis_values(matrix)
         return matrix
 
@@ -73,6 +76,35 @@ class StudyConfig(BaseModel):
         for point in include:
             check_axis_values({k: [v] for k, v in point.items()})
         return include
+
+    @model_validator(mode="after")
+    def _include_is_new(self) -> "StudyConfig":
+        seen = {frozenset(key_parts(point)) for point in self.combinations()}
+        for i, point in enumerate(self.include):
+            if frozenset(key_parts(point)) in seen:
+                raise ValueError(f"include[{i}] ({point_key(point)}) is already a point of the matrix or of include; "
+                                 "a point runs once: for more runs of every point set repeats: N")
+            seen.add(frozenset(key_parts(point)))
+        return self
+
+    def combinations(self) -> list[dict[str, Any]]:
+        """The matrix's points: one value of each axis, in the cartesian product's order."""
+        return [dict(zip(self.matrix, values)) for values in itertools.product(*self.matrix.values())]
+
+
+def check_distinct(axis: str, values: list[Any]) -> None:
+    """Refuse an axis value given twice, or two values that name one point: a point's key names its
+    log file and is what --resume matches by, so the second run would take the first one's place."""
+    named: dict[str, Any] = {}
+    for value in values:
+        part = key_parts({axis: value})[0]
+        if part in named and named[part] == value:
+            raise ValueError(f"axis {axis} gives {shown(value)} twice; a point runs once per value: for more runs of "
+                             "every point set repeats: N")
+        if part in named:
+            raise ValueError(f"axis {axis} gives {shown(named[part])} and {shown(value)}, which both name the point "
+                             f"{part}; give them distinct values or labels")
+        named[part] = value
 
 
 def check_axis_values(axes: dict[str, list[Any]]) -> None:
@@ -114,9 +146,21 @@ class Point:
     @property
     def key(self) -> str:
         """A readable, file-name-safe identifier of the point."""
-        parts = [f"{k.split('.')[-1]}={axis_label(v)}" for k, v in self.axes.items()]
-        parts += [f"run={self.repeat + 1}of{self.repeats}"] if self.repeats > 1 else []
-        return re.sub(r"[^A-Za-z0-9_.=,+-]", "", "_".join(parts))
+        return point_key(self.axes, [f"run={self.repeat + 1}of{self.repeats}"] if self.repeats > 1 else [])
+
+
+def key_parts(axes: dict[str, Any]) -> list[str]:
+    """``axis=label`` for each axis of a point, as its key spells them (file-name-safe)."""
+    return [re.sub(r"[^A-Za-z0-9_.=,+-]", "", f"{k.split('.')[-1]}={axis_label(v)}") for k, v in axes.items()]
+
+
+def point_key(axes: dict[str, Any], extra: list[str] = ()) -> str:
+    return "_".join([*key_parts(axes), *extra])
+
+
+def shown(value: Any) -> str:
+    """An axis value as a message quotes it (a string quoted, so 1 and '1' read apart)."""
+    return repr(value) if isinstance(value, str) else json.dumps(value)
 
 
 def axis_label(value: Any) -> str:
@@ -145,8 +189,7 @@ def load_study(path: str | Path) -> StudyConfig:
 
 def expand(study: StudyConfig) -> tuple[list[Point], list[str]]:
     """The study's points, and a note for each combination that cannot run."""
-    axes = list(study.matrix)
-    combinations = [dict(zip(axes, values)) for values in itertools.product(*study.matrix.values())]
+    combinations = study.combinations()
     points, skipped = [], []
     # Repeats are the outer loop: each round runs every point once, so a machine whose speed
     # drifts during the sweep affects every point alike rather than one point's repeats.
