@@ -17,6 +17,7 @@ user's kill, scancel, a time limit); else the earliest report.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import math
@@ -94,18 +95,27 @@ def write_report(folder: Path, report: FailureReport) -> None:
     atomic_write_text(Path(folder) / f"rank{report.rank}.json", json.dumps(asdict(report)))
 
 
-def record_failure(folder: Path, report: FailureReport, world_size: int, write: Callable[[RunError], None]) -> None:
+def record_failure(folder: Path, report: FailureReport, world_size: int, write: Callable[[RunError], None],
+                   make_room: Callable[[], None] = lambda: None, tries: int = 10) -> None:
     """Under the reports' lock, write this rank's report and then the record (``write``, given the
-    root cause of every report so far). Where even that finds no room (a full disk that the reserve
-    of strategies/lifecycle/disk.py could not cover), the failure is said on stderr, where it fits,
-    and the record keeps its last version."""
-    try:
-        with reports_locked(folder):
-            write_report(folder, report)
-            write(root_cause(read_reports(folder), world_size))
-    except OSError as err:
-        print(f"kanscale: rank {report.rank} could not record its failure in {Path(folder).parent.parent} ({err}); "
-              f"it failed with {report.type}: {report.message}", file=sys.stderr)
+    root cause of every report so far). A full disk that the reserve of strategies/lifecycle/disk.py
+    could not cover (another rank, still writing its part of a checkpoint, took the room the reserve
+    freed) gets ``make_room`` (the partial checkpoint deleted) and, while that rank's open file still
+    holds the blocks, a few more tries half a second apart. Where even that finds no room, the
+    failure is said on stderr, where it fits, and the record keeps its last version."""
+    for attempt in range(tries):
+        try:
+            with reports_locked(folder):
+                write_report(folder, report)
+                write(root_cause(read_reports(folder), world_size))
+            return
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT) or attempt == tries - 1:
+                print(f"kanscale: rank {report.rank} could not record its failure in {Path(folder).parent.parent} "
+                      f"({err}); it failed with {report.type}: {report.message}", file=sys.stderr)
+                return
+            make_room()
+            time.sleep(0.5)
 
 
 def read_reports(folder: Path) -> list[FailureReport]:

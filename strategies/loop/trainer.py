@@ -33,7 +33,7 @@ from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.engine import Batch, Engine
 from strategies.experiment import ExperimentConfig, dump_yaml
-from strategies.lifecycle.checkpoint import load_checkpoint, save_checkpoint
+from strategies.lifecycle.checkpoint import discard_partial_saves, load_checkpoint, save_checkpoint
 from strategies.lifecycle.disk import disk_full, free_space
 from strategies.lifecycle.export import read_export
 from strategies.lifecycle.failures import (
@@ -348,7 +348,8 @@ class Trainer:
                                                                  batch=self._batch_info(error.step or 0)))
                 (self.writer or RunWriter(self.run_dir)).write_summary(self.record)
 
-            record_failure(reports_dir(self.run_dir, self.attempt.number), report, self.env.world_size, write)
+            record_failure(reports_dir(self.run_dir, self.attempt.number), report, self.env.world_size, write,
+                           make_room=lambda: discard_partial_saves(self.run_dir))
             # The steps after the record: the reserve holds room for the record, whose size is
             # bounded; how many steps are not yet written is not.
             if self.writer is not None:
