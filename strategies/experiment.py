@@ -7,8 +7,11 @@ reported as a :class:`ConfigError` naming the field, what was given and what is 
 
 from __future__ import annotations
 
+import copy
 import difflib
+import os
 import reprlib
+import sys
 from pathlib import Path
 from typing import Any, get_args
 
@@ -16,6 +19,9 @@ import yaml
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
 from kan_models import AnyModelConfig, AnyTaskConfig
+from kan_models.custom import CustomConfig
+from kan_models.registry import FAMILIES
+from kan_models.tasks import TASKS
 from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, find_preset, parse_yaml_value, read_mapping
@@ -129,13 +135,43 @@ def read_sections(path: str | Path) -> dict[str, Any]:
     return read_mapping(path, what="a mapping of sections (model, task, training, ...)")
 
 
+# The sections whose class one of their keys chooses: the model's family, the task's name.
+SWITCHES: dict[str, tuple[str, dict[str, type[BaseModel]]]] = {
+    "model": ("family", {**FAMILIES, "custom": CustomConfig}), "task": ("name", TASKS)}
+
+
 def parse_experiment(data: dict[str, Any], overrides: list[str] = (), source: str = "config") -> ExperimentConfig:
+    written = copy.deepcopy(data)
     for override in overrides:
         apply_override(data, override)
+    drop_switched_keys(written, data, overrides)
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
         raise ConfigError(f"{source} is invalid:\n" + error_lines([describe_error(e, data) for e in err.errors()])) from None
+
+
+def drop_switched_keys(written: dict[str, Any], data: dict[str, Any], overrides: list[str]) -> None:
+    """Where ``--set model.family=...`` (or ``task.name=...``) switched a section to another class,
+    drop from ``data`` the keys the file wrote for the old class that the new one does not have
+    (``grid`` and ``k`` of a bspline model switched to chebyshev), with a one-line note. A key the
+    old class does not know either (a misspelling) stays, to be refused; so does anything set on
+    the command line."""
+    for section, (key, classes) in SWITCHES.items():
+        before, after = written.get(section), data.get(section)
+        if not (isinstance(before, dict) and isinstance(after, dict)):
+            continue
+        old, new = classes.get(str(before.get(key))), classes.get(str(after.get(key)))
+        if old is None or new is None or old is new:
+            continue
+        typed = {o.partition("=")[0].strip().split(".")[1] for o in overrides
+                 if o.partition("=")[0].strip().startswith(f"{section}.") and "." in o.partition("=")[0]}
+        dropped = [k for k in before if k in after and k not in typed and k in old.model_fields and k not in new.model_fields]
+        for k in dropped:
+            del after[k]
+        if dropped and os.environ.get("RANK", "0") == "0":  # once per launch, not from every rank
+            print(f"kanscale: note: --set {section}.{key}={after[key]}: left out {', '.join(dropped)} of the file's "
+                  f"{before[key]} {section}, which {after[key]} does not take", file=sys.stderr)
 
 
 def apply_override(data: dict[str, Any], override: str) -> None:
