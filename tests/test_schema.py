@@ -116,6 +116,11 @@ def as_v5(record: RunRecord) -> dict:
     for field in ("baseline", "outside_load"):
         data["measurement"].pop(field)
     data["compile"].pop("graph_breaks")
+    comm = data["comm"]
+    if comm["trusted"] == "none":  # v6 gives no figure for a negative reading; v5 trusted it, raw
+        comm["trusted"] = "replica"
+        data["timings"]["comm_exposed_s"] = comm["replica"]["median_s"]
+        data["comm_overhead"] = comm["replica"]["median_s"] / data["timings"]["step_mean_s"]
     return data
 
 
@@ -145,6 +150,20 @@ def test_v5_records_are_migrated_on_read(finished_run, tmp_path):
     assert migrated.schema_version == 6 and migrated.measurement.baseline == "replica"
     assert migrated.measurement.outside_load is None
     assert json_schema(5) == shipped_v5 and json_schema(6) != shipped_v5
+
+
+def test_a_v5_record_of_a_negative_reading_is_read_with_its_raw_figure(finished_run, tmp_path):
+    """v5 trusted a method even when it read below zero (v6 gives no figure then); whichever way
+    this machine's run read, its v5 form with a negative reading is a valid v5 record that reads."""
+    record, _ = finished_run
+    replica = record.comm.replica.model_copy(update={"median_s": -0.002, "low_s": -0.003, "high_s": -0.001})
+    negative = record.model_copy(update={"comm": record.comm.model_copy(
+        update={"replica": replica, "check": None, "difference_s": None, "trusted": "none"})})
+    v5 = as_v5(negative)
+    jsonschema.validate(v5, json.loads((ROOT / "analysis/run_record.v5.schema.json").read_text()))
+    (tmp_path / "summary.json").write_text(json.dumps(v5))
+    migrated = read_summary(tmp_path)
+    assert migrated.comm.trusted == "replica" and migrated.timings.comm_exposed_s == -0.002
 
 
 @pytest.mark.parametrize("compile_s", [None, 4.2])
