@@ -106,7 +106,10 @@ def test_a_run_on_a_constant_target_records_no_r2(tmp_path):
         "measurement": {"window_steps": 1, "baseline": "off"},
         "runtime": {"device": "cpu", "threads": 1}, "output": {"dir": str(tmp_path / "runs")}})
     metrics = train(cfg, show_progress=False).record.test_metrics
-    assert set(metrics) == {"mse", "rmse"} and math.isfinite(metrics["mse"])
+    assert "r2" not in metrics and math.isfinite(metrics["mse"])
+    # the file's target is standardised by default: a constant one is only centred (divided by 1)
+    assert (metrics["target_mean"], metrics["target_std"]) == (2.5, 1.0)
+    assert metrics["mse_unscaled"] == pytest.approx(metrics["mse"])
     (summary,) = (tmp_path / "runs").glob("*/summary.json")
     assert "r2" not in json.loads(summary.read_text())["test_metrics"]
 

@@ -123,7 +123,8 @@ def test_a_target_listed_among_the_features_is_refused(tmp_path, suffix, task, n
 
 def test_the_default_features_leave_the_target_out(tmp_path):
     table().assign(y=np.arange(6.0) * 100).to_csv(tmp_path / "t.csv", index=False)
-    cfg = parse_experiment(experiment({"path": str(tmp_path / "t.csv"), "target": "y", "standardize": False}, [2, 2, 1]))
+    cfg = parse_experiment(experiment({"path": str(tmp_path / "t.csv"), "target": "y", "standardize": False,
+                                       "standardize_target": False}, [2, 2, 1]))
     data = cfg.task.generate(0)
     assert cfg.task.input_dim == 2 and data.x_train.abs().max() < 10 <= data.y_train.max()  # no column is y's
 

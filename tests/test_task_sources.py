@@ -77,9 +77,11 @@ def test_a_csv_file_task_splits_by_fraction_and_standardises_on_train_only(tmp_p
     assert data.x_test.mean(dim=0).abs().max() > 1e-3  # the test split was not used to fit the scaling
     assert torch.equal(data.x_train, cfg.task.generate(seed=0).x_train)
     assert not torch.equal(data.x_train, cfg.task.generate(seed=1).x_train)  # the seed decides the split
-    assert data.y_train.mean().abs() > 1  # targets as given
-    scaled = parse({**cfg.task.model_dump(), "standardize_target": True}, [2, 8, 1]).task.generate(seed=0)
-    assert scaled.y_train.mean().abs() < 1e-9 and scaled.y_train.std(unbiased=False).sub(1).abs() < 1e-9
+    # a file's regression target is standardised by default, by the train split alone
+    assert data.y_train.mean().abs() < 1e-9 and data.y_train.std(unbiased=False).sub(1).abs() < 1e-9
+    assert data.y_test.mean().abs() > 1e-3
+    given = parse({**cfg.task.model_dump(), "standardize_target": False}, [2, 8, 1]).task.generate(seed=0)
+    assert given.y_train.mean().abs() > 1  # targets as given
 
 
 def test_csv_parquet_and_numpy_hold_the_same_task(tmp_path, table):
@@ -181,7 +183,8 @@ output: {{dir: {tmp_path / 'runs'}}}
     record = train(parse_experiment(experiment({"name": "file", "path": str(tmp_path / "houses.csv"), "target": "y",
                                                 "features": ["a", "b"]}, [2, 8, 1], tmp_path / "again", epochs=20,
                                                lr=0.02, micro_batch=32)), show_progress=False).record
-    assert set(record.test_metrics) == {"mse", "rmse", "r2"} and record.test_metrics["r2"] > 0.8
+    assert set(record.test_metrics) == {"mse", "rmse", "r2", "mse_unscaled", "rmse_unscaled", "target_mean",
+                                        "target_std"} and record.test_metrics["r2"] > 0.8
     assert record.task.name == "file" and record.task.n_train == 160
 
 

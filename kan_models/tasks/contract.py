@@ -14,14 +14,16 @@ measurements only call them and never write a formula themselves (:class:`TaskCo
 - ``metrics(sums, n)``: the named test metrics from those sums over ``n`` samples.
 
 The loss and metrics come from the task's ``goal``, an :class:`Objective`: regression (mean
-squared error; mse, rmse and r2) or classification (cross-entropy over class logits; accuracy
-and log-loss).
+squared error; mse, rmse and r2, and for targets the task standardised the errors in their own
+units too: :func:`unscaled_metrics`) or classification (cross-entropy over class logits;
+accuracy and log-loss).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import ConfigDict
@@ -85,6 +87,25 @@ class Regression(Objective):
         if bool((variance > 1e-12 * squares).all()):
             scores["r2"] = float((1 - error / variance).mean())
         return scores
+
+
+def unscaled_metrics(sums: dict[str, torch.Tensor], n: int, mean: np.ndarray, scale: np.ndarray) -> dict[str, float]:
+    """A regression's errors in its targets' own units, from the sums of :class:`Regression` over
+    targets that were centred by ``mean`` and divided by ``scale`` (per output), and those two:
+    what a user needs to read the scaled mse back. One output gives ``mse_unscaled``,
+    ``rmse_unscaled``, ``target_mean``, ``target_std``; several give ``rmse_unscaled[j]``,
+    ``target_mean[j]``, ``target_std[j]`` per output j, which may be in different units. (r2 is
+    the same either way.)"""
+    error = sums["squared_error"].double() * torch.from_numpy(np.asarray(scale, dtype=np.float64)).pow(2)
+    if error.numel() == 1:
+        mse = float(error.sum()) / n
+        return {"mse_unscaled": mse, "rmse_unscaled": mse ** 0.5, "target_mean": float(mean[0]),
+                "target_std": float(scale[0])}
+    scores: dict[str, float] = {}
+    for j, (squared, centre, spread) in enumerate(zip(error.tolist(), mean, scale)):
+        scores |= {f"rmse_unscaled[{j}]": (squared / n) ** 0.5, f"target_mean[{j}]": float(centre),
+                   f"target_std[{j}]": float(spread)}
+    return scores
 
 
 class Classification(Objective):
