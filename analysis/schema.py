@@ -35,6 +35,10 @@ class StrategyInfo(Record):
                                                 "the preset and the overrides merged)")
     distributed_type: str | None = Field(None, description="what the backend reports it actually ran, e.g. Accelerate's")
     backend_config: dict[str, Any] | None = Field(None, description="the backend's own resolved config, e.g. the DeepSpeed JSON")
+    adopted: dict[str, str] | None = Field(
+        None, description="training fields the experiment left open that the native config file decided (its optimizer, "
+                          "scheduler, fp16/bf16 blocks), each with the file, the key and the value, e.g. "
+                          "{'training.lr': 'ds.json: optimizer.params.lr = 3e-05'}; None: nothing adopted")
 
 
 class ModelInfo(Record):
@@ -58,6 +62,9 @@ class TaskInfo(Record):
     input_dim: int = Field(ge=1)
     n_train: int = Field(ge=1)
     n_test: int = Field(ge=0)
+    preparation: dict[str, Any] | None = Field(
+        None, description="what was done to a given table (file tasks): rows_dropped (how many rows task.missing: drop "
+                          "dropped) and first_rows_dropped (1-based), encoding and encoded ({column: categories})")
 
 
 class Topology(Record):
@@ -270,6 +277,8 @@ class RunRecord(Record):
 class StepRecord(Record):
     step: int = Field(ge=1)
     loss: float = Field(description="global mean training loss of the step")
+    lr: float | None = Field(None, description="the learning rate the optimizer stepped with (training.schedule), read "
+                                               "from it on rank 0; None in records written before it was recorded")
     time_s_max: float = Field(ge=0.0, description="step time, slowest rank")
     time_s_mean: float = Field(ge=0.0)
     comm_s_max: float | None = Field(None, description="exposed communication (step - data - compute, raw), largest over "

@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from analysis.schema import CompileInfo, ModelStateBytes, PrecisionInfo
 from strategies.compiled_step import StepCompilation
 from strategies.precision import Amp, dtype_name
+from strategies.schedule import innermost
 from strategies.sections import TrainingConfig
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs and targets of one micro-batch
@@ -235,10 +236,7 @@ class Engine:
 
     def updated_tensors(self) -> list[torch.Tensor]:
         """The tensors the optimizer updates (inside Accelerate's and DeepSpeed's wrappers)."""
-        inner = self.optimizer
-        while hasattr(inner, "optimizer"):
-            inner = inner.optimizer
-        return [p for group in inner.param_groups for p in group["params"]]
+        return [p for group in innermost(self.optimizer).param_groups for p in group["params"]]
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's state as a plain state dict with the unwrapped model's keys, on

@@ -13,7 +13,8 @@ from pydantic import Field
 from strategies.backends.accelerate import AccelerateConfig
 from strategies.backends.dcp import ShardedCheckpoints
 from strategies.backends.ddp import DDPConfig
-from strategies.backends.deepspeed import DeepSpeedConfig, DeepSpeedEngine
+from strategies.backends.deepspeed import DeepSpeedConfig
+from strategies.backends.deepspeed_engine import DeepSpeedEngine
 from strategies.backends.fsdp1 import FSDP1Config
 from strategies.backends.fsdp2 import FSDP2Config
 from strategies.backends.single import SingleConfig

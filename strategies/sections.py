@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from kan_models.base import NumbersNotBooleans, Seed
 from kanscale.errors import ConfigError
@@ -23,13 +23,40 @@ class Section(NumbersNotBooleans):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+class ScheduleConfig(Section):
+    """The learning rate over the optimizer steps, as DeepSpeed's schedulers define it (WarmupLR,
+    WarmupDecayLR, WarmupCosineLR; strategies/schedule.py computes it), applied the same way by
+    every backend. ``training.lr`` is the peak."""
+
+    name: Literal["constant", "warmup", "warmup_decay", "warmup_cosine"] = Field(
+        "constant", description="constant: training.lr throughout; warmup (DeepSpeed's WarmupLR): from warmup_min_lr "
+                                "up to training.lr over warmup_steps, then constant; warmup_decay (WarmupDecayLR): the "
+                                "same warm-up, then linear decay to 0 at total_steps; warmup_cosine (WarmupCosineLR): "
+                                "from warmup_min_ratio x training.lr up to training.lr, then a cosine down to "
+                                "cos_min_ratio x training.lr at total_steps")
+    warmup_steps: int | None = Field(
+        None, ge=1, description="optimizer steps of the learning-rate warm-up (not training.warmup_steps, which are "
+                                "the steps left out of timing); DeepSpeed warms up over at least 2; default: a tenth of "
+                                "total_steps, rounded up")
+    warmup_type: Literal["log", "linear"] = Field("log", description="the warm-up's curve, DeepSpeed's warmup_type "
+                                                                     "(log is its default)")
+    warmup_min_lr: float = Field(0.0, ge=0.0, description="warmup, warmup_decay: the learning rate the warm-up starts from")
+    warmup_min_ratio: float = Field(0.0, ge=0.0, le=1.0, description="warmup_cosine: the warm-up's start, as a "
+                                                                     "fraction of training.lr")
+    cos_min_ratio: float = Field(1e-4, ge=0.0, le=1.0, description="warmup_cosine: the end of the cosine, as a "
+                                                                   "fraction of training.lr (DeepSpeed's default)")
+    total_steps: int | None = Field(None, ge=1, description="warmup_decay, warmup_cosine: the step the decay ends "
+                                                            "at; default: the run's optimizer steps")
+
+
 class TrainingConfig(Section):
     """Every hyperparameter, passed explicitly to whichever backend trains the model."""
 
     seed: Seed = Field(0, description="seeds the data, the initial weights and the data order; 0 <= seed < 2^32 "
                                       "(NumPy's seeding, which pykan uses, takes no more)")
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
-    lr: float = Field(1e-3, gt=0.0)
+    lr: float = Field(1e-3, gt=0.0, description="the learning rate (the peak of training.schedule)")
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="the learning rate per step")
     betas: tuple[float, float] = Field((0.9, 0.999), description="Adam/AdamW betas")
     eps: float = Field(1e-8, gt=0.0, description="Adam/AdamW epsilon")
     weight_decay: float = Field(0.0, ge=0.0)
@@ -65,6 +92,9 @@ class TrainingConfig(Section):
     checkpoint_every: int = Field(0, ge=0, description="write a checkpoint every N steps; 0 = never")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept per run (older ones are deleted)")
     init_from: str | None = Field(None, description="start from the weights of a model exported by kanscale export")
+    # What a native DeepSpeed file decided of these values, field -> where (set once, by
+    # strategies/backends/deepspeed_training.py: with_native_training); None: not asked yet.
+    _adopted: dict[str, str] | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _valid_combination(self) -> "TrainingConfig":
@@ -76,6 +106,10 @@ class TrainingConfig(Section):
         if self.precision != "fp32" and self.dtype != "float32":
             raise ValueError(f"precision {self.precision} keeps float32 master weights, but dtype is {self.dtype}; "
                              "set training.dtype=float32 (or training.precision=fp32)")
+        if self.compile == "step" and self.schedule.name != "constant":
+            raise ValueError(f"compile step compiles the optimizer step with the learning rate as a constant, so "
+                             f"schedule {self.schedule.name} would recompile it every step; use compile model, or "
+                             "training.schedule.name=constant")
         if self.compile == "step" and self.precision == "fp16":
             raise ValueError("compile step cannot compile fp16's GradScaler step (it asks the host whether a gradient "
                              "overflowed each step); use precision bf16, or compile model")

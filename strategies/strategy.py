@@ -93,6 +93,15 @@ class StrategyConfig(Section):
         (docs/projection.md); None where its options lead somewhere the projection does not model."""
         return None
 
+    def native_training(self, training: TrainingConfig) -> TrainingConfig:
+        """``training`` with what this strategy's native file states of the optimizer, the
+        schedule and the precision taken in where the experiment left them open (a DeepSpeed JSON:
+        strategies/backends/deepspeed_training.py); its ``_adopted`` says what was taken and from
+        where. The default: no such file, nothing taken."""
+        adopted = training.model_copy()
+        adopted._adopted = {}
+        return adopted
+
     def launch_config(self) -> str | None:
         """The launcher config file this strategy is meant to run under, where it has one."""
         return None

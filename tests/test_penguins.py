@@ -75,6 +75,10 @@ def test_penguin_species_train_with_the_two_options(tmp_path):
     assert cfg.task.label == "file penguins.csv (11 row(s) with missing values dropped; one-hot: island, sex)"
     record = train(cfg, show_progress=False).record
     assert record.task.n_train + record.task.n_test == KEPT
+    prepared = record.task.preparation  # the record says what was done to the file
+    assert prepared["rows_dropped"] == 11 and prepared["first_rows_dropped"][0] == 4
+    assert prepared["encoding"] == "onehot" and prepared["encoded"] == {"island": ["Biscoe", "Dream", "Torgersen"],
+                                                                          "sex": ["female", "male"]}
     assert record.test_metrics["accuracy"] >= ACCURACY, record.test_metrics
 
 

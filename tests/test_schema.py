@@ -110,9 +110,11 @@ def test_a_torn_last_step_line_is_skipped(finished_run, tmp_path):
 
 def as_v5(record: RunRecord) -> dict:
     """The record as v5 wrote it: no measurement.baseline (always the whole replica), no
-    measurement.outside_load and no compile.graph_breaks."""
+    measurement.outside_load, no compile.graph_breaks, no strategy.adopted, no task.preparation."""
     data = json.loads(record.model_dump_json())
     data["schema_version"] = 5
+    data["strategy"].pop("adopted")
+    data["task"].pop("preparation")
     for field in ("baseline", "outside_load"):
         data["measurement"].pop(field)
     data["compile"].pop("graph_breaks")

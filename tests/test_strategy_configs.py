@@ -52,14 +52,18 @@ def test_the_experiment_fills_every_training_value_explicitly(tmp_path):
 @pytest.mark.parametrize("native,message", [
     ({"gradient_clipping": 1.0}, 'gradient_clipping=1.0, but training.grad_clip implies 0.0: set it to 0.0 or "auto" in'),
     ({"train_micro_batch_size_per_gpu": 16}, "train_micro_batch_size_per_gpu=16, but training.micro_batch implies 512"),
-    ({"optimizer": {"type": "AdamW"}}, "remove its optimizer block (set training.optimizer, training.lr, training.betas"),
-    ({"scheduler": {"type": "WarmupLR"}}, "remove its scheduler block (the suite trains with a constant learning rate, "
-                                          "training.lr)"),
-    ({"bf16": {"enabled": True}}, "bf16.enabled=true, but training.precision=fp32 implies false"),
+    ({"optimizer": {"type": "Lamb"}}, "optimizer.type is 'Lamb', which the suite does not build"),
+    ({"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}},
+     "optimizer.params.lr is 0.1, but the experiment sets training.lr to 0.001"),
+    ({"scheduler": {"type": "OneCycle"}}, "scheduler.type is 'OneCycle'; the suite runs DeepSpeed's WarmupLR"),
+    ({"bf16": {"enabled": True}}, "bf16.enabled=true, but training.precision=fp32 implies false: set it to false or "
+                                  '"auto" in'),
 ])
 def test_a_native_file_that_contradicts_the_experiment_is_refused(tmp_path, native, message):
+    # the experiment sets what the file contradicts (a field it leaves open is taken from the file)
+    training = TrainingConfig(precision="fp32", lr=0.001, optimizer="adamw")
     with pytest.raises(ConfigError, match="cannot run as given") as err:
-        deepspeed(tmp_path, native).resolve(TrainingConfig(), world_size=2)
+        deepspeed(tmp_path, native).resolve(training, world_size=2)
     assert message in str(err.value)
 
 
@@ -202,7 +206,10 @@ def test_deepspeed_plugin_gets_the_experiments_values(monkeypatch, stage):
     assert resolution.config["gradient_clipping"] == 0.5 and resolution.config["train_batch_size"] == 256
     plugin.deepspeed_config["gradient_clipping"] = 1.0
     assert resolve_native(plugin.deepspeed_config, training, 2, 16, "the plugin").problems == [
-        'gradient_clipping=1.0, but training.grad_clip implies 0.5: set it to 0.5 or "auto" in the plugin']
+        'gradient_clipping=1.0, but training.grad_clip implies 0.5: set it to 0.5 or "auto" in the plugin, or '
+        '--set training.grad_clip=1.0']
+    followed = training.model_copy(update={"grad_clip": 1.0})  # what the --set line does
+    assert resolve_native(plugin.deepspeed_config, followed, 2, 16, "the plugin").problems == []
 
 
 def test_accelerate_fsdp_is_refused_on_cpu_before_launch():

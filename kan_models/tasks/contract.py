@@ -142,6 +142,12 @@ class TaskConfig(NumbersNotBooleans):
         return self.name
 
     @property
+    def preparation(self) -> dict | None:
+        """What was done to the task's given table before training (rows dropped, columns
+        encoded), for the run record; None where nothing was."""
+        return None
+
+    @property
     def goal(self) -> Objective:
         """Regression or classification: the loss and metrics below come from it."""
         raise NotImplementedError

@@ -58,6 +58,9 @@ SUFFIXES = (*TABULAR, ".npy", ".npz")
 FEATURE_FIX = "convert it to numbers or leave it out of task.features"
 
 
+PREPARATION_ROWS = 20  # the dropped rows a record names (1-based), the first of them: a record stays small
+
+
 class FileTask(DataTask):
     name: Literal["file"]
     path: str = Field(description=f"the data file ({', '.join(SUFFIXES)}); relative paths are from the working directory")
@@ -89,6 +92,14 @@ class FileTask(DataTask):
         done = ([f"{len(table.dropped)} row(s) with missing values dropped"] if len(table.dropped) else []) + (
             [f"{ENCODED[self.categorical]}: {listing(list(table.encoded), most=4)}"] if table.encoded else [])
         return f"file {Path(self.path).name}" + (f" ({'; '.join(done)})" if done else "")
+
+    @property
+    def preparation(self) -> dict | None:
+        table = self.table()
+        if not len(table.dropped) and not table.encoded:
+            return None
+        return {"rows_dropped": int(len(table.dropped)), "first_rows_dropped": table.dropped[:PREPARATION_ROWS].tolist(),
+                "encoding": self.categorical if table.encoded else None, "encoded": table.encoded}
 
     @property
     def goal(self) -> Objective:

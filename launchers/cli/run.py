@@ -61,6 +61,7 @@ def main(args: argparse.Namespace) -> int:
     from launchers.launch.run import check_rereadable, execute, plan
     from launchers.launch.slurm import SlurmOptions, write_script
     from strategies.experiment import load_experiment
+    from strategies.native_training import with_native_training
 
     # before this process reads them: the experiment is read here and again by every rank, the
     # others by the ranks or the launcher (plan() checks the experiment again, for sweeps)
@@ -69,8 +70,8 @@ def main(args: argparse.Namespace) -> int:
         check_rereadable(path, option)
     overrides = experiment_overrides(args)
     # loaded once, as every rank will load it (``--out`` is its output.dir), and handed to plan()
-    cfg = load_experiment(args.config, [*overrides, *([f"output.dir={args.out}"] if args.out else [])],
-                          strategy=args.strategy)
+    cfg = with_native_training(load_experiment(args.config, [*overrides, *([f"output.dir={args.out}"] if args.out else [])],
+                                               strategy=args.strategy))  # as every rank will train it
     given = {name: getattr(args, name) for name in LAUNCH_OPTIONS if getattr(args, name) is not None}
     launcher = given.pop("launcher", None) or cfg.strategy.preferred_launcher or "torchrun"
     if args.submit and launcher != "slurm":

@@ -32,8 +32,10 @@ from strategies.backends.accelerate_launch import (
     launch_config_conflicts,
 )
 from strategies.backends.ddp import DDPEngine
-from strategies.backends.deepspeed import DeepSpeedEngine, initial_weights, prepare_import
+from strategies.backends.deepspeed import prepare_import
 from strategies.backends.deepspeed_config import hidden_size, resolve_native, warn_unchecked
+from strategies.backends.deepspeed_engine import DeepSpeedEngine, initial_weights
+from strategies.backends.deepspeed_training import adopted_training
 from strategies.backends.fsdp1 import FSDP1Engine
 from strategies.backends.fsdp2 import FSDP2Engine
 from strategies.distributed import DistEnv
@@ -64,6 +66,26 @@ class AccelerateConfig(StrategyConfig):
 
     def launch_config(self) -> str | None:
         return self.config_file
+
+    def native_training(self, training: TrainingConfig) -> TrainingConfig:
+        native = self._native_deepspeed()
+        return super().native_training(training) if native is None else adopted_training(*native, training)
+
+    def _native_deepspeed(self) -> tuple[dict[str, Any], str] | None:
+        """The DeepSpeed JSON the launch config names (``deepspeed_config_file``) and its path: inside
+        a rank, the one accelerate launch passed on; before launch, the one ``config_file`` names."""
+        if requested_plugin() == "DEEPSPEED":
+            path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
+        elif self.config_file is not None:
+            launch = read_mapping(find_file(self.config_file, "strategy.config_file", "accelerate config"),
+                                  "strategy.config_file")
+            ds = launch.get("deepspeed_config") if launch.get("distributed_type") == "DEEPSPEED" else None
+            path = str((ds or {}).get("deepspeed_config_file") or "none")
+        else:
+            return None
+        if path == "none" or not Path(path).is_file():
+            return None  # no file, or one the launch check names as missing
+        return read_mapping(path, "deepspeed_config.deepspeed_config_file", what="a JSON object"), path
 
     def missing_precision_support(self, precision: str, device_type: str) -> str | None:
         """DeepSpeed's answer inside a rank that accelerate launch started with the DeepSpeed plugin;
@@ -132,6 +154,7 @@ class AccelerateConfig(StrategyConfig):
         warn_unchecked(resolution, source)
         ds_config.clear()
         ds_config.update(resolution.config)  # in place: the plugin's own dict is what Accelerate prepares with
+        training = resolution.training  # the file's optimizer and precision taken in, as the experiment took them
         initial = initial_weights(model, training)
         _, optimizer = accelerator.prepare(model, build_optimizer(model.parameters(), training))
         engine = DeepSpeedEngine(accelerator.deepspeed_engine_wrapped.engine, training, env.world_size, ds_config, initial)

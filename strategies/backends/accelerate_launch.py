@@ -14,6 +14,7 @@ from typing import Any
 from kan_models.base import ModelConfig
 from kanscale.files import read_mapping
 from strategies.backends.deepspeed_config import hidden_size, resolve_native, warn_unchecked
+from strategies.backends.deepspeed_training import adopt
 from strategies.precision_support import deepspeed_lacks, precision_problem
 from strategies.sections import TrainingConfig
 
@@ -75,6 +76,11 @@ def launch_config_conflicts(launch: dict[str, Any], training: TrainingConfig, de
     problems = unknown_launch_keys(launch)
     kind = launch.get("distributed_type")
     kind = "NO" if kind is False else kind  # YAML 1.1 reads an unquoted NO as false
+    native_file = Path(str((launch.get("deepspeed_config") or {}).get("deepspeed_config_file") or ""))
+    if kind == "DEEPSPEED" and native_file.is_file():
+        # the file's precision (an fp16 block enabled) is the run's where the experiment sets none
+        training = adopt(read_mapping(native_file, "deepspeed_config.deepspeed_config_file", what="a JSON object"),
+                         training, str(native_file)).training
     one_process = {"NO": "starts one process",
                    # accelerate launch has no launcher of its own for MULTI_CPU but mpirun's
                    "MULTI_CPU": "starts one process unless MPI is configured (mpirun_config.mpirun_hostfile)"}

@@ -9,7 +9,10 @@ DeepSpeed itself does not know it: 0.19 silently replaces it by its defaults, an
 persistence threshold of 100,000 keeps every parameter of the study's models whole on every
 rank. So the suite fills every ``"auto"`` the way Accelerate does: batch sizes, accumulation,
 clipping and precision from the experiment, the bucket sizes and the persistence threshold from
-the model's hidden size; an ``"auto"`` it cannot fill is refused, naming the key.
+the model's hidden size; an ``"auto"`` it cannot fill is refused, naming the key. The file's
+``optimizer`` and ``scheduler`` blocks (and its ``fp16``/``bf16.enabled``) are the experiment's to
+take in (strategies/backends/deepspeed_training.py: the suite passes its own optimizer and sets
+each step's learning rate itself), so they never reach DeepSpeed.
 """
 
 from __future__ import annotations
@@ -21,28 +24,40 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
+from strategies.backends.deepspeed_training import adopt, set_line
 from strategies.sections import TrainingConfig
 
 AUTO = "auto"
 KeyPath = tuple[str, ...]
 
-# blocks the suite owns because it passes its own optimizer object: what to set instead
-FORBIDDEN_BLOCKS = {
-    "optimizer": "set training.optimizer, training.lr, training.betas, training.eps and training.weight_decay instead",
-    "scheduler": "the suite trains with a constant learning rate, training.lr",
+# strategy option -> its place in DeepSpeed's config (a path of keys)
+OPTION_KEYS: dict[str, tuple[str, ...]] = {
+    "zero_stage": ("zero_optimization", "stage"),
+    "offload_optimizer": ("zero_optimization", "offload_optimizer", "device"),
+    "offload_param": ("zero_optimization", "offload_param", "device"),
+    "overlap_comm": ("zero_optimization", "overlap_comm"),
+    "contiguous_gradients": ("zero_optimization", "contiguous_gradients"),
+    "reduce_bucket_size": ("zero_optimization", "reduce_bucket_size"),
+    "allgather_bucket_size": ("zero_optimization", "allgather_bucket_size"),
+    "param_persistence_threshold": ("zero_optimization", "stage3_param_persistence_threshold"),
 }
+
+# blocks read into training.* (deepspeed_training.py) and left out of what DeepSpeed is given:
+# the suite passes its own optimizer object and sets every step's learning rate itself
+TRAINING_BLOCKS = ("optimizer", "scheduler")
 # Keys the suite fills, sets or checks, and ZeRO's scheduling knobs that decide only when and in
 # what pieces state moves (DeepSpeed validates their values). Any other key may change what is
 # trained or measured, so it is named in a warning.
 KNOWN_TOP_LEVEL = frozenset({
     "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
     "fp16", "bf16", "zero_optimization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
-    "steps_per_print", "wall_clock_breakdown", *FORBIDDEN_BLOCKS,
+    "steps_per_print", "wall_clock_breakdown", *TRAINING_BLOCKS,
 })
 KNOWN_ZERO = frozenset({
     "stage", "offload_optimizer", "offload_param", "overlap_comm", "contiguous_gradients", "reduce_bucket_size",
@@ -80,6 +95,7 @@ class UncheckedDeepSpeedKeys(UserWarning):
 @dataclass(frozen=True)
 class Resolution:
     config: dict[str, Any]  # what DeepSpeed is given
+    training: TrainingConfig  # the experiment's training with the file's optimizer, schedule and precision taken in
     problems: list[str]  # what makes the config unusable, each with its fix
     unchecked: list[str]  # dotted keys passed to DeepSpeed as they are
 
@@ -99,19 +115,24 @@ def hidden_size_values(hidden: int) -> dict[KeyPath, int]:
     }
 
 
-def training_keys(training: TrainingConfig, world_size: int) -> dict[KeyPath, tuple[Any, str]]:
-    """DeepSpeed keys whose values the experiment owns, each with the experiment keys it comes from."""
+def training_keys(training: TrainingConfig, world_size: int) -> dict[KeyPath, tuple[Any, str, Callable[[Any], str | None]]]:
+    """DeepSpeed keys whose values the experiment owns, each with the experiment keys it comes from
+    and the ``--set`` line that would make the experiment say what the file says (None: no one line)."""
     micro = training.micro_batch_for(world_size)
-    per_rank = "training.micro_batch" if training.micro_batch is not None else "training.global_batch"
+    by_micro = training.micro_batch is not None
+    per_rank = "training.micro_batch" if by_micro else "training.global_batch"
     precision = f"training.precision={training.precision}"
     return {
-        ("train_micro_batch_size_per_gpu",): (micro, per_rank),
-        ("gradient_accumulation_steps",): (training.grad_accum, "training.grad_accum"),
+        ("train_micro_batch_size_per_gpu",): (micro, per_rank, lambda v: set_line("micro_batch", v) if by_micro else None),
+        ("gradient_accumulation_steps",): (training.grad_accum, "training.grad_accum", lambda v: set_line("grad_accum", v)),
         ("train_batch_size",): (micro * training.grad_accum * world_size,
-                                f"{per_rank} x training.grad_accum x {world_size} ranks"),
-        ("gradient_clipping",): (training.grad_clip, "training.grad_clip"),
-        ("fp16", "enabled"): (training.precision == "fp16", precision),
-        ("bf16", "enabled"): (training.precision == "bf16", precision),
+                                f"{per_rank} x training.grad_accum x {world_size} ranks",
+                                lambda v: None if by_micro else set_line("global_batch", v)),
+        ("gradient_clipping",): (training.grad_clip, "training.grad_clip", lambda v: set_line("grad_clip", v)),
+        ("fp16", "enabled"): (training.precision == "fp16", precision,
+                              lambda v: set_line("precision", "fp16" if v is True else "fp32")),
+        ("bf16", "enabled"): (training.precision == "bf16", precision,
+                              lambda v: set_line("precision", "bf16" if v is True else "fp32")),
     }
 
 
@@ -161,8 +182,8 @@ def misspelled(dotted: str) -> str | None:
     section, _, key = dotted.rpartition(".")
     if section:
         known, other = KNOWN_ZERO, OTHER_ZERO
-    else:  # a forbidden block is no fix to suggest
-        known, other = KNOWN_TOP_LEVEL - set(FORBIDDEN_BLOCKS), frozenset()
+    else:
+        known, other = KNOWN_TOP_LEVEL, frozenset()
     close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=MISSPELLING_CUTOFF)
     return f"{section + '.' if section else ''}{close[0]}" if close and key not in other else None
 
@@ -208,13 +229,16 @@ def resolve_native(native: dict[str, Any], training: TrainingConfig, world_size:
                    source: str) -> Resolution:
     """``native`` (not changed) checked and resolved for this experiment at ``world_size`` ranks,
     with a model of hidden size ``hidden``; ``source`` names the file in the advice."""
-    config = copy.deepcopy(native)
-    problems = [f"remove its {block} block ({advice})" for block, advice in FORBIDDEN_BLOCKS.items() if block in config]
-    for path, (value, origin) in training_keys(training, world_size).items():
+    adoption = adopt(native, training, source)
+    training = adoption.training
+    config = {key: value for key, value in copy.deepcopy(native).items() if key not in TRAINING_BLOCKS}
+    problems = list(adoption.problems)
+    for path, (value, origin, fix) in training_keys(training, world_size).items():
         given = get_path(config, path)
         if given not in (None, AUTO) and given != value:
+            resolving = fix(given)
             problems.append(f"{'.'.join(path)}={as_json(given)}, but {origin} implies {as_json(value)}: set it to "
-                            f"{as_json(value)} or \"auto\" in {source}")
+                            f"{as_json(value)} or \"auto\" in {source}" + (f", or {resolving}" if resolving else ""))
         set_path(config, path, value)
     if training.precision == "fp16":
         for key, value in GRAD_SCALER_SCHEDULE.items():  # where the file leaves them open
@@ -223,7 +247,7 @@ def resolve_native(native: dict[str, Any], training: TrainingConfig, world_size:
     for path, value in {**hidden_size_values(hidden), **FIXED_AUTOS}.items():
         if get_path(config, path) == AUTO:
             set_path(config, path, value)
-    unresolved = [".".join(path) for path in auto_paths(config) if path[0] not in FORBIDDEN_BLOCKS]
+    unresolved = [".".join(path) for path in auto_paths(config)]
     if unresolved:
         problems.append(f"the suite cannot fill \"auto\" for {', '.join(unresolved)}; give a value in {source} "
                         "(\"auto\" is filled for batch sizes, accumulation, clipping, fp16/bf16.enabled, "
@@ -237,7 +261,7 @@ def resolve_native(native: dict[str, Any], training: TrainingConfig, world_size:
     fixes = {key: fix for key in unknown if (fix := misspelled(key))}
     problems += [f"{key} is not a DeepSpeed key; did you mean {fix}? (rename it in {source})" for key, fix in fixes.items()]
     config.update(suite_owned_flags())
-    return Resolution(config, problems, [key for key in unknown if key not in fixes])
+    return Resolution(config, training, problems, [key for key in unknown if key not in fixes])
 
 
 def warn_unchecked(resolution: Resolution, source: str) -> None:

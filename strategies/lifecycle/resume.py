@@ -35,11 +35,13 @@ from strategies.lifecycle.checkpoint import (
 )
 from strategies.lifecycle.disk import free_space, reserve_space
 from strategies.lifecycle.run_lock import RunLock
+from strategies.native_training import with_native_training
 
 
 def find_resumable(cfg: ExperimentConfig, world_size: int) -> Path:
     """The newest unfinished run of this experiment in output.dir that has a complete checkpoint
     (a finished run, status ok, is never resumed)."""
+    cfg = with_native_training(cfg)  # as the run recorded it: what its native file decided taken in
     candidates = []
     for summary in Path(cfg.output.dir).glob(f"*/{SUMMARY_FILE}"):
         try:

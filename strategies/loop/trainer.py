@@ -58,6 +58,8 @@ from strategies.measure.outside_load import combine_outside_load, read_now
 from strategies.measure.probes import build_probe
 from strategies.measure.record import batch_info, initial_record, new_run_id, now_iso, results
 from strategies.measure.timing import StepTimer, window_bounds
+from strategies.native_training import with_native_training
+from strategies.schedule import current_lr, lr_at, set_lr
 
 
 def load_exported(path: str, cfg: ExperimentConfig) -> dict[str, torch.Tensor]:
@@ -76,6 +78,7 @@ class Trainer:
 
     def __init__(self, cfg: ExperimentConfig, env: DistEnv, show_progress: bool | None = None,
                  resume: Path | None = None) -> None:
+        cfg = with_native_training(cfg)
         t = cfg.training
         if cfg.runtime.threads:
             torch.set_num_threads(cfg.runtime.threads)
@@ -129,6 +132,7 @@ class Trainer:
                 "started_at": self.attempt.previous.started_at,
                 "resumed_at_steps": [*self.attempt.previous.resumed_at_steps, self.checkpoint.step]})
         self.writer: RunWriter | None = None
+        self.step_lrs: dict[int, float] = {}  # this window's learning rates, read from the optimizer, by step
         self.breaks_before = graph_break_counts()  # the record counts this run's graph breaks only
 
     def _batch_info(self, steps_done: int):
@@ -248,6 +252,7 @@ class Trainer:
             compute_s = self.baseline.sample(*self.last_batches, self.cfg.task.loss_sum) if self.baseline else None
             self.peaks.reset()
             steps, window = combine_window(env, index, first, samples, compute_s, wall_s, t.warmup_steps)
+            steps = [s.model_copy(update={"lr": self.step_lrs.pop(s.step - 1)}) for s in steps]
             finite = [s for s in steps if math.isfinite(s.loss)]
             self.combined += finite
             if len(finite) < len(steps):
@@ -280,11 +285,14 @@ class Trainer:
         if self._grid_update_due(step):
             self._update_grid(self.plan.global_indices(step))
         engine.count_state_next_step = step == self.plan.total_steps - 1
+        # Before the backward: under Accelerate's DeepSpeed plugin the last micro-batch's backward steps.
+        set_lr(engine.optimizer, lr_at(self.cfg.training, step, self.plan.total_steps))
         started = time.perf_counter()
         loss_share = engine.forward_backward(batches, self.cfg.task.loss_sum, n_global=n_global)
         if self.probe is not None:
             self.probe.after_backward(engine, batches, step)
         engine.step()
+        self.step_lrs[step] = current_lr(engine.optimizer)  # what the step ran with, unless the backend changed it
         if engine.compilation is not None and step == self.start_step:
             # The whole step compiles in its first call: that call's time is the compile time
             # (a warm-up step, so it is in no timed window either way).
@@ -371,6 +379,7 @@ def train(cfg: ExperimentConfig, env: DistEnv | None = None, show_progress: bool
     """Train one experiment on this rank, joining the launch's process group where the strategy
     needs one. ``resume``: a run directory to continue, or True for the newest resumable run of
     this experiment."""
+    cfg = with_native_training(cfg)  # before the run is looked up: its digest holds what the file decided
     env = env or DistEnv.from_environ(cfg.runtime.device)
     raise_on_sigterm()
     if cfg.strategy.needs_process_group or env.world_size > 1:
