@@ -62,13 +62,16 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _model_fits_task(self) -> "ExperimentConfig":
-        if self.model.widths[0] != self.task.input_dim:
-            raise ValueError(
-                f"model.widths starts with {self.model.widths[0]} inputs but task {self.task.name} has "
-                f"{self.task.input_dim}; set model.widths[0] to {self.task.input_dim}")
-        if self.model.widths[-1] != self.task.output_dim:
-            raise ValueError(f"model.widths ends with {self.model.widths[-1]} outputs but task {self.task.name} has "
-                             f"{self.task.output_dim}; set model.widths[-1] to {self.task.output_dim}")
+        widths, task = self.model.widths, self.task
+        # both ends in one message: a new file's user learns the whole fix from one run
+        wrong = []
+        if widths[0] != task.input_dim:
+            wrong.append(f"starts with {widths[0]} inputs but task {task.name} has {task.input_dim}")
+        if widths[-1] != task.output_dim:
+            wrong.append(f"ends with {widths[-1]} outputs but task {task.name} has {task.output_dim}")
+        if wrong:
+            fixed = ",".join(str(w) for w in [task.input_dim, *widths[1:-1], task.output_dim])
+            raise ValueError(f"model.widths {' and '.join(wrong)}; set model.widths=[{fixed}]")
         return self
 
     @model_validator(mode="after")

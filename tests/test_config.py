@@ -1,5 +1,6 @@
 """Experiment configs: the shipped files validate, overrides work, bad input is named."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,14 @@ def test_malformed_override():
         load_experiment(QUICKSTART, ["training.lr"])
     with pytest.raises(ConfigError, match="training.lr is not a section"):
         load_experiment(QUICKSTART, ["training.lr.x=1"])
+
+
+def test_a_model_wrong_at_both_ends_is_told_both_and_the_fix_given_trains(tmp_path):
+    """Both ends of model.widths in one message (a new file's user once needed two runs), and the
+    --set line it gives, followed, validates."""
+    with pytest.raises(ConfigError) as err:
+        load_experiment(ROOT / "configs/experiments/quickstart.yaml", ["model.widths=[3,16,4]"])
+    message = str(err.value)
+    assert "starts with 3 inputs but task quadratic has 2" in message and "ends with 4 outputs" in message
+    fix = re.search(r"set (model\.widths=\[[\d,]+\])", message).group(1)
+    assert load_experiment(ROOT / "configs/experiments/quickstart.yaml", [fix]).model.widths == [2, 16, 1]

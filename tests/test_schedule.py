@@ -154,21 +154,6 @@ def test_a_run_resumed_mid_warmup_continues_the_schedule_exactly(tmp_path):
     assert math.isclose(full.combined[3].lr, lr_at(parse_experiment(cfg).training, 3, 12)) and full.combined[3].lr < 0.02
 
 
-@pytest.mark.slow  # kills and resumes at two ranks
-def test_two_rank_runs_resumed_mid_warmup_continue_the_schedule_exactly(tmp_path):
-    jobs = []
-    # zero3: DeepSpeed's own checkpoint (the one-process resume above covers torch's)
-    for key in ("zero3",):
-        cfg = experiment(BACKENDS[key], tmp_path / key, steps=12, checkpoint_every=3, schedule={**SCHEDULE, "warmup_steps": 8})
-        jobs += [{"id": f"{key}/full", "config": cfg}, {"id": f"{key}/failed", "config": interrupted(cfg, 5)},
-                 {"id": f"{key}/resumed", "config": cfg, "resume": True}]
-    results = run_jobs(jobs, tmp_path)
-    for key in ("zero3",):
-        full, resumed = results[f"{key}/full"], results[f"{key}/resumed"]
-        assert resumed["status"] == "ok" and resumed["resumed_at_steps"] == [3], key
-        assert lrs_and_losses(resumed["run_dir"]) == lrs_and_losses(full["run_dir"]), key
-
-
 def test_the_schedule_section_refuses_what_deepspeed_would(tmp_path):
     with pytest.raises(ConfigError, match="training.schedule.warmup_steps"):
         parse_experiment(experiment({"name": "single"}, tmp_path, schedule={"name": "warmup", "warmup_steps": 0}))

@@ -21,6 +21,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     sweep.add_argument("--resume", action="store_true", help="skip points whose run record in OUT is complete for the same config")
     sweep.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
                        help="run only matching points, e.g. --only strategy=zero3 --only topology=1x2 (repeatable)")
+    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
+                       help="override a config field in every point, after the study's own set: and axes, e.g. "
+                            "--set training.steps=20 to try a study quickly (repeatable; the runs record it)")
     sweep.add_argument("--dry-run", action="store_true", help="print every point's commands, run nothing")
     sweep.add_argument("--submit", action="store_true", help="slurm studies: submit each script with sbatch")
     sweep.add_argument("--wait", action="store_true", help="with --submit: follow the jobs (squeue, sacct, scontrol) until "
@@ -42,11 +45,13 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         results = run_sweep(args.study, args.out, resume=args.resume, dry_run=args.dry_run, only=args.only,
-                            submit_jobs=args.submit, wait=args.wait, oversubscribe=args.oversubscribe)
+                            submit_jobs=args.submit, wait=args.wait, oversubscribe=args.oversubscribe,
+                            overrides=args.overrides)
     except (SweepStopped, Terminated, KeyboardInterrupt) as err:
         where = f" during {err.result.point} (logged in {Path(args.out) / 'sweep.jsonl'})" if isinstance(err, SweepStopped) else ""
         stop = signal.Signals[err.result.signal] if isinstance(err, SweepStopped) else stop_signal(err)
         again = ["kanscale", "sweep", args.study, "--out", args.out, "--resume", *(f for o in args.only for f in ("--only", o)),
+                 *(f for o in args.overrides for f in ("--set", o)),
                  *(flag for flag, on in (("--submit", args.submit), ("--wait", args.wait),
                                          ("--oversubscribe", args.oversubscribe)) if on)]
         print(f"\nsweep: stopped by {stop.name}{where}; continue the study with: {shlex.join(again)}", file=sys.stderr)

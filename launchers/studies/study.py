@@ -187,8 +187,9 @@ def load_study(path: str | Path) -> StudyConfig:
         raise ConfigError(f"{path} is not a valid study:\n" + "\n".join(f"  - {line}" for line in lines)) from None
 
 
-def expand(study: StudyConfig) -> tuple[list[Point], list[str]]:
-    """The study's points, and a note for each combination that cannot run."""
+def expand(study: StudyConfig, extra: list[str] = ()) -> tuple[list[Point], list[str]]:
+    """The study's points, and a note for each combination that cannot run. ``extra``: ``--set``
+    overrides given to the sweep, applied to every point after the study's own."""
     combinations = study.combinations()
     points, skipped = [], []
     # Repeats are the outer loop: each round runs every point once, so a machine whose speed
@@ -206,6 +207,7 @@ def expand(study: StudyConfig) -> tuple[list[Point], list[str]]:
             overrides += [f"{k}={json.dumps(v)}" for k, v in study.set.items()]
             overrides += [o for k, v in chosen.items() for o in axis_overrides(k, v)]
             overrides += [f"{k}={v * nodes * procs}" for k, v in study.per_rank.items()]
+            overrides += list(extra)
             points.append(Point(axes=chosen, strategy=strategy, nodes=nodes, procs_per_node=procs, overrides=overrides,
                                 repeat=repeat, repeats=study.repeats))
     return points, skipped

@@ -45,6 +45,7 @@ from launchers.launch.slurm import write_script
 from launchers.launch.slurm_jobs import follow, is_active, job_id, job_state
 from launchers.studies.leftovers import no_strays, set_aside_runs
 from launchers.studies.study import Point, StudyConfig, axis_label, expand, load_study, strategy_config
+from strategies.experiment import load_experiment
 from strategies.lifecycle.checkpoint import latest_checkpoint
 from strategies.lifecycle.failures import STOPPED, Terminated, raise_on_sigterm
 from strategies.lifecycle.preflight import check_output_dir
@@ -158,7 +159,9 @@ def matches(point: Point, only: list[str]) -> bool:
 
 def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = False, only: list[str] = (),
               submit_jobs: bool = False, wait: bool = False, progress: bool | None = None,
-              oversubscribe: bool = False) -> list[PointResult]:
+              oversubscribe: bool = False, overrides: list[str] = ()) -> list[PointResult]:
+    """``overrides``: ``--set`` lines applied to every point after the study's own (a misspelled
+    key is refused here, before any point runs)."""
     study = load_study(study_path)
     out_dir = Path(out)
     check_output_dir(out_dir, "--out", "for the sweep's runs")
@@ -168,7 +171,12 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
                           "sbatch scripts, or drop --submit")
     if wait and not submit_jobs:
         raise ConfigError("--wait follows the SLURM jobs a sweep submits; add --submit (and launcher: slurm in the study)")
-    points, notes = expand(study)
+    if overrides:
+        try:
+            load_experiment(study.experiment, [*(f"{k}={json.dumps(v)}" for k, v in study.set.items()), *overrides])
+        except ConfigError as err:
+            raise ConfigError(f"--set: {err}") from None
+    points, notes = expand(study, overrides)
     points = [p for p in points if matches(p, list(only))]
     if not points:
         raise ConfigError(f"--only {' '.join(only)}: no point of {study_path} matches")
