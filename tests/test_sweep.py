@@ -127,3 +127,16 @@ def test_slurm_presets_write_one_script_per_point(tmp_path, capsys):
     assert len(scripts) == 4  # one per model width
     assert "4 sbatch script(s)" in capsys.readouterr().out
     assert all("#SBATCH --nodes=2" in s.read_text() and "#SBATCH --gpus-per-node=2" in s.read_text() for s in scripts)
+
+
+def test_a_sweeps_set_lines_reach_every_point_and_a_misspelled_key_is_refused_first(tmp_path, capsys):
+    """``kanscale sweep --set``: applied to every point after the study's own settings; a key the
+    experiment does not have is refused before any point is planned."""
+    study = str(ROOT / "configs/studies/strong_cpu.yaml")
+    assert main(["sweep", study, "--out", str(tmp_path), "--set", "training.stepz=3", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "--set:" in err and "training.stepz: unknown key; did you mean 'steps'?" in err
+    assert main(["sweep", study, "--out", str(tmp_path), "--set", "training.steps=30", "--dry-run"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if "launchers.cli train" in line]
+    assert len(commands) == len(expand(load_study(study))[0])
+    assert all(line.index("training.epochs=1") < line.index("--set training.steps=30") for line in commands)  # after the study's
