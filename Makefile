@@ -17,6 +17,12 @@ TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# C++ extensions a process compiles are kept in the virtual environment (kanscale/extensions.py),
+# exported so that every process a target starts finds them there, with the environment's own
+# ninja first on PATH: two ninjas hash a build differently and rebuild each other's.
+TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
+export TORCH_EXTENSIONS_DIR
+export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: demo test test-slow test-cluster install clean
 

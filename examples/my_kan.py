@@ -45,5 +45,9 @@ class MyKAN(nn.Module):
         return x
 
 
-def build(inputs: int = 64, outputs: int = 10, hidden: list[int] = (32,), grid: int = 5, order: int = 3) -> MyKAN:
-    return MyKAN([inputs, *hidden, outputs], grid, order)
+def build(widths: list[int], hidden: list[int] = (32,), grid: int = 5, order: int = 3) -> MyKAN:
+    """``widths`` is model.widths, which kanscale passes to a factory that names it: the input and
+    output widths the task is checked against; ``hidden`` the widths of the layers between them."""
+    if len(widths) != 2:
+        raise ValueError(f"model.widths {widths}: give [inputs, outputs]; the hidden widths go in model.options.hidden")
+    return MyKAN([widths[0], *hidden, widths[1]], grid, order)

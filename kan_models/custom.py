@@ -10,13 +10,17 @@ strategy like the zoo's families.
       wrap: {classes: [MyKANLayer]}         # the FSDP units (default: below)
 
 The factory is imported when the experiment is validated, so a wrong name is refused before
-anything is launched; it is called with ``options`` on every rank, under the experiment's seed.
+anything is launched; it is called with ``options`` on every rank, under the experiment's seed,
+and with ``widths=model.widths`` too where it names a ``widths`` parameter (so the widths the task
+is checked against are written once). A factory that takes only ``**kwargs`` is not given them:
+it may hand its keywords on to a constructor that has no ``widths``.
 Importing it runs the user's own module, as ``python -c "import my_kans"`` would: it is code the
 user chose to train, not data handed over.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 from torch import nn
 
 from kan_models.base import ModelConfig
@@ -33,23 +37,35 @@ from kanscale.errors import ConfigError
 
 
 def load_factory(spec: str) -> Callable[..., nn.Module]:
-    """The function ``module.path:function`` or ``file.py:function`` names (ValueError naming
-    ``model.factory`` and what is wrong)."""
+    """The function ``module.path:function`` or ``file.py:function`` names. A ValueError says what
+    is wrong, without the field's name: the validator raises it, and the config error that
+    reports it names the field (``model.factory: ...``) once."""
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name.isidentifier():
-        raise ValueError(f"model.factory: {spec!r} is not 'package.module:function' or 'path/to/file.py:function'")
+        raise ValueError(f"{spec!r} is not 'package.module:function' or 'path/to/file.py:function'")
     try:
         module = import_file(Path(where)) if where.endswith(".py") else importlib.import_module(where)
     except SystemExit as err:  # a script that runs itself on import: sys.exit(main())
-        raise ValueError(f"model.factory: importing {where} called sys.exit({err.code!r}); run the script's own code "
-                         "only under `if __name__ == \"__main__\":`, so that importing it defines the factory") from None
+        raise ValueError(f"importing {where} called sys.exit({err.code!r}); run the script's own code only under "
+                         "`if __name__ == \"__main__\":`, so that importing it defines the factory") from None
     except Exception as err:  # whatever the user's module raises while it is imported, not only ImportError
-        raise ValueError(f"model.factory: cannot import {where} ({type(err).__name__}: {err})") from None
+        raise ValueError(f"cannot import {where} ({type(err).__name__}: {err})") from None
     factory = getattr(module, name, None)
     if not callable(factory):
         found = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__)
-        raise ValueError(f"model.factory: {where} has no function {name!r}" + (f"; it has {', '.join(found)}" if found else ""))
+        close = difflib.get_close_matches(name, found, n=1)
+        raise ValueError(f"{where} has no function {name!r}" + (f" (it has {', '.join(found)})" if found else "")
+                         + (f"; did you mean '{where}:{close[0]}'?" if close else ""))
     return factory
+
+
+def takes_widths(factory: Callable[..., nn.Module]) -> bool:
+    """Whether the factory names a ``widths`` parameter that can be given by keyword."""
+    try:
+        parameter = inspect.signature(factory).parameters.get("widths")
+    except (TypeError, ValueError):  # a callable without a signature Python can read (some builtins)
+        return False
+    return parameter is not None and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
 
 
 def import_file(path: Path):
@@ -82,11 +98,23 @@ class CustomConfig(ModelConfig):
         load_factory(factory)
         return factory
 
+    @field_validator("options")
+    @classmethod
+    def _widths_given_once(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        factory = info.data.get("factory")  # absent where it was refused
+        if "widths" in options and factory and takes_widths(load_factory(factory)):
+            raise ValueError(f"{factory} is given model.widths as its widths; leave widths out of model.options "
+                             "(set model.widths)")
+        return options
+
     def build(self) -> nn.Module:
+        factory = load_factory(self.factory)
+        widths = {"widths": list(self.widths)} if takes_widths(factory) else {}
         try:
-            model = load_factory(self.factory)(**self.options)
+            model = factory(**widths, **self.options)
         except Exception as err:  # the user's code: say where it failed, keep its traceback
-            raise ConfigError(f"model.factory: {self.factory}(**model.options) failed: {type(err).__name__}: {err}") from err
+            called = "widths=model.widths, **model.options" if widths else "**model.options"
+            raise ConfigError(f"model.factory: {self.factory}({called}) failed: {type(err).__name__}: {err}") from err
         if not isinstance(model, nn.Module):
             raise ConfigError(f"model.factory: {self.factory} returned a {type(model).__name__}, not a torch.nn.Module")
         return model

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from kan_models import parse_model_config
 from kan_models.base import WrapPolicy
 from kan_models.wrap import wrap_units
 from kanscale.errors import ConfigError
@@ -67,7 +68,7 @@ def test_the_record_says_custom_with_its_factory_options_and_size(users_model, t
     ("my_kan.build", "is not 'package.module:function' or 'path/to/file.py:function'"),
     ("no_such_package_x.models:build", "cannot import no_such_package_x.models (ModuleNotFoundError"),
     ("missing/file.py:build", "cannot import missing/file.py (OSError: no file missing/file.py"),
-    ("examples/my_kan.py:make", "examples/my_kan.py has no function 'make'; it has build"),
+    ("examples/my_kan.py:make", "examples/my_kan.py has no function 'make' (it has build)"),
     ("torch.nn.functional:relu", None),  # importable, but fails with these options: refused when built
     ("builtins:dict", None),  # importable and callable, but returns no module
 ])
@@ -108,6 +109,74 @@ def test_a_factory_module_that_fails_on_import_is_one_line_and_exit_2(body, mess
     assert lines[0] == f"kanscale: error: {config} is invalid:" and len(lines) == 2, proc.stderr
     assert lines[1].startswith("  - model.factory: ") and message.format(file=module) in lines[1], proc.stderr
     assert not (tmp_path / "runs").exists()  # refused before anything ran
+
+
+WIDTHS = """
+from torch import nn
+
+
+def stack(widths, bias=True):  # names widths: kanscale passes model.widths
+    return nn.Sequential(*(nn.Linear(a, b, bias=bias) for a, b in zip(widths, widths[1:])))
+
+
+def keyword_only(*, widths):
+    return stack(widths)
+
+
+def forwards_its_keywords(**options):  # **kwargs alone: not given widths, which nn.Linear would refuse
+    return nn.Linear(64, 10, **options)
+"""
+
+
+@pytest.mark.parametrize("function, widths", [("stack", [64, 32, 10]), ("keyword_only", [64, 10]),
+                                              ("forwards_its_keywords", [64, 10])])
+def test_a_factory_that_names_widths_is_given_model_widths(tmp_path, function, widths):
+    module = tmp_path / "widths_kan.py"
+    module.write_text(WIDTHS)
+    config = experiment(f"{module}:{function}", str(tmp_path / "runs"))
+    config["model"].update(widths=widths, options={"bias": False} if function != "keyword_only" else {})
+    cfg = parse_experiment(config)
+    preflight(cfg, "cpu", 1)  # the model it builds maps the task's 64 inputs to its 10 classes
+    linears = [m for m in cfg.model.build().modules() if isinstance(m, nn.Linear)]
+    assert [linears[0].in_features, *(m.out_features for m in linears)] == widths
+    assert all(m.bias is None for m in linears) == (function != "keyword_only")  # and options still reach it
+
+
+def test_widths_in_the_options_of_a_factory_that_is_given_them_are_refused_and_the_fix_works(tmp_path):
+    module = tmp_path / "widths_kan.py"
+    module.write_text(WIDTHS)
+    config = experiment(f"{module}:stack", str(tmp_path / "runs"))
+    config["model"]["options"] = {"widths": [64, 10]}
+    with pytest.raises(ConfigError) as refused:
+        parse_experiment(config)
+    line = str(refused.value).splitlines()[1]
+    assert line == (f"  - model.options: {module}:stack is given model.widths as its widths; leave widths out of "
+                    "model.options (set model.widths)")
+    del config["model"]["options"]["widths"]  # the fix the message gives
+    assert isinstance(parse_experiment(config).model.build(), nn.Sequential)
+
+
+def test_a_misspelled_factory_names_its_field_once_and_its_suggestion_trains(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    from launchers.cli import main
+
+    config = experiment("examples/my_kan.py:buld", str(tmp_path / "runs"))
+    config["training"].update(steps=4, warmup_steps=1)
+    path = tmp_path / "custom.yaml"
+    path.write_text(json.dumps(config))
+    assert main(["train", str(path), "--no-progress"]) == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if "buld" in line]
+    assert line.count("model.factory") == 1, line
+    assert line.startswith("  - model.factory: examples/my_kan.py has no function 'buld' (it has build); "
+                           "did you mean 'examples/my_kan.py:build'?"), line
+    with pytest.raises(ValueError) as from_python:  # the validator's own message, as the Python API shows it
+        parse_model_config(config["model"])
+    assert "model.factory" not in str(from_python.value) and "has no function 'buld'" in str(from_python.value)
+    config["model"]["factory"] = line.split("did you mean '")[1].split("'")[0]  # the fix the message gives
+    path.write_text(json.dumps(config))
+    assert main(["train", str(path), "--no-progress"]) == 0
+    (record,) = (tmp_path / "runs").glob("*/summary.json")
+    assert json.loads(record.read_text())["status"] == "ok"
 
 
 SHAPED = """

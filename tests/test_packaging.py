@@ -1,9 +1,11 @@
-"""A plain (not editable) install works away from the checkout: the shipped configs are in the
-wheel, presets resolve by name, and ``kanscale --version`` answers."""
+"""A plain (not editable) install works away from the checkout: the wheel builds without a
+setuptools warning and holds every data file the packages read (the shipped configs, the schema
+JSONs, the reference table), presets resolve by name, and ``kanscale --version`` answers."""
 
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -14,15 +16,43 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The source folders of the wheel's packages, and where each lands in it.
+IN_WHEEL = {"analysis": "analysis", "kan_models": "kan_models", "kanscale": "kanscale", "launchers": "launchers",
+            "strategies": "strategies", "configs": "kanscale/configs"}
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """The project built into a wheel and installed (without dependencies, which this
-    environment has) into a directory of its own."""
+def built(tmp_path_factory) -> tuple[Path, str]:
+    """The project built into a wheel, and what the build printed."""
     work = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
                             str(work / "dist"), str(ROOT)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = (work / "dist").glob("kanscale-*.whl")
+    return wheel, build.stdout + build.stderr
+
+
+def test_the_wheel_builds_without_a_setuptools_warning(built):
+    _, output = built
+    warned = [line for line in output.splitlines() if "warning" in line.lower()]
+    assert not warned, "\n".join(warned)  # e.g. "Package would be ignored", "project.license as a TOML table"
+
+
+def test_the_wheel_holds_every_data_file_of_its_packages(built):
+    wheel, _ = built
+    held = set(zipfile.ZipFile(wheel).namelist())
+    data = {f"{into}/{path.relative_to(ROOT / source).as_posix()}" for source, into in IN_WHEEL.items()
+            for path in (ROOT / source).rglob("*")
+            if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts}
+    assert {"analysis/run_record.schema.json", "kanscale/configs/studies/demo_cpu.yaml"} <= data  # what it looks at
+    assert sorted(data - held) == []
+
+
+@pytest.fixture(scope="module")
+def installed(built, tmp_path_factory) -> Path:
+    """The wheel installed (without dependencies, which this environment has) into a directory of its own."""
+    wheel, _ = built
+    work = tmp_path_factory.mktemp("site")
     target = work / "site"
     install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
                               str(wheel)], capture_output=True, text=True, timeout=300)

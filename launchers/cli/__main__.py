@@ -1,7 +1,18 @@
-"""``python -m launchers.cli``: what every rank of a launch runs."""
+"""``python -m launchers.cli``, what every rank of a launch runs, and the ``kanscale`` console
+script: the process settings every command of the suite runs with, then the command."""
 
 import sys
 
+from kanscale.extensions import keep_builds_in_environment
+from kanscale.warnings_once import show_deprecations_once
 from launchers.cli import main
 
-sys.exit(main())
+
+def run() -> int:
+    keep_builds_in_environment()  # before any rank starts: they inherit it
+    show_deprecations_once()
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(run())

@@ -14,8 +14,8 @@ import pytest
 from tests.cluster.cli import SHORT, STRATEGY_FOR, cli_env, explain, job_logs, kanscale, records, submitted_job
 from tests.cluster.daemons import which
 
-# Job time limits: ranks import torch (and deepspeed) on 2 shared cores; the first DeepSpeed CPU
-# run of a user builds its C++ extension (100-140 s, then cached in ~/.cache/torch_extensions).
+# Job time limits: ranks import torch (and deepspeed) on 2 shared cores (DeepSpeed builds no C++
+# op on CPUs: strategies/backends/deepspeed.py, prepare_import).
 JOB_TIMEOUT = {"torchrun": 300, "accelerate": 300, "deepspeed": 480}
 
 
