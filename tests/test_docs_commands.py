@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import io
 import os
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -83,8 +80,8 @@ def test_every_command_parses_and_names_files_that_exist(command):
     elif command.program == "python" or command.program == "torchrun":
         script = next(w for w in words if w.endswith(".py"))
         given = {w.split("=")[0] for w in words if w.startswith("--") and words.index(w) > words.index(script)}
-        shown = script_help(script)
-        assert all(option in shown for option in given), (given, shown)
+        source = (ROOT / script).read_text()  # its argparse options, read rather than run (torch imports take seconds)
+        assert all(f'"{option}"' in source for option in given), f"{command.where}: {script} has no {given}"
     else:
         assert command.program == "make" and make_recipe(command.argv[1]), f"{command.where}: no make target"
         for line in make_recipe(command.argv[1]):
@@ -109,13 +106,6 @@ def test_make_test_runs_in_ci_and_make_demo_plans(sandbox, monkeypatch):
     with contextlib.redirect_stdout(io.StringIO()) as printed, contextlib.redirect_stderr(io.StringIO()):
         assert main([*sweeps[0][1:], "--dry-run"]) == 0
     assert printed.getvalue().count("launchers.cli train") >= 10  # every point of the comparison
-
-
-@functools.cache
-def script_help(script: str) -> str:
-    shown = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True)
-    assert shown.returncode == 0, shown.stderr
-    return shown.stdout
 
 
 def dry_run_words(command: DocCommand) -> list[str]:
