@@ -15,6 +15,7 @@ import pandas as pd
 from analysis.labels import strategy_label, topology_label
 from analysis.records import CONFIG_FILE, STEPS_FILE, SUMMARY_FILE, RecordError, read_summary
 from analysis.schema import RunRecord
+from kanscale.directories import runs_directory
 from kanscale.errors import ConfigError
 from kanscale.files import read_mapping
 from kanscale.identity import digest, identity
@@ -54,17 +55,6 @@ def record_row(record: RunRecord, run_dir: Path) -> dict:
         "repeat_key": digest(repeat), "repeat_config": repeat,
     })
     return row
-
-
-def runs_directory(directory: str | Path) -> Path:
-    """``directory`` as a Path, or a ConfigError naming it when it is not a directory."""
-    directory = Path(directory)
-    if not directory.exists():
-        raise ConfigError(f"{directory}: no such directory; give the directory a sweep or `kanscale train --out` wrote "
-                          "its runs to")
-    if not directory.is_dir():
-        raise ConfigError(f"{directory}: not a directory; give the directory that holds the run directories")
-    return directory
 
 
 def load_runs(directory: str | Path) -> tuple[pd.DataFrame, list[Problem]]:

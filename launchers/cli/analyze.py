@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from kanscale.directories import check_output_dir, runs_directory
 from launchers.cli.common import common_options
 
 
@@ -23,12 +24,11 @@ def main(args: argparse.Namespace) -> int:
     """Exit 0 with a report (one that says so when DIR holds no records); a DIR that does not
     exist, or a report directory that cannot be written, is a ConfigError (exit 2) and nothing
     is written."""
+    runs_directory(args.runs)  # before the seconds of importing pandas and matplotlib
+    check_output_dir(args.out or Path(args.runs) / "report", "--out" if args.out else "--out (not given: DIR/report)",
+                     "to write the report in (--out REPORT_DIR)")
     from analysis.report import analyze, summary_line
-    from strategies.lifecycle.preflight import check_output_dir
 
-    if args.out or Path(args.runs).is_dir():  # a DIR that does not exist is refused as such by analyze()
-        check_output_dir(args.out or Path(args.runs) / "report", "--out" if args.out else "--out (not given: DIR/report)",
-                         "to write the report in (--out REPORT_DIR)")
     report = analyze(args.runs, args.out)
     if report.verdict is not None:
         print(report.verdict.markdown())

@@ -77,16 +77,18 @@ def exit_code(err: BaseException, args: argparse.Namespace) -> int:
     """Print what went wrong in one line (re-raise under --debug) and return the exit code:
     2 for input the suite refuses, 130 for Ctrl-C, 1 for a run that failed."""
     from analysis.records import RecordError
-    from strategies.lifecycle.failures import Terminated
 
     if isinstance(err, KeyboardInterrupt):
         print("kanscale: interrupted", file=sys.stderr)
         return 130
-    if args.debug or not isinstance(err, (Exception, Terminated)):
-        raise err
-    if isinstance(err, (ConfigError, RecordError)):
+    if not args.debug and isinstance(err, (ConfigError, RecordError)):
         print(f"kanscale: error: {err}", file=sys.stderr)
         return 2
+    # imported only here: it imports torch, seconds a refused input need not wait
+    from strategies.lifecycle.failures import Terminated
+
+    if args.debug or not isinstance(err, (Exception, Terminated)):
+        raise err
     # A run that failed: its record says why; the traceback is for --debug.
     print(f"kanscale: {args.command} failed: {type(err).__name__}: {err} (rerun with --debug for the traceback)",
           file=sys.stderr)

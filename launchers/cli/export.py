@@ -6,6 +6,7 @@ import argparse
 import shlex
 from pathlib import Path
 
+from kanscale.directories import check_output_dir
 from kanscale.errors import ConfigError
 from launchers.cli.common import common_options
 
@@ -25,7 +26,6 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from strategies.lifecycle.export import export
-    from strategies.lifecycle.preflight import check_output_dir
 
     # before anything is loaded: torch.save would replace nothing and fail on a directory
     if Path(args.out).is_dir():

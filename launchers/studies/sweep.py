@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from analysis.records import RecordError, read_summary
 from analysis.schema import RunRecord
+from kanscale.directories import check_output_dir
 from kanscale.errors import ConfigError
 from launchers.launch.commands import LaunchSpec
 from launchers.launch.request import RunRequest
@@ -48,7 +49,6 @@ from launchers.studies.study import Point, StudyConfig, axis_label, expand, load
 from strategies.experiment import load_experiment
 from strategies.lifecycle.checkpoint import latest_checkpoint
 from strategies.lifecycle.failures import STOPPED, Terminated, raise_on_sigterm
-from strategies.lifecycle.preflight import check_output_dir
 from strategies.lifecycle.run_lock import DirectoryLock
 
 # Two names for this machine: the deepspeed launcher needs one distinct host name per node.

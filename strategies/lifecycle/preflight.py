@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from kanscale.directories import check_output_dir
 from kanscale.errors import ConfigError
 from strategies.batch_plan import BatchPlan
 from strategies.experiment import ExperimentConfig
@@ -180,21 +181,3 @@ def check_threads(threads: int | None, ranks_here: int) -> None:
                   f"for its {cores} cores; the ranks will compete for cores and the timings mean little; set "
                   f"runtime.threads to at most {max(1, cores // ranks_here)} or leave it unset", ThreadsBeyondCores,
                   stacklevel=2)
-
-
-def check_output_dir(path: str | Path, field: str, purpose: str) -> None:
-    """Refuse a directory that cannot be created or written here: a file at it or in its path,
-    or a nearest existing directory that this user cannot write."""
-    path = Path(path)
-    # os.path.exists, not Path.exists: a path below a directory this user cannot search is
-    # "not there" rather than a PermissionError; the last parent, "." or "/", exists
-    existing = next(p for p in (path, *path.parents) if os.path.exists(p))
-    if existing == path and not path.is_dir():
-        raise ConfigError(f"{field}: {path} is a file; give a directory {purpose}")
-    if not existing.is_dir():
-        raise ConfigError(f"{field}: {path} cannot be created: {existing} is a file, not a directory; give a "
-                          f"directory {purpose}")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        what = "it" if existing == path else f"{existing}, where it would be created,"
-        raise ConfigError(f"{field}: {path} cannot be written: {what} is not writable by this user (read-only); "
-                          f"give a directory you can write {purpose}, or change the permissions")
