@@ -1,8 +1,8 @@
 """Files a user names and files the suite ships.
 
-The shipped configs (``configs/`` in a checkout) travel inside the wheel as ``kanscale/configs``,
-so presets resolve the same way from a checkout, an editable install and a plain
-``pip install``. A path a config names is looked up as given (absolute, or relative to the
+The shipped configs (``configs/`` in a checkout, linked from ``kanscale/configs``) travel inside
+the wheel as ``kanscale/configs``, so presets resolve the same way from a checkout, an editable
+install and a plain ``pip install``. A path a config names is looked up as given (absolute, or relative to the
 working directory), then among the shipped configs: ``configs/deepspeed/zero3.json`` works from
 any directory.
 
@@ -26,9 +26,10 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def configs_dir() -> Path:
-    """The shipped configs: the wheel's copy, else the checkout's ``configs/``."""
+    """The shipped configs: the wheel's copy, else the checkout's ``configs/`` (which
+    kanscale/configs links to: resolved, so messages name the folder a user sees)."""
     packaged = _PACKAGE_DIR / "configs"
-    return packaged if packaged.is_dir() else _PACKAGE_DIR.parent / "configs"
+    return packaged.resolve() if packaged.is_dir() else _PACKAGE_DIR.parent / "configs"
 
 
 def find_file(path: str, field: str, what: str) -> Path:

@@ -38,6 +38,19 @@ def test_the_wheel_builds_without_a_setuptools_warning(built):
     assert not warned, "\n".join(warned)  # e.g. "Package would be ignored", "project.license as a TOML table"
 
 
+def test_the_editable_install_make_install_does_is_quiet(tmp_path):
+    """``make install`` installs the checkout editable: pip runs setuptools' build_editable, and
+    what it prints reaches the user (a package-dir mapping once made it warn on every install)."""
+    # -W error: any warning the backend gives (setuptools' InformationOnly included) fails the build
+    build = subprocess.run([sys.executable, "-W", "error", "-c", "import sys, setuptools.build_meta as backend; "
+                            "print(backend.build_editable(sys.argv[1]))", str(tmp_path)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = tmp_path.glob("kanscale-*.whl")
+    finders = [name for name in zipfile.ZipFile(wheel).namelist() if "finder" in name]
+    assert not finders, finders  # a path entry in a .pth, not setuptools' import finder
+
+
 def test_the_wheel_holds_every_data_file_of_its_packages(built):
     wheel, _ = built
     held = set(zipfile.ZipFile(wheel).namelist())
