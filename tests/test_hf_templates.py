@@ -92,8 +92,19 @@ def test_concrete_values_are_adopted_and_recorded_with_their_keys(tmp_path):
     assert t._adopted["training.lr"] == f"{name}: optimizer.params.lr = 3e-05"
     assert t._adopted["training.betas"] == f"{name}: optimizer.params.betas = [0.8, 0.999]"
     assert t._adopted["training.precision"] == f"{name}: fp16.enabled = true"
-    # zero_optimization.reduce_bucket_size 0, as the file has it, reaches DeepSpeed
-    assert cfg.strategy.resolve(t, 2)["zero_optimization"]["reduce_bucket_size"] == 0
+    # zero_optimization.reduce_bucket_size 0 (each gradient on its own), which DeepSpeed 0.19 refuses,
+    # reaches DeepSpeed and the record as 1, the same bucketing
+    assert cfg.strategy.resolve(t, 2)["zero_optimization"]["reduce_bucket_size"] == 1
+    assert cfg.strategy.resolved(cfg.model).reduce_bucket_size == 1
+
+
+def test_a_zero_value_deepspeed_refuses_is_named_before_launch(tmp_path):
+    native = tmp_path / "ds.json"
+    native.write_text(json.dumps({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": -1}}))
+    cfg = load_experiment(experiment_file(tmp_path), [f"strategy={{name: deepspeed, config: {native}}}"])
+    with pytest.raises(ConfigError) as refused:
+        cfg.strategy.resolve(cfg.training, 2)
+    assert f"zero_optimization.stage3_max_live_parameters is -1 in {native}, which DeepSpeed refuses" in str(refused.value)
 
 
 def test_auto_values_are_filled_from_the_experiment(tmp_path):

@@ -18,7 +18,7 @@ import logging
 import os
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 from torch import nn
 
 from analysis.projection.step_model import StrategyModel
@@ -27,6 +27,7 @@ from kanscale.errors import ConfigError
 from kanscale.files import find_file, read_mapping
 from strategies.backends.deepspeed_config import (
     AUTO,
+    EQUIVALENT_VALUES,
     OPTION_KEYS,
     Resolution,
     check_async_io,
@@ -87,11 +88,17 @@ class DeepSpeedConfig(StrategyConfig):
     overlap_comm: bool = Field(False, description="overlap gradient reduction with the backward pass")
     contiguous_gradients: bool = Field(True, description="copy gradients into one buffer as they are produced")
     reduce_bucket_size: int = Field(500_000_000, ge=0, description="elements reduced at a time (0: each gradient "
-                                                                  "on its own, as Transformers' ZeRO-3 test config has it)")
+                                                                  "on its own, as Transformers' ZeRO-3 test config has "
+                                                                  "it; run and recorded as 1, which DeepSpeed takes)")
     allgather_bucket_size: int = Field(500_000_000, ge=1, description="elements gathered at a time (stage 1-2)")
     param_persistence_threshold: int = Field(
         0, ge=0, description="stage 3: parameters smaller than this stay whole on every rank; DeepSpeed's default, "
                              "100000, would keep every parameter of the study's models unsharded")
+
+    @field_validator("reduce_bucket_size")
+    @classmethod
+    def _as_deepspeed_runs_it(cls, value: int) -> int:
+        return cls._from_native("reduce_bucket_size", value)
 
     # The native file as read, and each resolution by (training, world size): a process reads the
     # file once and resolves it once, however often the record, the checks and the backend ask.
@@ -146,8 +153,12 @@ class DeepSpeedConfig(StrategyConfig):
 
     @staticmethod
     def _from_native(option: str, value: Any) -> Any:
-        """A native file's value in the option's terms (offload devices are on/off here)."""
-        return value not in ("none", None) if option.startswith("offload_") else value
+        """A native file's value in the option's terms (offload devices are on/off here; a value
+        DeepSpeed refuses but runs by another, as it runs)."""
+        if option.startswith("offload_"):
+            return value not in ("none", None)
+        refused, same = EQUIVALENT_VALUES.get(OPTION_KEYS[option], (None, None))
+        return same if refused is not None and value == refused else value
 
     def label(self) -> str:
         return zero_label(self.zero_stage, self.offload_optimizer or self.offload_param)

@@ -79,6 +79,11 @@ MISSPELLING_CUTOFF = 0.8
 # "auto" values that depend on neither the experiment nor the model, as Accelerate fills them:
 # the suite saves DeepSpeed checkpoints and consolidates them itself, so no 16-bit copy.
 FIXED_AUTOS: dict[KeyPath, Any] = {("zero_optimization", "stage3_gather_16bit_weights_on_model_save"): False}
+# Values published files carry that this DeepSpeed refuses but whose meaning it can run, with the
+# value that means the same. Transformers' ZeRO-3 test config reduces each gradient on its own with
+# reduce_bucket_size 0, which DeepSpeed 0.19 refuses (it must be > 0): a bucket of one element never
+# holds two gradients either.
+EQUIVALENT_VALUES: dict[KeyPath, tuple[Any, Any]] = {("zero_optimization", "reduce_bucket_size"): (0, 1)}
 
 
 # DeepSpeed's dynamic loss scaling set to torch.amp.GradScaler's schedule, which the other
@@ -247,6 +252,9 @@ def resolve_native(native: dict[str, Any], training: TrainingConfig, world_size:
     for path, value in {**hidden_size_values(hidden), **FIXED_AUTOS}.items():
         if get_path(config, path) == AUTO:
             set_path(config, path, value)
+    for path, (refused, same) in EQUIVALENT_VALUES.items():
+        if get_path(config, path) == refused:
+            set_path(config, path, same)
     unresolved = [".".join(path) for path in auto_paths(config)]
     if unresolved:
         problems.append(f"the suite cannot fill \"auto\" for {', '.join(unresolved)}; give a value in {source} "
@@ -260,8 +268,29 @@ def resolve_native(native: dict[str, Any], training: TrainingConfig, world_size:
     unknown = unknown_keys(native)
     fixes = {key: fix for key in unknown if (fix := misspelled(key))}
     problems += [f"{key} is not a DeepSpeed key; did you mean {fix}? (rename it in {source})" for key, fix in fixes.items()]
+    if not problems:
+        problems += zero_values_refused(config, source)
     config.update(suite_owned_flags())
     return Resolution(config, training, problems, [key for key in unknown if key not in fixes])
+
+
+def zero_values_refused(config: dict[str, Any], source: str) -> list[str]:
+    """The ``zero_optimization`` values DeepSpeed's own config model refuses, each named by its full
+    key: checked here, before launch, rather than by ``deepspeed.initialize`` inside every rank."""
+    zero = config.get("zero_optimization")
+    if not isinstance(zero, dict):
+        return []
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig  # DeepSpeed's own rules, not a copy of them
+    from pydantic import ValidationError
+
+    try:
+        with warnings.catch_warnings():  # its deprecation notices are DeepSpeed's to give, inside the ranks
+            warnings.simplefilter("ignore")
+            DeepSpeedZeroConfig(**zero)
+    except ValidationError as err:
+        return [f"zero_optimization.{'.'.join(str(part) for part in error['loc'])} is {as_json(error.get('input'))} "
+                f"in {source}, which DeepSpeed refuses: {error['msg']}; change it in {source}" for error in err.errors()]
+    return []
 
 
 def warn_unchecked(resolution: Resolution, source: str) -> None:
