@@ -17,6 +17,7 @@ from analysis.derive import derive
 from analysis.load import Problem, load_runs
 from analysis.paper import paper_comparison, probe_costs
 from analysis.plots import study_plots
+from analysis.prediction import prediction_table
 from analysis.records import SUMMARY_FILE
 from analysis.tables import Table, study_table
 from analysis.verdict import Verdict, verdict
@@ -74,6 +75,9 @@ def analyze(runs_dir: str | Path, out: str | Path | None = None) -> Report:
         probe = probe_costs(derived, report.problems)
         if probe is not None:
             report.tables.append(probe)
+        predicted = prediction_table(runs_dir)
+        if predicted is not None:
+            report.tables.append(predicted)
     for table in report.tables:
         table.data.to_csv(out / f"{table.name}.csv", index=False)
         (out / f"{table.name}.md").write_text(table.markdown(), encoding="utf-8")
@@ -134,6 +138,8 @@ def write_html(report: Report, runs_dir: Path) -> Path:
         parts += [f"<h2>Study: {html.escape(study)}</h2>", table_html(by_name[study])] + [embedded_png(p) for p in plots]
     if "paper" in by_name:
         parts += ["<h2>The published study side by side</h2>", table_html(by_name["paper"])]
+    if "recommend" in by_name:
+        parts += ["<h2>Predicted by kanscale recommend, and measured</h2>", table_html(by_name["recommend"])]
     if "paper_probe" in by_name:
         parts += ["<h2>What the published study's probe costs</h2>", table_html(by_name["paper_probe"])]
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'>"

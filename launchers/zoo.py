@@ -1,14 +1,20 @@
-"""The zoo's models as ``kanscale commbench`` and ``kanscale project`` see them: a model config's
-parameter layout (the projection's ModelShape), and the model config a ``kanscale bench`` row
-measured."""
+"""The zoo's models as ``kanscale commbench``, ``project`` and ``recommend`` see them: a model
+config's parameter layout (the projection's ModelShape), and the model config a ``kanscale bench``
+row measured."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 from types import SimpleNamespace
 from typing import Any
 
+from torch import nn
+
 from analysis.projection import ModelShape
 from kan_models import build_model, parse_model_config
+from kan_models.base import ModelConfig
+from kan_models.wrap import wrap_units
 from launchers.bench import implementation_config, split_impl
 
 
@@ -17,13 +23,24 @@ def model_shape(config: dict[str, Any]) -> ModelShape:
     root's own parameters, then each KAN layer: what FSDP gathers one at a time), and the layer
     widths where tensor parallelism can cut its layers."""
     cfg = parse_model_config(config)
-    model = build_model(cfg, seed=0)
+    model = meta_sketch(cfg) or build_model(cfg, seed=0)  # meta: a model too large for this machine, in milliseconds
     tensors = tuple(p.numel() for p in model.parameters() if p.requires_grad)
-    layers = [sum(p.numel() for p in block.parameters() if p.requires_grad) for block in model.blocks]
+    blocks = wrap_units(model, cfg.wrap)  # what FSDP shards one at a time, for the zoo and a user's model alike
+    layers = [sum(p.numel() for p in block.parameters() if p.requires_grad) for block in blocks]
     root = sum(tensors) - sum(layers)
+    cuttable = bool(blocks) and all(hasattr(b, "layer_split") for b in blocks) and len(blocks) == len(cfg.widths) - 1
     return ModelShape(label=cfg.describe(), tensors=tensors, units=tuple(([root] if root else []) + layers),
-                      params=sum(p.numel() for p in model.parameters()),
-                      widths=tuple(cfg.widths) if all(hasattr(b, "layer_split") for b in model.blocks) else ())
+                      params=sum(p.numel() for p in model.parameters()), widths=tuple(cfg.widths) if cuttable else ())
+
+
+def meta_sketch(cfg: ModelConfig) -> nn.Module | None:
+    """The model on the meta device (shapes, no storage), or None for a family that computes
+    while it builds (pykan fits its splines by least squares, which meta tensors cannot)."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # pykan prints why its fit failed
+            return cfg.sketch()
+    except Exception:  # noqa: BLE001 - whatever the family's constructor does on meta tensors
+        return None
 
 
 def bench_model_config(doc: dict[str, Any], workload: str, impl: str) -> dict[str, Any]:

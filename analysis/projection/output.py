@@ -18,11 +18,11 @@ from analysis.tables import count, fixed, percent
 
 
 def assumptions(shape: ModelShape, profiles: dict[str, ComputeProfile], net: Network, compute_scale: float,
-                contention: float, probe: bool) -> list[str]:
+                contention: float, probe: bool, memory: str = "activations not counted") -> list[str]:
     any_profile = next(iter(profiles.values()))
     forward = f"{any_profile.forward_source} {any_profile.forward_fraction:.2f}"
     return [
-        f"model: {shape.label}, {shape.trainable:,} trainable parameters, fp32, Adam; activations not counted",
+        f"model: {shape.label}, {shape.trainable:,} trainable parameters, fp32, Adam; {memory}",
         "compute: " + "; ".join(sorted({p.source for p in profiles.values()}))
         + f"; linear in samples per rank; x{compute_scale:g}" + (f", x{contention:g} more when P > 1" if contention != 1
                                                                    else "") + f"; forward share {forward}",

@@ -7,11 +7,11 @@ import sys
 
 from kanscale import __version__
 from launchers.cli import (
-    analyze, bench, commbench, compare_paper, export, models, project, run, schema, sweep, train,
+    analyze, bench, commbench, compare_paper, export, models, project, recommend, run, schema, sweep, train,
 )
 from launchers.cli.common import exit_code
 
-SUBCOMMANDS = (train, run, sweep, analyze, compare_paper, export, commbench, project, models, schema, bench)
+SUBCOMMANDS = (train, run, sweep, analyze, compare_paper, export, commbench, project, recommend, models, schema, bench)
 
 EPILOG = """examples:
   kanscale train quickstart
@@ -21,6 +21,7 @@ EPILOG = """examples:
   kanscale run paper_kan64 --launcher slurm --nnodes 4 --nproc-per-node 2 --dry-run
   kanscale sweep configs/studies/strong_cpu.yaml --out runs/strong
   kanscale analyze runs/strong
+  kanscale recommend quickstart --nproc-per-node 2
   kanscale models --widths 2,64,1
   kanscale schema > run_record.schema.json
 """

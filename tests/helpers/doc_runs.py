@@ -43,6 +43,8 @@ COVERED = {
     "sweep": "a study: tests/test_sweep.py and tests/test_analysis.py run sweeps and their analysis end to end",
     "bench": "a benchmark: tests/test_bench.py runs kanscale bench",
     "commbench": "a benchmark: tests/test_commbench.py runs kanscale commbench on one node and across two agents",
+    "recommend": "a recommendation (probes of every strategy, minutes): tests/test_recommend.py runs kanscale recommend "
+                 "with a cluster file and with --validate here",
     "launcher": "a launcher line: tests/test_backends_cli.py starts torchrun, deepspeed and accelerate launch as users do",
     "option": "one training option under one strategy: the option's own tests train it under every strategy "
               "(tests/test_compile_training.py, test_data_loader.py, test_precision.py)",
@@ -71,7 +73,7 @@ def not_run(command: DocCommand) -> str | None:
 
 def _kind(command: DocCommand) -> str | None:
     words, sub = list(command.argv), command.subcommand
-    if sub in ("sweep", "bench", "commbench"):
+    if sub in ("sweep", "bench", "commbench", "recommend"):
         return sub
     if command.program in ("torchrun", "accelerate", "deepspeed") and sub is not None:
         return "launcher" if "--resume" not in words else None  # a resume continues a run before it

@@ -1,0 +1,269 @@
+"""``kanscale recommend``: which strategy, layout and micro-batch to train an experiment's KAN
+with on a target (a cluster file, or this machine), predicted from short measurements here and
+the projection model, explained, and checked against real runs with ``--validate``.
+
+The steps: every candidate strategy trains briefly on one rank here (launchers/recommend/probe.py:
+compute, bookkeeping and what a process holds beside the model state); the target's links come
+from its cluster file or are measured now (launchers/recommend/target.py); each strategy is laid
+out on the target at the largest micro-batch that fits (analysis/projection/advice.py) and ranked;
+the top pick's ``kanscale run`` command is printed."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from analysis import projection as pj
+from analysis.documents import json_out
+from analysis.format import human_bytes
+from analysis.projection.advice import Candidate, Target, assumption_lines, lay_out, ranked
+from analysis.projection.memory import StepMemory, peak_memory
+from kanscale.errors import ConfigError
+from kanscale.files import preset_names
+from launchers.recommend.probe import (
+    PROBE_SETTINGS, Probe, device_step_memory, probe_micro_batch, probe_study, read_probe,
+)
+from launchers.recommend.target import cluster_target, memory_here, read_cluster, this_machine
+from launchers.zoo import meta_sketch, model_shape
+from strategies.experiment import ExperimentConfig, experiment_path, load_experiment, load_strategy
+
+@dataclass
+class RecommendRequest:
+    config: str
+    overrides: list[str] = field(default_factory=list)
+    cluster: str | None = None
+    network: list[str] | None = None
+    nproc_per_node: int | None = None
+    nnodes: int | None = None
+    global_batch: int | None = None
+    memory_per_device: float | None = None
+    strategies: str | None = None
+    contention: float = 1.0
+    validate: int = 0
+    json: str | None = None
+    out: str = "runs/recommend"
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    target: Target
+    experiment: ExperimentConfig
+    shape: pj.ModelShape
+    global_batch: int
+    candidates: list[Candidate]
+    excluded: dict[str, str]
+    probe: Probe
+    assumptions: list[str]
+    command: list[str] | None
+
+    @property
+    def pick(self) -> Candidate | None:
+        return next((c for c in self.candidates if c.fits), None)
+
+
+def check_request(r: RecommendRequest) -> None:
+    """The flags, before anything is measured."""
+    numbers = {"--nproc-per-node": r.nproc_per_node, "--nnodes": r.nnodes, "--global-batch": r.global_batch,
+               "--memory-per-device": r.memory_per_device, "--contention": r.contention}
+    bad = [flag for flag, value in numbers.items() if value is not None and value <= 0]
+    if bad:
+        raise ConfigError(f"{', '.join(bad)}: must be positive")
+    if r.validate < 0:
+        raise ConfigError(f"--validate: the number of top picks to train, 0 or more; got {r.validate}")
+    if r.validate and (r.cluster or (r.nnodes or 1) > 1):
+        raise ConfigError("--validate trains the picks on this machine, one node; drop --cluster and --nnodes to "
+                          "validate, or drop --validate to predict for the cluster")
+    if r.cluster and r.network:
+        raise ConfigError("--cluster and --network both describe the links; give one")
+    if r.json:
+        json_out(r.json, "--json")
+
+
+def candidate_strategies(r: RecommendRequest, cfg: ExperimentConfig, ranks: int,
+                         shape: pj.ModelShape) -> tuple[dict[str, pj.StrategyModel], dict[str, str]]:
+    """The strategies laid out, by the name that loads them (a preset, or a preset file): those
+    named, or every shipped preset, less those that cannot run this model at this many ranks or
+    that the projection does not model, each with why."""
+    names = [s.strip() for s in r.strategies.split(",") if s.strip()] if r.strategies else preset_names("strategies")
+    if not names:
+        raise ConfigError("--strategies: name at least one preset, e.g. --strategies ddp,zero2,fsdp2")
+    kept: dict[str, pj.StrategyModel] = {}
+    excluded: dict[str, str] = {}
+    for name in names:
+        strategy = load_strategy(name, cfg.model, "--strategies")
+        m = strategy.cost_model()
+        if m is None:
+            excluded[name] = "the projection does not model its options yet (docs/projection.md)"
+        elif not m.multi_rank and ranks > 1:
+            excluded[name] = f"trains on one rank; the target has {ranks}"
+        elif m.tp != 1 and not shape.widths:
+            excluded[name] = f"cuts layers that declare how (bspline, rbf, chebyshev); {shape.label} does not"
+        else:
+            try:
+                strategy.mesh_shape(ranks)
+                strategy.preflight(cfg.training, "cpu", ranks)
+                kept[name] = m
+            except ConfigError as err:
+                excluded[name] = str(err)
+    if not kept:
+        raise ConfigError(f"--strategies: none of {', '.join(names)} can be laid out for this model at {ranks} ranks: "
+                          + "; ".join(f"{k}: {v}" for k, v in excluded.items()))
+    return kept, excluded
+
+
+def check_state_fits(models: dict[str, pj.StrategyModel], shape: pj.ModelShape, ranks: int, capacity: float,
+                     offload_on_device: bool) -> None:
+    """Refuse, before anything is measured, a model whose state and gathers alone exceed every
+    rank's memory under every candidate: nothing the probes could measure would make it fit."""
+    nothing = StepMemory("none", 0.0, 0.0)
+    least = {name: peak_memory(m, shape, ranks, 0, nothing, offload_on_device).total for name, m in models.items()}
+    name = min(least, key=least.get)
+    if least[name] > capacity:
+        raise ConfigError(f"--memory-per-device: {shape.label} fits nowhere: its model state alone under {name}, the "
+                          f"least of the candidates, is {human_bytes(least[name])} per rank at {ranks} ranks, and a rank "
+                          f"has {human_bytes(capacity)}; give more ranks (--nnodes, --nproc-per-node), a smaller model "
+                          "(model.widths, model.grid), or devices with more memory")
+
+
+def global_batch_of(r: RecommendRequest, cfg: ExperimentConfig, ranks: int) -> int:
+    t = cfg.training
+    if r.global_batch:
+        return r.global_batch
+    if t.global_batch:
+        return t.global_batch
+    return (t.micro_batch or 1) * t.grad_accum * ranks
+
+
+def probe_names(models: dict[str, pj.StrategyModel], cfg: ExperimentConfig) -> list[str]:
+    """The strategies trained on one rank for the probe: the one-process reference (whose probe a
+    strategy without its own takes) and each candidate that one rank can start (a fixed TP degree
+    above 1 cannot)."""
+    reference = next(name for name in preset_names("strategies") if load_strategy(name, cfg.model).reference)
+    return [reference, *(name for name, m in models.items() if name != reference and m.tp in (0, 1))]
+
+
+def run_probe(r: RecommendRequest, cfg: ExperimentConfig, labels: list[str], micro_batch: int) -> Probe:
+    from launchers.studies.sweep import run_sweep
+
+    study, out = probe_study(experiment_path(r.config), r.overrides, labels, micro_batch, Path(r.out) / "probe")
+    print(f"[recommend] 1-rank probes of {', '.join(labels)} at {micro_batch} samples per step, "
+          f"{PROBE_SETTINGS['training.steps']} steps each", file=sys.stderr)
+    results = run_sweep(str(study), str(out), resume=out.exists(), overrides=r.overrides, progress=False)
+    failed = [res for res in results if res.status not in ("ok", "skipped")]
+    for res in failed:
+        print(f"[recommend] probe {res.point}: {res.status}: {res.detail}", file=sys.stderr)
+    try:
+        return read_probe(out, device_step_memory(cfg, micro_batch), micro_batch)
+    except ValueError as err:
+        raise ConfigError(f"the 1-rank probes under {out} finished none ({err}); see {out}/logs") from None
+
+
+def recommend(r: RecommendRequest) -> Recommendation:
+    check_request(r)
+    cfg = load_experiment(r.config, r.overrides)
+    cluster = read_cluster(r.cluster, r.memory_per_device) if r.cluster else None
+    shape = model_shape(cfg.model.model_dump())
+    per_node = r.nproc_per_node or (cluster.ranks_per_node if cluster else 2)
+    ranks = (r.nnodes or 1) * per_node
+    models, excluded = candidate_strategies(r, cfg, ranks, shape)
+    check_state_fits(models, shape, ranks, cluster.memory_per_rank if cluster else memory_here(per_node, r.memory_per_device),
+                     offload_on_device=cluster is None)
+    global_batch = global_batch_of(r, cfg, ranks)
+    probe = run_probe(r, cfg, probe_names(models, cfg), probe_micro_batch(shape.trainable, max(1, global_batch // ranks)))
+    reference = probe.compute["*"]  # the one-process reference's
+    if cluster:
+        target = cluster_target(cluster, r.nnodes, per_node, 6 * shape.trainable, reference)
+    else:
+        target = this_machine(per_node, r.memory_per_device, r.network, Path(r.out), r.contention)
+    spread = compute_spread(probe.runs)
+    def beside(m: pj.StrategyModel) -> StepMemory:  # a GPU's allocator holds no process, a CPU rank's RSS does
+        own = stand_in(m, probe, models)
+        memory = probe.beside[own] if target.offload_on_device else probe.device
+        measured = probe.optimizer_bytes.get(own)
+        counters = measured - pj.model_state(m, shape, 1)["optimizer"] if measured is not None else 0.0
+        return replace(memory, counters=max(0.0, counters))
+
+    laid_out = []
+    for m in models.values():
+        c = lay_out(m, shape, probe.compute[stand_in(m, probe, models)], beside(m), target, global_batch, spread)
+        laid_out.append(replace(c, largest_widths=largest_widths(m, cfg, c, target, beside(m))))
+    candidates = ranked(laid_out)
+    notes = pj.assumptions(shape, probe.compute, target.network, target.compute_scale, target.contention, False,
+                           memory="memory below")
+    recommendation = Recommendation(target, cfg, shape, global_batch, candidates, excluded, probe,
+                                    notes + assumption_lines(target, spread), None)
+    return Recommendation(**{**recommendation.__dict__, "command": run_command(r, recommendation)})
+
+
+def stand_in(m: pj.StrategyModel, probe: Probe, models: dict[str, pj.StrategyModel]) -> str:
+    """Whose probe a strategy's prediction starts from: its own; for one that cuts layers without
+    its own (fsdp2_tp, whose TP degree one rank cannot start), a probed one that cuts layers (tp),
+    whose DTensor bookkeeping it shares; else the one-process reference's (``*``)."""
+    probed = [label for label in probe.compute if label in probe.beside]
+    cutting = [o.label for o in models.values() if o.tp != 1 and o.label in probed]
+    if m.label in probed:
+        return m.label
+    return cutting[0] if m.tp != 1 and cutting else "*"
+
+
+def largest_widths(m: pj.StrategyModel, cfg: ExperimentConfig, c: Candidate, target: Target,
+                   beside: StepMemory) -> list[int] | None:
+    """At fixed depth, the widest model that fits under strategy ``m`` at the candidate's
+    micro-batch: the hidden widths scaled by one factor (the first and last stay the task's), the
+    model state of each exact (its shape on the meta device), the saved bytes per sample scaled
+    with the hidden widths (estimated). None where the model has no hidden layer, nothing fits, or
+    the model cannot be built on the meta device (pykan fits its splines while it builds: each
+    try would build a real model, minutes at the widths searched)."""
+    widths = list(cfg.model.widths)
+    if len(widths) < 3 or not c.fits or meta_sketch(cfg.model) is None:
+        return None
+
+    def scaled(factor: float) -> list[int]:
+        return [widths[0], *(max(1, round(w * factor)) for w in widths[1:-1]), widths[-1]]
+
+    def fits(factor: float) -> bool:
+        try:
+            shape = model_shape(cfg.model.model_copy(update={"widths": scaled(factor)}).model_dump())
+        except Exception:  # noqa: BLE001 - a family that cannot take these widths: not wider
+            return False
+        grown = StepMemory(beside.source, beside.fixed, beside.per_sample * sum(scaled(factor)) / sum(widths))
+        return peak_memory(m, shape, target.ranks, c.micro_batch, grown, target.offload_on_device).total \
+            <= target.memory_per_rank
+
+    low, high = 1.0, 2.0
+    while fits(high) and high < 2**12:
+        low, high = high, high * 2
+    for _ in range(12):  # to about 0.1% of the factor
+        middle = (low + high) / 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return scaled(low)
+
+
+def compute_spread(runs: Path) -> float:
+    """The probes' relative spread between timing windows (median over runs): half the range of
+    the windows' rates over their median."""
+    from analysis.records import SUMMARY_FILE, read_summary
+
+    spreads = []
+    for summary in runs.rglob(SUMMARY_FILE):
+        t = read_summary(summary).throughput
+        if t and t.samples_per_s and t.samples_per_s_low is not None and t.samples_per_s_high is not None:
+            spreads.append((t.samples_per_s_high - t.samples_per_s_low) / (2 * t.samples_per_s))
+    return sorted(spreads)[len(spreads) // 2] if spreads else 0.0
+
+
+def run_command(r: RecommendRequest, rec: Recommendation) -> list[str] | None:
+    """The ``kanscale run`` line that trains the pick as recommended."""
+    pick = rec.pick
+    if pick is None:
+        return None
+    command = ["kanscale", "run", r.config, *(f for o in r.overrides for f in ("--set", o)), "--strategy", pick.strategy,
+               "--nproc-per-node", str(rec.target.ranks_per_node)]
+    if rec.target.nodes > 1:  # nodes meet where a scheduler places them: one sbatch script
+        command += ["--nnodes", str(rec.target.nodes), "--launcher", "slurm"]
+    if not rec.target.offload_on_device:  # a cluster file's ranks are GPUs
+        command += ["--slurm-device", "cuda"] if rec.target.nodes > 1 else ["--set", "runtime.device=cuda"]
+    command += ["--set", f"training.global_batch={rec.global_batch}", "--set", "training.micro_batch=null",
+                "--set", f"training.grad_accum={pick.grad_accum}"]
+    return command

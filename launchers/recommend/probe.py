@@ -1,0 +1,134 @@
+"""What ``kanscale recommend`` measures on this machine before it predicts: each candidate
+strategy trained briefly on one rank (its compute, its own bookkeeping per step, and what its
+process holds beside the model state, as the suite's records measure them), and the bytes
+autograd saves per sample (what the micro-batch adds to a rank's memory).
+
+The one-rank runs are a sweep of the suite's own (launchers/studies/sweep.py), so they are real
+runs with records, kept under ``OUT/probe``; a later ``recommend`` with the same ``--out`` reuses
+the ones that finished (the sweep's resume)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from analysis import projection as pj
+from analysis.records import SUMMARY_FILE, read_summary
+from analysis.projection.memory import StepMemory
+from strategies.experiment import ExperimentConfig
+
+# A probe run: one warm-up step, then two timing windows of two steps, each followed by one step
+# of the one-process replica (the compute the projection starts from).
+PROBE_SETTINGS = {"training.steps": 5, "training.warmup_steps": 1, "training.epochs": None,
+                  "training.checkpoint_every": 0, "training.grad_accum": 1, "training.global_batch": None,
+                  "measurement.window_steps": 2, "measurement.baseline": "replica", "measurement.baseline_steps": 1}
+# The most arithmetic a probe step does (6 x parameters per sample): about half a second on one
+# core here, so every probe of a large model takes seconds; compute per sample, the projection's
+# input, is taken as linear in the samples above this.
+PROBE_STEP_FLOP = 12e9
+
+
+def probe_micro_batch(trainable: int, micro_batch: int) -> int:
+    """The samples per probe step: the target's micro-batch, up to PROBE_STEP_FLOP of work."""
+    return max(1, min(micro_batch, int(PROBE_STEP_FLOP / (6 * max(trainable, 1)))))
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Per strategy label (``*``: any strategy without a run of its own, from the one-process
+    reference's) its compute profile and what a rank holds beside the model state."""
+
+    compute: dict[str, pj.ComputeProfile]
+    beside: dict[str, StepMemory]  # a process's resident memory (this machine's ranks)
+    optimizer_bytes: dict[str, float]  # the optimizer state each strategy's 1-rank run recorded
+    device: StepMemory  # what the allocator holds (a GPU rank's device memory)
+    micro_batch: int
+    runs: Path
+
+
+def keyed_dir(base: Path, identity: Any) -> Path:
+    """``base/KEY``, KEY a digest of ``identity`` (the experiment and its settings): a later call
+    with the same ``--out`` and the same experiment reuses its runs, and one with another experiment
+    writes beside them instead of mixing with them."""
+    return base / hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def probe_study(config: Path, overrides: Sequence[str], strategies: Sequence[str], micro_batch: int,
+                base: Path) -> tuple[Path, Path]:
+    """The study of one-rank runs, written beside the directory its runs go to; both paths."""
+    settings = {**PROBE_SETTINGS, "training.micro_batch": micro_batch}
+    out = keyed_dir(base, [str(config.resolve()), list(overrides), settings])
+    study = {"study": "recommend-probe", "preset": "custom", "experiment": str(config.resolve()),
+             "description": "kanscale recommend: each candidate strategy on one rank, briefly",
+             "set": settings, "matrix": {"strategy": list(strategies), "topology": ["1x1"]}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.with_suffix(".yaml")
+    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    return path, out
+
+
+def device_step_memory(cfg: ExperimentConfig, micro_batch: int) -> StepMemory:
+    """What a rank's device holds beside the model state, by the allocator's count: the task's
+    data (every rank holds it) and the bytes autograd saves per sample, from two micro-batches of
+    the task's own data through the model as the experiment builds it (a forward each)."""
+    import torch
+
+    from kan_models import build_model
+    from launchers.bench import saved_bytes
+
+    model = build_model(cfg.model, seed=cfg.training.seed)
+    data = cfg.task.generate(cfg.training.seed)
+    small, large = max(1, micro_batch // 2), max(2, micro_batch)
+    index = torch.arange(large) % data.x_train.shape[0]
+    x, y = data.x_train[index].float(), data.y_train[index]
+    y = y.float() if y.is_floating_point() else y
+
+    def saved(n: int) -> int:
+        return saved_bytes(model, lambda: cfg.task.loss_sum(model(x[:n]), y[:n]))
+
+    per_sample = max(0.0, (saved(large) - saved(small)) / (large - small))
+    held = sum(t.element_size() * t.numel() for t in (data.x_train, data.y_train, data.x_test, data.y_test))
+    return StepMemory("the task's data and saved-for-backward bytes per sample, counted here", held, per_sample)
+
+
+def read_probe(runs: Path, device: StepMemory, micro_batch: int) -> Probe:
+    """The finished one-rank runs under ``runs``: compute profiles (the projection's own reading of
+    one-rank runs) and, per strategy, its peak less its model state as the fixed part of what a
+    rank holds beside the state."""
+    compute, _ = pj.profiles_from_runs(runs)
+    beside: dict[str, list[float]] = {}
+    optimizer: dict[str, float] = {}
+    references = []
+    for summary in runs.rglob(SUMMARY_FILE):
+        record = read_summary(summary)
+        if record.status != "ok" or record.topology.world_size != 1:
+            continue
+        peak = record.memory.peak_device_bytes or record.memory.peak_rss_bytes
+        state = sum(record.memory.model_state.model_dump().values())
+        beside.setdefault(record.strategy.label, []).append(peak - state - device.per_sample * micro_batch)
+        optimizer[record.strategy.label] = record.memory.model_state.optimizer
+        if record.strategy.reference:
+            references.append(record.strategy.label)
+    where = f"peak less model state of its own 1-rank run under {runs}"
+    memory = {label: StepMemory(f"{label}: {where}", fixed=max(0.0, sorted(values)[len(values) // 2]),
+                                per_sample=device.per_sample) for label, values in beside.items()}
+    reference = (references or sorted(memory))[0]  # the one-process reference's, as compute's "*" is
+    memory["*"] = StepMemory(f"{reference}'s {where}, for strategies without their own", memory[reference].fixed,
+                             device.per_sample)
+    optimizer["*"] = optimizer[reference]
+    return Probe(compute, memory, optimizer, device, micro_batch, runs)
+
+
+def probe_summary(probe: Probe) -> dict[str, Any]:
+    """The probe as the JSON document records it."""
+    return {"runs": str(probe.runs), "micro_batch": probe.micro_batch, "saved_bytes_per_sample": probe.device.per_sample,
+            "data_bytes": probe.device.fixed,
+            "compute": {label: {"source": p.source, "samples": p.samples, "compute_s": p.compute_s,
+                                "data_s": p.data_s, "overhead_s": p.overhead_s} for label, p in probe.compute.items()},
+            "beside_state_bytes": {label: m.fixed for label, m in probe.beside.items()}}
