@@ -142,8 +142,8 @@ def quick_comparison(runs: pd.DataFrame) -> pd.DataFrame:
     table["params"] = table["params"].map(count)
     table["samples/s"] = table["samples/s"].map(count)
     one_process = ok["topology.world_size"].to_numpy() == 1
-    table["comm overhead"] = [("not measured" if pd.isna(v) else
-                               f"{percent(v)} beyond compute (1 process)" if single else percent(v))
+    table["comm overhead"] = [f"{'not measured' if pd.isna(v) else percent(v)} beyond compute (1 process)" if single
+                              else "not measured" if pd.isna(v) else percent(v)
                               for v, single in zip(table["comm overhead"], one_process)]
     table["model state / rank"] = table["model state / rank"].map(human_bytes)
     table["final loss"] = table["final loss"].map(general)

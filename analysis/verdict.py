@@ -248,10 +248,11 @@ def caveats(table: pd.DataFrame) -> list[str]:
 
 def text_table(table: pd.DataFrame) -> pd.DataFrame:
     def comm(row: pd.Series) -> str:
+        if row["world_size"] == 1:  # no communication: what the figure measures is overhead beyond compute
+            measured = "not measured" if pd.isna(row["comm_overhead"]) else percent(row["comm_overhead"])
+            return f"{measured} beyond compute (1 process: no comm)"
         if pd.isna(row["comm_overhead"]):
             return "not measured"
-        if row["world_size"] == 1:  # no communication: what the figure measures is overhead beyond compute
-            return f"{percent(row['comm_overhead'])} beyond compute (1 process: no comm)"
         methods = {True: "methods agree", False: f"methods differ: {row['comm_trusted']}"}.get(row["comm_agree"], "one method")
         return f"{percent(row['comm_overhead'])} ({methods})"
 

@@ -70,7 +70,7 @@ def test_baseline_off_records_no_exposed_communication(tmp_path, capsys):
     assert record.memory.replica_bytes == 0 and record.throughput.samples_per_s > 0
     assert all(s.comm_s_max is None for s in read_steps(run_dir / "steps.jsonl"))
     assert main(["analyze", str(tmp_path)]) == 0
-    assert "not measured" in capsys.readouterr().out
+    assert "not measured beyond compute (1 process: no comm)" in capsys.readouterr().out  # never "comm"
 
 
 @pytest.mark.parametrize("preset, world, compile, expected", [
