@@ -172,3 +172,24 @@ def test_a_sharded_save_that_fills_the_disk_on_two_ranks_is_recorded(tmp_path, s
     assert not (run_dir / "checkpoints/step-000009.tmp").exists()
     kept = complete_checkpoints(run_dir)
     assert [c.path.name for c in kept] == ["step-000003", "step-000006"] and [verify(c) for c in kept] == [None, None]
+
+
+def test_a_failed_launch_deletes_partial_saves_no_rank_holds_any_more(tmp_path):
+    """A rank still writing its part when rank 0 recorded the failure (and deleted the partial
+    save) creates it again: the launcher deletes it once every rank has ended, and leaves alone a
+    run whose lock a live process holds."""
+    from strategies.lifecycle.resume import discard_abandoned_saves
+    from strategies.lifecycle.run_lock import RunLock
+
+    ended, running = tmp_path / "ended", tmp_path / "running"
+    for run_dir in (ended, running):
+        (run_dir / "checkpoints/step-000009.tmp").mkdir(parents=True)
+        (run_dir / "checkpoints/step-000009.tmp/rank1.pt").write_bytes(b"part")
+        (run_dir / "checkpoints/step-000006").mkdir()
+    held = RunLock.acquire(running)
+    try:
+        discard_abandoned_saves(tmp_path)
+    finally:
+        held.release()
+    assert not (ended / "checkpoints/step-000009.tmp").exists() and (ended / "checkpoints/step-000006").is_dir()
+    assert (running / "checkpoints/step-000009.tmp/rank1.pt").exists()

@@ -6,6 +6,7 @@ import argparse
 import json
 import shlex
 import sys
+from pathlib import Path
 
 from launchers.cli.common import add_experiment_options, at_least, common_options, experiment_overrides, port_number
 
@@ -97,5 +98,5 @@ def main(args: argparse.Namespace) -> int:
         print(f"wrote {script}", file=sys.stderr)
         print(reply or f"submit it with: sbatch {shlex.quote(str(script))} (or rerun with --submit)", file=sys.stderr)
         return 0
-    return execute(launch)
+    return execute(launch, runs=Path(request.out))
 

@@ -33,6 +33,7 @@ from strategies.backends.accelerate_launch import launch_config_conflicts
 from strategies.experiment import ExperimentConfig
 from strategies.lifecycle.failures import raise_on_sigterm
 from strategies.lifecycle.preflight import Machines, check_device, preflight
+from strategies.lifecycle.resume import discard_abandoned_saves
 
 LAUNCHER_PACKAGES = {"torchrun": "torch", "accelerate": "accelerate", "deepspeed": "deepspeed"}
 
@@ -187,10 +188,11 @@ def plan(request: RunRequest, cfg: ExperimentConfig | None = None) -> tuple[Expe
     return cfg, request, build_launch(request, cfg)
 
 
-def execute(launch: Launch, log: Path | None = None) -> int:
+def execute(launch: Launch, log: Path | None = None, runs: Path | None = None) -> int:
     """Write the launch's files, start its commands together and wait. If one fails, the others
     are stopped rather than left waiting for it; if this process is interrupted or terminated,
-    all of them are. Returns the first non-zero exit code, or 0."""
+    all of them are. Returns the first non-zero exit code, or 0. ``runs``: the output directory,
+    whose abandoned partial checkpoints a failed launch deletes once every rank has ended."""
     raise_on_sigterm()
     for path, text in launch.files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -211,7 +213,10 @@ def execute(launch: Launch, log: Path | None = None) -> int:
     finally:
         if sink:
             sink.close()
-    return next((c for c in codes if c != 0), 0)
+    code = next((c for c in codes if c != 0), 0)
+    if code and runs is not None:
+        discard_abandoned_saves(runs)
+    return code
 
 
 def wait_all(procs: list[subprocess.Popen]) -> list[int]:

@@ -320,7 +320,7 @@ def run_point(study: StudyConfig, point: Point, out: Path, earlier: EarlierRuns,
     before = set(out.glob("*/summary.json"))
     try:
         with no_strays(point.key):
-            code = execute(launch, log=log)
+            code = execute(launch, log=log, runs=out)
     except (Terminated, KeyboardInterrupt) as err:  # execute() has stopped the launch's processes
         raise SweepStopped(outcome(point, key, out, request, log, before, start, stopped_by=stop_signal(err),
                                    replaced=replaced)) from None

@@ -27,6 +27,7 @@ from kanscale.identity import differences as config_differences, identity
 from strategies.distributed import DistEnv
 from strategies.experiment import ExperimentConfig
 from strategies.lifecycle.checkpoint import (
+    PARTIAL,
     Checkpoint,
     discard_partial_saves,
     latest_checkpoint,
@@ -176,3 +177,20 @@ def open_attempt(cfg: ExperimentConfig, env: DistEnv, run_dir: Path, resume: boo
     return Attempt(run_dir, number=len(previous.resumed_at_steps) + 2, lock=lock, previous=previous,
                    checkpoint=Checkpoint(Path(outcome["checkpoint"]), outcome["meta"]),
                    steps=[StepRecord.model_validate(s) for s in outcome["steps"]])
+
+
+def discard_abandoned_saves(out: Path) -> None:
+    """Delete the partial checkpoints (``step-N.tmp``) of every run under ``out`` that no process
+    holds any more: what the launcher does once all its ranks have ended with a failure. Rank 0
+    deletes its run's partial save when it records the failure, but another rank may still be
+    writing its part then (DeepSpeed creates the directory again); only after the last rank has
+    ended is the partial save surely abandoned. A run whose lock is held is left alone."""
+    for run_dir in sorted({p.parent.parent for p in Path(out).glob(f"*/checkpoints/*{PARTIAL}")}):
+        try:
+            lock = RunLock.acquire(run_dir)
+        except ConfigError:  # still owned: a run of its own is in progress there
+            continue
+        try:
+            discard_partial_saves(run_dir)
+        finally:
+            lock.release()
