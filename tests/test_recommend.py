@@ -200,5 +200,25 @@ def test_a_model_that_fits_nowhere_is_refused_naming_what_to_change(tmp_path):
                     "--strategies", "ddp,zero3", "--out", str(tmp_path / "rec"))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "fits nowhere" in proc.stderr and "zero3, the least of the candidates" in proc.stderr
-    assert "--nnodes" in proc.stderr and "model.widths" in proc.stderr
+    # ZeRO-3 gathers every parameter for its step: more ranks would not make room, so it does not say so
+    assert "more ranks do not help" in proc.stderr and "model.widths" in proc.stderr
     assert not (tmp_path / "rec").exists()
+
+
+def test_the_ranks_a_refusal_names_fit_the_model_and_a_layer_too_wide_for_any_is_said_so():
+    """The fix the refusal recommends, followed: at the ranks it names the model passes the check;
+    and where a layer gathered whole cannot fit, it says more ranks do not help."""
+    from kanscale.errors import ConfigError
+    from launchers.recommend.advise import check_state_fits
+
+    shape = model_shape({"family": "bspline", "widths": [2, 512, 512, 1], "grid": 5})
+    models = {"ddp": strategy("ddp"), "zero3": strategy("zero3")}
+    capacity = 10 * shape.trainable  # ZeRO-3: 20 bytes a parameter shared by the ranks, 8 gathered whole
+    with pytest.raises(ConfigError) as refused:
+        check_state_fits(models, shape, 2, capacity, offload_on_device=True)
+    ranks = int(str(refused.value).split("give at least ")[1].split()[0])
+    check_state_fits(models, shape, ranks, capacity, offload_on_device=True)  # fits: nothing raised
+    with pytest.raises(ConfigError) as refused:
+        check_state_fits({"fsdp2": strategy("fsdp2")}, model_shape({**MODEL, "widths": [2, 4096, 4096, 1]}), 2,
+                         64 * 2**20, offload_on_device=True)
+    assert "more ranks do not help" in str(refused.value)

@@ -115,15 +115,25 @@ def candidate_strategies(r: RecommendRequest, cfg: ExperimentConfig, ranks: int,
 def check_state_fits(models: dict[str, pj.StrategyModel], shape: pj.ModelShape, ranks: int, capacity: float,
                      offload_on_device: bool) -> None:
     """Refuse, before anything is measured, a model whose state and gathers alone exceed every
-    rank's memory under every candidate: nothing the probes could measure would make it fit."""
+    rank's memory under every candidate: nothing the probes could measure would make it fit. The
+    refusal names the ranks that would fit it, or says that no number of ranks would (what a step
+    gathers whole, a layer under FSDP, does not shrink with the ranks)."""
     nothing = StepMemory("none", 0.0, 0.0)
-    least = {name: peak_memory(m, shape, ranks, 0, nothing, offload_on_device).total for name, m in models.items()}
-    name = min(least, key=least.get)
-    if least[name] > capacity:
-        raise ConfigError(f"--memory-per-device: {shape.label} fits nowhere: its model state alone under {name}, the "
-                          f"least of the candidates, is {human_bytes(least[name])} per rank at {ranks} ranks, and a rank "
-                          f"has {human_bytes(capacity)}; give more ranks (--nnodes, --nproc-per-node), a smaller model "
-                          "(model.widths, model.grid), or devices with more memory")
+
+    def least(p: int) -> tuple[float, str]:
+        return min((peak_memory(m, shape, p, 0, nothing, offload_on_device).total, name) for name, m in models.items())
+
+    need, name = least(ranks)
+    if need <= capacity:
+        return
+    enough = next((p for p in (ranks * 2**i for i in range(1, 17)) if least(p)[0] <= capacity), None)
+    fix = (f"give at least {enough} ranks (--nnodes, --nproc-per-node), a smaller model (model.widths, model.grid), "
+           "or devices with more memory" if enough else
+           "more ranks do not help (what a step holds whole, a layer's parameters under FSDP, does not shrink with "
+           "them): give a smaller model (model.widths, model.grid) or devices with more memory")
+    raise ConfigError(f"--memory-per-device: {shape.label} fits nowhere: its model state and what the backend gathers "
+                      f"under {name}, the least of the candidates, take {human_bytes(need)} per rank at {ranks} ranks, "
+                      f"and a rank has {human_bytes(capacity)}; {fix}")
 
 
 def global_batch_of(r: RecommendRequest, cfg: ExperimentConfig, ranks: int) -> int:
