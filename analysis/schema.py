@@ -170,8 +170,8 @@ class Memory(Record):
                                                                    "training steps, less the replica's; None on CPU")
     peak_rss_bytes: int | None = Field(None, ge=0, description="peak resident set size of the process (max over ranks), "
                                                                "during training steps, less the replica's")
-    replica_bytes: int | None = Field(None, ge=0, description="what the compute baseline held (max over ranks), measured "
-                                                              "when it was built, taken off the peaks (0 with none)")
+    replica_bytes: int | None = Field(None, ge=0, description="what the compute baseline held (max over ranks): the replica's tensors, counted "
+                                                              "after its warm-up, taken off the peaks (0 with none)")
     model_state: ModelStateBytes = Field(description="bytes each kind of model state takes on the rank holding the most of it")
 
 

@@ -13,6 +13,7 @@ import yaml
 from analysis import projection as pj
 from analysis.projection.advice import Target, lay_out, ranked
 from analysis.projection.memory import StepMemory, gathered_bytes, largest_micro_batch, peak_memory
+from analysis.records import read_summary
 from launchers.zoo import model_shape
 from tests.helpers.launch import ROOT, child_env
 
@@ -162,6 +163,8 @@ def test_validate_trains_the_picks_and_sets_the_prediction_beside_the_measuremen
     assert "Order predicted:" in proc.stdout
     (runs,) = [d for d in (out / "validate").iterdir() if d.is_dir()]  # one experiment validated
     assert f"kanscale analyze {runs}" in proc.stdout
+    # the peak compared is the strategy's own: no compute baseline's working memory in it
+    assert {read_summary(p).measurement.baseline for p in runs.glob("*/summary.json")} == {"off"}
     report = subprocess.run([sys.executable, "-m", "launchers.cli", "analyze", str(runs)],
                             capture_output=True, text=True, cwd=ROOT, env=child_env(), timeout=300)
     assert report.returncode == 0, report.stderr[-2000:]
