@@ -76,6 +76,10 @@ class Topology(Record):
     device_type: str
     device_name: str
     threads_per_rank: int | None = Field(None, ge=1, description="torch intra-op threads of each rank")
+    mesh: dict[str, int] | None = Field(
+        None, description="the run's device mesh, ranks per dimension (dp_replicate: whole replicas, dp_shard: ranks "
+                          "one replica's state is sharded over, tp: ranks each layer is cut over), laid out row-major "
+                          "with tp fastest; None in records from before it was kept")
 
 
 class BatchInfo(Record):
@@ -133,6 +137,17 @@ class CommExposure(Record):
         description="the method comm_exposed_s and comm_overhead use; none: no method measured a time (a baseline "
                     "switched off, or every method read below zero)")
     note: str = Field(description="what the two methods say, in words")
+
+
+class CommBytes(Record):
+    """What one step moved, by the links it crossed (strategies/measure/comm_bytes.py)."""
+
+    step: int = Field(ge=1, description="the step counted (the last warm-up step)")
+    intra_node_bytes: float = Field(ge=0.0, description="bytes a rank sent to ranks of its own node (ring count; max "
+                                                        "over ranks)")
+    inter_node_bytes: float = Field(ge=0.0, description="bytes a rank sent over collectives whose group spans nodes")
+    intra_node_collectives: int = Field(ge=0)
+    inter_node_collectives: int = Field(ge=0)
 
 
 class ModelStateBytes(Record):
@@ -209,7 +224,9 @@ class Environment(Record):
     accelerate: str | None = None
     pykan: str | None = None
     platform: str
-    hosts: list[str]
+    hosts: list[str] = Field(description="the machines the ranks ran on (under SLURM, its node names)")
+    rank_hosts: list[str] | None = Field(None, description="each rank's machine, in rank order: which ranks shared a "
+                                                           "node (None in records from before it was kept)")
     cpu_count: int | None = Field(None, ge=1, description="CPU cores rank 0 could run on (its affinity mask)")
     gpu_model: str | None = None
     slurm_job_id: str | None = Field(None, description="the SLURM job the run ran in, if any")
@@ -255,6 +272,8 @@ class RunRecord(Record):
     comm_overhead: float | None = Field(None, ge=-1.0, le=1.0, description="comm_exposed_s / step time; None where "
                                                                                 "comm_exposed_s is (see comm)")
     comm: CommExposure | None = None
+    comm_bytes: CommBytes | None = Field(None, description="bytes one step moved inside and across nodes; None for one "
+                                                           "process, a compiled run, or none warm-up step to count on")
     measurement: MeasurementInfo | None = None
     memory: Memory | None = None
     final_loss: float | None = Field(None, description="training loss of the last step (global mean)")

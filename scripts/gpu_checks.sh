@@ -65,6 +65,12 @@ check single_cudagraphs $PY -m launchers.cli train "$EXP" "${COMMON[@]}" --out "
 check tp                torchrun_train tp --strategy tp
 check tp_bf16           torchrun_train tp_bf16 --strategy tp --set training.precision=bf16
 check fsdp2_tp          torchrun_train fsdp2_tp --strategy fsdp2_tp --set strategy.tp_degree="$NPROC"
+# hybrid sharding over NCCL: shard groups of 1 rank, so 2 GPUs make a real replicate x shard mesh
+check hsdp              torchrun_train hsdp --strategy hsdp --set strategy.shard_degree=1
+check fsdp1_hybrid      torchrun_train fsdp1_hybrid --strategy fsdp1_hybrid --set strategy.shard_degree=1
+# ZeRO++: hpZ at the GPUs there are, and the quantized collectives the CPU accelerator refuses
+check zero3_hpz_quantized torchrun_train zero3_hpz_q --strategy zero3_hpz --set strategy.hpz_partition_size="$NPROC" \
+  --set strategy.quantized_weights=true --set strategy.quantized_gradients=true
 
 check zero2             torchrun_train zero2 --strategy zero2
 check zero3_offload     torchrun_train zero3_offload --strategy zero3_offload

@@ -179,4 +179,6 @@ def device_name(device: torch.device) -> str:
 
 
 def hostname() -> str:
-    return socket.gethostname()
+    """This machine's name; under SLURM the node's name in the cluster (SLURMD_NODENAME), which
+    is what its tools show and what tells two node entries on one machine apart."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()

@@ -47,6 +47,25 @@ class MeshShape:
                               f"launch a multiple of {tp} ranks or change {field.split('.')[-1]}")
         return cls(**{dp: world_size // tp, "tp": tp})
 
+    @classmethod
+    def hybrid(cls, world_size: int, shard_degree: int | str, ranks_per_node: int | None, field: str) -> MeshShape:
+        """Hybrid sharding: the model state sharded over ``shard_degree`` consecutive ranks (``node``:
+        the ranks of one node, ``world``: every rank) and replicated over the groups that makes.
+        Row-major, the shard groups are consecutive ranks, so a node that holds a whole group keeps
+        the group's all-gathers and reduce-scatters on its own links and only the replicas'
+        all-reduce crosses nodes. ``field`` names the option, for the errors."""
+        per_node = ranks_per_node or world_size
+        shard = {"node": per_node, "world": world_size}.get(shard_degree, shard_degree)
+        if not isinstance(shard, int) or shard < 1 or world_size % shard:
+            raise ConfigError(f"{field}: {shard_degree} ranks per shard group does not divide the world size "
+                              f"{world_size} (replicas x shard degree = world size); give a divisor of {world_size}, "
+                              "or node (the ranks of one node) or world (every rank)")
+        if shard_degree != "node" and shard % per_node and per_node % shard:
+            raise ConfigError(f"{field}: shard groups of {shard} ranks on nodes of {per_node} would cut a group across "
+                              f"a node boundary and leave others inside it; give a divisor or a multiple of {per_node} "
+                              "(node: one node's ranks)")
+        return cls(dp_replicate=world_size // shard, dp_shard=shard)
+
     def sizes(self) -> dict[str, int]:
         return {dim: getattr(self, dim) for dim in DIMS}
 

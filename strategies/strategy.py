@@ -76,9 +76,11 @@ class StrategyConfig(Section):
         strategy merges one from several sources; None where it does not."""
         return None
 
-    def mesh_shape(self, world_size: int) -> MeshShape:
-        """The run's device mesh at ``world_size`` (strategies/mesh.py): whole replicas by default;
-        a sharding backend shards over ``dp_shard``, tensor parallelism cuts over ``tp``."""
+    def mesh_shape(self, world_size: int, ranks_per_node: int | None = None) -> MeshShape:
+        """The run's device mesh at ``world_size`` ranks, ``ranks_per_node`` of them on each node
+        (None: all on one) (strategies/mesh.py): whole replicas by default; a sharding backend
+        shards over ``dp_shard`` (hybrid sharding: one node's ranks, replicated over ``dp_replicate``),
+        tensor parallelism cuts over ``tp``."""
         return MeshShape(dp_replicate=world_size)
 
     def compute_replica(self, model: nn.Module, env: DistEnv) -> nn.Module:

@@ -74,14 +74,15 @@ def lay_out(m: StrategyModel, shape: ModelShape, compute: ComputeProfile, beside
     P = target.ranks
     tp = m.tp_ranks(P)
     replicas = P // tp
-    largest = largest_micro_batch(m, shape, P, beside, target.memory_per_rank, target.offload_on_device)
+    largest = largest_micro_batch(m, shape, P, beside, target.memory_per_rank, target.offload_on_device,
+                                  target.ranks_per_node)
     per_replica = global_batch // replicas if global_batch % replicas == 0 else 0
     # the fewest micro-batches per step (a divisor of the replica's samples) that fit; else one sample each
     accum = next((d for d in range(1, min(per_replica, MAX_ACCUMULATION) + 1)
                   if per_replica % d == 0 and per_replica // d <= largest), min(per_replica, MAX_ACCUMULATION) or 1)
     micro = per_replica // accum if per_replica and per_replica % accum == 0 else 0
     fits = 0 < micro <= largest
-    peak = peak_memory(m, shape, P, micro, beside, target.offload_on_device)
+    peak = peak_memory(m, shape, P, micro, beside, target.offload_on_device, target.ranks_per_node)
     projection = project_step(m, shape, compute, target.network,
                               Scenario(P, nodes_for(P, target.ranks_per_node), micro * accum, target.compute_scale,
                                        target.contention)) if micro else None
@@ -132,7 +133,7 @@ def assumption_lines(target: Target, compute_spread: float) -> list[str]:
         f"{target.memory_per_rank / 2**30:.2f} GiB per rank",
         "memory per rank: model state exact (as the records count it); plus what the backend holds whole during a "
         "step (ZeRO-3 every parameter and the whole gradient, FSDP two layers' parameters and one layer's "
-        "gradient, ZeRO-1/2 the whole gradient); plus " + (
+        "gradient, ZeRO-1/2 the whole gradient; hybrid sharding from its shard group); plus " + (
             "the strategy's measured 1-rank peak less its model state, with saved-for-backward bytes per sample for "
             "other micro-batches" if target.offload_on_device else
             "the task's data and the saved-for-backward bytes per sample, counted here"),

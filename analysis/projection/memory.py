@@ -49,18 +49,18 @@ class PeakMemory:
         return self.model_state + self.gathered + self.beside
 
 
-def gathered_bytes(m: StrategyModel, shape: ModelShape, ranks: int) -> float:
+def gathered_bytes(m: StrategyModel, shape: ModelShape, ranks: int, ranks_per_node: int | None = None) -> float:
     """What the backend holds whole beyond the rank's share at its step's peak: ZeRO-3 every
     parameter (gathered before forward, kept through backward) and the whole gradient it
     reduce-scatters; FSDP two layers' parameters (the one computing and the next, prefetched) and
     one layer's whole gradient; ZeRO-1/2 the whole gradient they all-reduce before keeping their
-    shard. One rank gathers nothing."""
+    shard. One rank gathers nothing; hybrid sharding gathers from its shard group only."""
     b = shape.dtype_bytes
     tp = m.tp_ranks(ranks)
-    dp = ranks // tp
-    if dp == 1:
+    group = m.shard_ranks(ranks // tp, ranks_per_node)
+    if group == 1:
         return 0.0
-    missing = 1 - 1 / dp  # of a whole tensor, what the other ranks hold
+    missing = 1 - 1 / group  # of a whole tensor, what the other ranks of the group hold
     trainable = shape.trainable * b / tp
     if m.gather == "before_forward":
         return (shape.params * b / tp + trainable) * missing
@@ -73,20 +73,21 @@ def gathered_bytes(m: StrategyModel, shape: ModelShape, ranks: int) -> float:
 
 
 def peak_memory(m: StrategyModel, shape: ModelShape, ranks: int, micro_batch: float, beside: StepMemory,
-                offload_on_device: bool) -> PeakMemory:
-    """A rank's peak at ``ranks`` ranks and ``micro_batch`` samples per step. ``offload_on_device``:
-    whether offloaded state still counts (a CPU rank's host is its device)."""
-    state = model_state(m, shape, ranks)
+                offload_on_device: bool, ranks_per_node: int | None = None) -> PeakMemory:
+    """A rank's peak at ``ranks`` ranks (``ranks_per_node`` on a node) and ``micro_batch`` samples
+    per step. ``offload_on_device``: whether offloaded state still counts (a CPU rank's host is its
+    device)."""
+    state = model_state(m, shape, ranks, ranks_per_node)
     host = state["optimizer"] + state["master_params"] if m.offload else 0.0
     held = sum(state.values()) + beside.counters - (0.0 if offload_on_device else host)
-    return PeakMemory(model_state=held, gathered=gathered_bytes(m, shape, ranks), beside=beside.at(micro_batch),
-                      host=host)
+    return PeakMemory(model_state=held, gathered=gathered_bytes(m, shape, ranks, ranks_per_node),
+                      beside=beside.at(micro_batch), host=host)
 
 
 def largest_micro_batch(m: StrategyModel, shape: ModelShape, ranks: int, beside: StepMemory, capacity: float,
-                        offload_on_device: bool) -> int:
+                        offload_on_device: bool, ranks_per_node: int | None = None) -> int:
     """The most samples per step that fit in ``capacity`` bytes per rank (0: none fits)."""
-    empty = peak_memory(m, shape, ranks, 0, beside, offload_on_device).total
+    empty = peak_memory(m, shape, ranks, 0, beside, offload_on_device, ranks_per_node).total
     if empty > capacity:
         return 0
     if beside.per_sample <= 0:

@@ -35,6 +35,9 @@ class StrategyModel:
     offload: bool = False  # optimizer state and step on the host
     tp: int = 1  # ranks each layer is cut over (tensor parallelism); 0: every rank
     bucket_bytes: float = DDP_BUCKET  # ddp_buckets: DDP's bucket cap (bucket_cap_mb)
+    # ranks one replica of the state is sharded over: world (every data-parallel rank), node (one
+    # node's: hybrid sharding, the replicas' shards all-reduced across nodes) or a number
+    shard: int | str = "world"
 
     @property
     def multi_rank(self) -> bool:
@@ -44,6 +47,12 @@ class StrategyModel:
 
     def tp_ranks(self, ranks: int) -> int:
         return ranks if self.tp == 0 else min(self.tp, ranks)
+
+    def shard_ranks(self, dp: int, ranks_per_node: int | None) -> int:
+        """Ranks each replica's sharded state is cut over, of ``dp`` data-parallel ones with
+        ``ranks_per_node`` on a node (None: all on one)."""
+        size = {"world": dp, "node": ranks_per_node or dp}.get(self.shard, self.shard)
+        return max(1, min(int(size), dp))
 
 
 @dataclass(frozen=True)
@@ -78,14 +87,15 @@ def tp_exchanges(shape: ModelShape, samples: float) -> list[tuple[Exchange | Non
     return plan
 
 
-def model_state(m: StrategyModel, shape: ModelShape, ranks: int) -> dict[str, float]:
+def model_state(m: StrategyModel, shape: ModelShape, ranks: int, ranks_per_node: int | None = None) -> dict[str, float]:
     """Bytes per rank as the suite's records count them (docs/metrics.md): fp32 parameters,
     gradients, Adam's two moments, ZeRO's fp32 master partition; padding ignored. Tensor
     parallelism cuts every tensor by its degree (as if it divided every width), and the sharding
-    strategies shard over the data-parallel ranks that remain."""
+    strategies shard over the data-parallel ranks that remain (hybrid sharding: over its shard
+    group, ``ranks_per_node`` ranks by default)."""
     b = shape.dtype_bytes
     tp = m.tp_ranks(ranks)
-    ranks //= tp
+    ranks = m.shard_ranks(ranks // tp, ranks_per_node)
     trainable, frozen = shape.trainable * b / tp, (shape.params - shape.trainable) * b / tp
     params = {"none": trainable + frozen, "trainable": trainable / ranks + frozen,
               "all": (trainable + frozen) / ranks}[m.sharded_params]
@@ -200,15 +210,27 @@ def project_step(m: StrategyModel, shape: ModelShape, profile: ComputeProfile, n
     P, b = sc.ranks, shape.dtype_bytes
     tp = m.tp_ranks(P)
     dp = P // tp  # the data-parallel ranks the gradient and parameter collectives run over
+    per_node = P // sc.nodes
+    # Hybrid sharding: the collectives over a shard group on the links its ranks span, then the
+    # replicas' all-reduce of each gradient shard across the groups (row-major: on other nodes).
+    group = m.shard_ranks(dp, per_node)
+    replicas = dp // group
+    group_nodes = min(sc.nodes, dp) if replicas == 1 else nodes_for(group, per_node)
     speed = sc.compute_scale * (sc.contention if P > 1 else 1.0)
     work = profile.compute_s * sc.samples_per_rank / profile.samples * speed / tp
     forward, backward = profile.forward_fraction * work, (1 - profile.forward_fraction) * work
-    optimizer = profile.optimizer_s * speed / tp / (dp if m.sharded_state else 1)
+    optimizer = profile.optimizer_s * speed / tp / (group if m.sharded_state else 1)
     if m.offload:
         optimizer *= net.host_optimizer_slowdown
 
     def coll(op: str, nbytes: float) -> float:
-        return net.collective_s(op, nbytes, dp, min(sc.nodes, dp))
+        return net.collective_s(op, nbytes, group, group_nodes)
+
+    def reduce_gradients(nbytes: float, after: int) -> None:
+        """The gradients of ``nbytes`` combined over the data-parallel ranks, once ready."""
+        done = s.collective(coll(m.grads, nbytes), after=[after])
+        if replicas > 1:
+            s.collective(net.collective_s("all_reduce", nbytes / group, replicas, min(replicas, sc.nodes)), after=[done])
 
     def tp_coll(exchange: Exchange | None, after: int) -> list[int]:
         """The exchange after task ``after``, as the list the next layer's compute waits for. A
@@ -236,7 +258,7 @@ def project_step(m: StrategyModel, shape: ModelShape, profile: ComputeProfile, n
             done = s.compute(backward * units[i] / total, after=gather + waits)
             waits = tp_coll(exchanges[i][1], done)
             if m.grads != "none":
-                s.collective(coll(m.grads, units[i]), after=[done])
+                reduce_gradients(units[i], done)
             gather = prefetch
     else:
         gathered = [s.collective(coll("all_gather", shape.params * b))] if m.gather == "before_forward" else []
@@ -247,10 +269,10 @@ def project_step(m: StrategyModel, shape: ModelShape, profile: ComputeProfile, n
         else:
             done = s.compute(backward)
             if m.grads != "none":
-                s.collective(coll(m.grads, total), after=[done])
+                reduce_gradients(total, done)
     if m.norm:
         s.collective(coll("all_reduce", b), after=s.everything())
-    shard = total / dp if m.sharded_state else total
+    shard = total / group if m.sharded_state else total
     if m.offload:
         s.add(net.host_s(shard), comm=True, after=s.everything())
     updated = s.compute(optimizer, after=s.everything())
@@ -266,7 +288,7 @@ def project_step(m: StrategyModel, shape: ModelShape, profile: ComputeProfile, n
         s.add(0.5 * reduce_all, comm=True, after=s.everything())
         s.collectives += len(shape.tensors) / 2
     s.add(profile.data_s + profile.overhead_s, after=s.everything())
-    state = model_state(m, shape, P)
+    state = model_state(m, shape, P, per_node)
     return Projection(
         strategy=m.label, ranks=P, nodes=sc.nodes, samples_per_rank=sc.samples_per_rank, step_s=s.makespan,
         compute_s=s.compute_s, data_s=profile.data_s, comm_s=s.comm_s,

@@ -75,7 +75,7 @@ def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
     check_device(cfg, spec.device)  # before the GPU count: the plainer message
     if machines.like_this_one:
         check_capacity(spec.device, machines.ranks_here, request.oversubscribe)
-    preflight(cfg, spec.device, spec.world_size, machines)
+    preflight(cfg, spec.device, spec.world_size, machines, ranks_per_node=spec.nproc_per_node)
     if hosts_rendezvous_here(request):
         check_port_free(spec.master_port, request.port_source)
     if request.over_ssh:

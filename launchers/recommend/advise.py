@@ -80,11 +80,11 @@ def check_request(r: RecommendRequest) -> None:
         json_out(r.json, "--json")
 
 
-def candidate_strategies(r: RecommendRequest, cfg: ExperimentConfig, ranks: int,
+def candidate_strategies(r: RecommendRequest, cfg: ExperimentConfig, ranks: int, per_node: int,
                          shape: pj.ModelShape) -> tuple[dict[str, pj.StrategyModel], dict[str, str]]:
     """The strategies laid out, by the name that loads them (a preset, or a preset file): those
-    named, or every shipped preset, less those that cannot run this model at this many ranks or
-    that the projection does not model, each with why."""
+    named, or every shipped preset, less those that cannot run this model at ``ranks`` ranks,
+    ``per_node`` on each node, or that the projection does not model, each with why."""
     names = [s.strip() for s in r.strategies.split(",") if s.strip()] if r.strategies else preset_names("strategies")
     if not names:
         raise ConfigError("--strategies: name at least one preset, e.g. --strategies ddp,zero2,fsdp2")
@@ -101,7 +101,7 @@ def candidate_strategies(r: RecommendRequest, cfg: ExperimentConfig, ranks: int,
             excluded[name] = f"cuts layers that declare how (bspline, rbf, chebyshev); {shape.label} does not"
         else:
             try:
-                strategy.mesh_shape(ranks)
+                strategy.mesh_shape(ranks, per_node)
                 strategy.preflight(cfg.training, "cpu", ranks)
                 kept[name] = m
             except ConfigError as err:
@@ -112,8 +112,8 @@ def candidate_strategies(r: RecommendRequest, cfg: ExperimentConfig, ranks: int,
     return kept, excluded
 
 
-def check_state_fits(models: dict[str, pj.StrategyModel], shape: pj.ModelShape, ranks: int, capacity: float,
-                     offload_on_device: bool) -> None:
+def check_state_fits(models: dict[str, pj.StrategyModel], shape: pj.ModelShape, ranks: int, per_node: int,
+                     capacity: float, offload_on_device: bool) -> None:
     """Refuse, before anything is measured, a model whose state and gathers alone exceed every
     rank's memory under every candidate: nothing the probes could measure would make it fit. The
     refusal names the ranks that would fit it, or says that no number of ranks would (what a step
@@ -121,7 +121,8 @@ def check_state_fits(models: dict[str, pj.StrategyModel], shape: pj.ModelShape, 
     nothing = StepMemory("none", 0.0, 0.0)
 
     def least(p: int) -> tuple[float, str]:
-        return min((peak_memory(m, shape, p, 0, nothing, offload_on_device).total, name) for name, m in models.items())
+        return min((peak_memory(m, shape, p, 0, nothing, offload_on_device, per_node).total, name)
+                   for name, m in models.items())
 
     need, name = least(ranks)
     if need <= capacity:
@@ -150,7 +151,16 @@ def probe_names(models: dict[str, pj.StrategyModel], cfg: ExperimentConfig) -> l
     strategy without its own takes) and each candidate that one rank can start (a fixed TP degree
     above 1 cannot)."""
     reference = next(name for name in preset_names("strategies") if load_strategy(name, cfg.model).reference)
-    return [reference, *(name for name, m in models.items() if name != reference and m.tp in (0, 1))]
+    return [reference, *(name for name, m in models.items()
+                         if name != reference and m.tp in (0, 1) and full_sharding(m, models) is None)]
+
+
+def full_sharding(m: pj.StrategyModel, models: dict[str, pj.StrategyModel]) -> str | None:
+    """For a hybrid sharding strategy, the candidate that runs the same code sharded over every
+    rank (hsdp: fsdp2), whose one-rank probe is its own at one rank; None otherwise."""
+    if m.shard == "world":
+        return None
+    return next((o.label for o in models.values() if o == replace(m, label=o.label, shard="world")), None)
 
 
 def run_probe(r: RecommendRequest, cfg: ExperimentConfig, labels: list[str], micro_batch: int) -> Probe:
@@ -176,9 +186,9 @@ def recommend(r: RecommendRequest) -> Recommendation:
     shape = model_shape(cfg.model.model_dump())
     per_node = r.nproc_per_node or (cluster.ranks_per_node if cluster else 2)
     ranks = (r.nnodes or 1) * per_node
-    models, excluded = candidate_strategies(r, cfg, ranks, shape)
-    check_state_fits(models, shape, ranks, cluster.memory_per_rank if cluster else memory_here(per_node, r.memory_per_device),
-                     offload_on_device=cluster is None)
+    models, excluded = candidate_strategies(r, cfg, ranks, per_node, shape)
+    capacity = cluster.memory_per_rank if cluster else memory_here(per_node, r.memory_per_device)
+    check_state_fits(models, shape, ranks, per_node, capacity, offload_on_device=cluster is None)
     global_batch = global_batch_of(r, cfg, ranks)
     probe = run_probe(r, cfg, probe_names(models, cfg), probe_micro_batch(shape.trainable, max(1, global_batch // ranks)))
     reference = probe.compute["*"]  # the one-process reference's
@@ -207,13 +217,16 @@ def recommend(r: RecommendRequest) -> Recommendation:
 
 
 def stand_in(m: pj.StrategyModel, probe: Probe, models: dict[str, pj.StrategyModel]) -> str:
-    """Whose probe a strategy's prediction starts from: its own; for one that cuts layers without
-    its own (fsdp2_tp, whose TP degree one rank cannot start), a probed one that cuts layers (tp),
-    whose DTensor bookkeeping it shares; else the one-process reference's (``*``)."""
+    """Whose probe a strategy's prediction starts from: its own; a hybrid one its full-sharding
+    sibling's (the same code at one rank); for one that cuts layers without its own (fsdp2_tp,
+    whose TP degree one rank cannot start), a probed one that cuts layers (tp), whose DTensor
+    bookkeeping it shares; else the one-process reference's (``*``)."""
     probed = [label for label in probe.compute if label in probe.beside]
     cutting = [o.label for o in models.values() if o.tp != 1 and o.label in probed]
     if m.label in probed:
         return m.label
+    if (sibling := full_sharding(m, models)) in probed:
+        return sibling
     return cutting[0] if m.tp != 1 and cutting else "*"
 
 
@@ -238,8 +251,8 @@ def largest_widths(m: pj.StrategyModel, cfg: ExperimentConfig, c: Candidate, tar
         except Exception:  # noqa: BLE001 - a family that cannot take these widths: not wider
             return False
         grown = StepMemory(beside.source, beside.fixed, beside.per_sample * sum(scaled(factor)) / sum(widths))
-        return peak_memory(m, shape, target.ranks, c.micro_batch, grown, target.offload_on_device).total \
-            <= target.memory_per_rank
+        return peak_memory(m, shape, target.ranks, c.micro_batch, grown, target.offload_on_device,
+                           target.ranks_per_node).total <= target.memory_per_rank
 
     low, high = 1.0, 2.0
     while fits(high) and high < 2**12:

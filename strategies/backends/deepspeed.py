@@ -94,6 +94,13 @@ class DeepSpeedConfig(StrategyConfig):
     param_persistence_threshold: int = Field(
         0, ge=0, description="stage 3: parameters smaller than this stay whole on every rank; DeepSpeed's default, "
                              "100000, would keep every parameter of the study's models unsharded")
+    hpz_partition_size: int = Field(
+        1, ge=1, description="stage 3, ZeRO++ hierarchical partitioning: each group of this many consecutive ranks (the "
+                             "GPUs of one node) keeps a second copy of the parameters sharded among itself, so "
+                             "backward's all-gather stays inside the node; 1: off")
+    quantized_weights: bool = Field(False, description="stage 3, ZeRO++ qwZ: all-gather parameters in int8 (CUDA only)")
+    quantized_gradients: bool = Field(False, description="stage 3, ZeRO++ qgZ: reduce-scatter gradients in int4/int8 "
+                                                         "(CUDA only)")
 
     @field_validator("reduce_bucket_size")
     @classmethod
@@ -161,7 +168,12 @@ class DeepSpeedConfig(StrategyConfig):
         return same if refused is not None and value == refused else value
 
     def label(self) -> str:
-        return zero_label(self.zero_stage, self.offload_optimizer or self.offload_param)
+        label = zero_label(self.zero_stage, self.offload_optimizer or self.offload_param)
+        return label + ("_hpz" if self.hpz_partition_size > 1 else "") + ("_quantized" if self.quantized else "")
+
+    @property
+    def quantized(self) -> bool:
+        return self.quantized_weights or self.quantized_gradients
 
     def option_values(self) -> dict[str, Any]:
         """The strategy options in DeepSpeed's terms."""
@@ -214,8 +226,16 @@ class DeepSpeedConfig(StrategyConfig):
     def missing_precision_support(self, precision: str, device_type: str) -> str | None:
         return deepspeed_lacks(precision, device_type)
 
-    def mesh_shape(self, world_size: int) -> MeshShape:
-        # DeepSpeed partitions over its own data-parallel group, the world: stage 0 keeps whole replicas
+    def mesh_shape(self, world_size: int, ranks_per_node: int | None = None) -> MeshShape:
+        # DeepSpeed partitions over its own data-parallel group, the world: stage 0 keeps whole
+        # replicas. ZeRO++'s secondary partition (hpz) is a copy beside the primary one, groups of
+        # consecutive ranks that must lie inside a node.
+        if self.hpz_partition_size > 1:
+            per_node = ranks_per_node or world_size
+            if per_node % self.hpz_partition_size or world_size % self.hpz_partition_size:
+                raise ConfigError(f"strategy.hpz_partition_size: {self.hpz_partition_size} ranks per secondary partition "
+                                  f"must divide the ranks of one node ({per_node}) and the world size ({world_size}), or "
+                                  "a partition would span nodes; set it to the ranks per node, or a divisor of it")
         return MeshShape(dp_replicate=world_size) if self.zero_stage == 0 else MeshShape(dp_shard=world_size)
 
     def cost_model(self) -> StrategyModel | None:
@@ -224,8 +244,8 @@ class DeepSpeedConfig(StrategyConfig):
         (its data-parallel fallback; the norm only when it clips); stages 1 and 2 also all-reduce
         the gradient norm and all-gather the updated partitions; stage 3 gathers every parameter
         once before forward (one prefetch bucket, kept through backward) and reduce-scatters the
-        gradients. Overlapped communication and parameter offload are not modelled yet."""
-        if self.overlap_comm or self.offload_param:
+        gradients. Overlapped communication, parameter offload and ZeRO++ are not modelled yet."""
+        if self.overlap_comm or self.offload_param or self.hpz_partition_size > 1 or self.quantized:
             return None
         label, offload = self.label(), self.offload_optimizer
         if self.zero_stage == 0:
@@ -242,6 +262,17 @@ class DeepSpeedConfig(StrategyConfig):
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         if importlib.util.find_spec("deepspeed") is None:
             raise ConfigError("strategy.name: deepspeed is not installed; pip install deepspeed (or pick another strategy)")
+        if (self.hpz_partition_size > 1 or self.quantized) and self.zero_stage != 3:
+            raise ConfigError(f"strategy.zero_stage: ZeRO++ (hpz_partition_size, quantized_weights, quantized_gradients) "
+                              f"is part of stage 3, and zero_stage is {self.zero_stage}; set strategy.zero_stage=3 or "
+                              "drop the ZeRO++ options")
+        if self.quantized and device_type != "cuda":
+            # qwZ and qgZ quantize in DeepSpeed's CUDA quantizer kernels; its CPU accelerator has none
+            asked = [o for o in ("quantized_weights", "quantized_gradients") if getattr(self, o)]
+            raise ConfigError(f"strategy.{asked[0]}: ZeRO++'s quantized collectives run DeepSpeed's CUDA quantizer "
+                              "kernels, which its CPU accelerator does not have; set "
+                              + " and ".join(f"strategy.{o}=false" for o in asked) + " on a CPU-only machine (hpz runs "
+                              "on CPUs)")
         warn_unchecked(resolution := self.resolution(training, world_size), f"strategy.config: {self.config}")
         check_async_io(resolution.config, accelerator_env(device_type))
 

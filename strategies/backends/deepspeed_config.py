@@ -46,6 +46,9 @@ OPTION_KEYS: dict[str, tuple[str, ...]] = {
     "reduce_bucket_size": ("zero_optimization", "reduce_bucket_size"),
     "allgather_bucket_size": ("zero_optimization", "allgather_bucket_size"),
     "param_persistence_threshold": ("zero_optimization", "stage3_param_persistence_threshold"),
+    "hpz_partition_size": ("zero_optimization", "zero_hpz_partition_size"),
+    "quantized_weights": ("zero_optimization", "zero_quantized_weights"),
+    "quantized_gradients": ("zero_optimization", "zero_quantized_gradients"),
 }
 
 # blocks read into training.* (deepspeed_training.py) and left out of what DeepSpeed is given:
@@ -63,7 +66,8 @@ KNOWN_ZERO = frozenset({
     "stage", "offload_optimizer", "offload_param", "overlap_comm", "contiguous_gradients", "reduce_bucket_size",
     "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
     "stage3_gather_16bit_weights_on_model_save", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-    "sub_group_size", "allgather_partitions", "reduce_scatter", "round_robin_gradients",
+    "sub_group_size", "allgather_partitions", "reduce_scatter", "round_robin_gradients", "zero_hpz_partition_size",
+    "zero_quantized_weights", "zero_quantized_gradients",
 })
 # ZeRO keys DeepSpeed accepts (its aliases and older names among them) that lie close enough to
 # a key above to be taken for a misspelling of it; they are passed on unchecked, like any other

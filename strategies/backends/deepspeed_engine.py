@@ -35,12 +35,15 @@ def master_tensors(zero: Any) -> list[torch.Tensor]:
 
 def deepspeed_state_bytes(ds_engine: Any) -> ModelStateBytes:
     """What a DeepSpeed engine holds on this rank. ZeRO keeps the module's working parameters
-    (stage 3: only this rank's partition, ``ds_tensor``, between uses), fp32 master partitions of
+    (stage 3: only this rank's partition, ``ds_tensor``, between uses, and under ZeRO++ hpZ its
+    node's partition too), fp32 master partitions of
     them, reduced gradient partitions, and the wrapped optimizer's state on the master partitions.
     Under bf16/fp16 the working parameters are 16-bit and the masters float32, at stage 0 too."""
     zero = ds_engine.optimizer
     params = list(ds_engine.module.parameters())
-    partitions = [p.ds_tensor for p in params if hasattr(p, "ds_tensor")]
+    # ZeRO++ hpZ keeps a second partition of each parameter over its node's ranks (ds_secondary_tensor)
+    partitions = [t for p in params for t in (getattr(p, "ds_tensor", None), getattr(p, "ds_secondary_tensor", None))
+                  if t is not None]
     masters = master_tensors(zero)
     averaged = getattr(zero, "averaged_gradients", None) or {}
     averaged = [g for group in (averaged.values() if isinstance(averaged, dict) else averaged) for g in (group or []) if g is not None]

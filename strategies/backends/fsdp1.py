@@ -1,5 +1,7 @@
 """``fsdp1``: PyTorch FullyShardedDataParallel (the original, flat-parameter FSDP). One FSDP
-unit per KAN layer, so only one layer's parameters are gathered at a time."""
+unit per KAN layer, so only one layer's parameters are gathered at a time. Its hybrid sharding
+strategies shard inside groups of ``shard_degree`` ranks (one node's by default) and replicate
+across them, over the run mesh's (dp_replicate, dp_shard) sub-mesh."""
 
 from __future__ import annotations
 
@@ -55,8 +57,12 @@ class FSDP1Config(StrategyConfig):
 
     name: Literal["fsdp1"]
     compiles_step: ClassVar[bool] = True
-    sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"] = Field(
-        "FULL_SHARD", description="what is sharded: params+grads+optimizer / grads+optimizer / nothing / full within a node")
+    sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"] = Field(
+        "FULL_SHARD", description="what is sharded: params+grads+optimizer / grads+optimizer / nothing / FULL_SHARD "
+                                  "within a shard group, replicated across groups / SHARD_GRAD_OP likewise")
+    shard_degree: int | Literal["node"] = Field(
+        "node", description="the hybrid strategies' shard group: node (the ranks of one node) or a number of ranks "
+                            "dividing the world size")
     cpu_offload: bool = Field(False, description="keep sharded parameters on the CPU between uses (GPU runs)")
     limit_all_gathers: bool = Field(True, description="rate-limit all-gathers to bound memory")
     forward_prefetch: bool = Field(False, description="prefetch the next layer's all-gather in forward")
@@ -64,30 +70,35 @@ class FSDP1Config(StrategyConfig):
                                                     "trainable and frozen tensors, as pykan's layers do)")
 
     def label(self) -> str:
-        suffix = {"FULL_SHARD": "", "SHARD_GRAD_OP": "_grad_op", "NO_SHARD": "_no_shard", "HYBRID_SHARD": "_hybrid"}
+        suffix = {"FULL_SHARD": "", "SHARD_GRAD_OP": "_grad_op", "NO_SHARD": "_no_shard", "HYBRID_SHARD": "_hybrid",
+                  "_HYBRID_SHARD_ZERO2": "_hybrid_zero2"}
         return "fsdp1" + suffix[self.sharding_strategy]
 
-    def mesh_shape(self, world_size: int) -> MeshShape:
-        # FSDP1 makes its own process groups; HYBRID_SHARD's intra-node shard groups come from the
-        # GPUs per node (a GPU-only option: see preflight), which this shape does not describe yet.
+    @property
+    def hybrid(self) -> bool:
+        return "HYBRID" in self.sharding_strategy
+
+    def mesh_shape(self, world_size: int, ranks_per_node: int | None = None) -> MeshShape:
         if self.sharding_strategy == "NO_SHARD":
             return MeshShape(dp_replicate=world_size)
+        if self.hybrid:
+            return MeshShape.hybrid(world_size, self.shard_degree, ranks_per_node, "strategy.shard_degree")
         return MeshShape(dp_shard=world_size)
 
     def cost_model(self) -> StrategyModel | None:
         # FULL_SHARD gathers each unit before its forward and again before its backward and
-        # reduce-scatters its gradients; the other sharding strategies are not modelled yet.
-        if self.sharding_strategy != "FULL_SHARD":
+        # reduce-scatters its gradients; HYBRID_SHARD the same inside its shard group, then
+        # all-reduces the shards across the groups. The other sharding strategies are not modelled yet.
+        if self.sharding_strategy not in ("FULL_SHARD", "HYBRID_SHARD"):
             return None
         return StrategyModel(self.label(), grads="reduce_scatter", gather="per_unit", sharded_state=True,
-                             sharded_params="trainable")
+                             sharded_params="trainable", shard=self.shard_degree if self.hybrid else "world")
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
-        if self.sharding_strategy == "HYBRID_SHARD" and device_type != "cuda":
-            # FSDP builds the intra-node shard groups from the GPUs per node. Tried on this
-            # project's CPUs: it sharded nothing and trained differently from every other strategy.
-            raise ConfigError("strategy.sharding_strategy: HYBRID_SHARD groups ranks by the GPUs of each node and does "
-                              "not work on CPUs; use FULL_SHARD (or fsdp2) on a CPU-only machine")
+        if not self.hybrid and self.shard_degree != "node":
+            raise ConfigError(f"strategy.shard_degree: {self.shard_degree} sets the shard group of the hybrid sharding "
+                              f"strategies, and sharding_strategy is {self.sharding_strategy}; set "
+                              "strategy.sharding_strategy=HYBRID_SHARD (or _HYBRID_SHARD_ZERO2), or drop shard_degree")
         if self.cpu_offload and device_type != "cuda":
             raise ConfigError("strategy.cpu_offload: offloading parameters to the CPU needs CUDA devices; "
                               "set strategy.cpu_offload=false on a CPU-only machine")
@@ -99,9 +110,13 @@ class FSDP1Config(StrategyConfig):
         # as DDP's are under autocast, and the sharded float32 parameters are the master copies.
         # Buffers (spline knots) stay as they are: rounding knots moves every basis function.
         mixed = MixedPrecision(param_dtype=low, reduce_dtype=torch.float32) if low is not None else None
+        # Hybrid: the (replicate, shard) mesh; FSDP's own grouping of hybrid ranks counts the GPUs per
+        # node, so on CPUs it sharded nothing (tried here) where the mesh says what to do anywhere.
+        mesh = env.mesh[("dp_replicate", "dp_shard")] if self.hybrid else None
         fsdp = FSDP(
             model,
             sharding_strategy=ShardingStrategy[self.sharding_strategy],
+            device_mesh=mesh,
             auto_wrap_policy=lambda module, recurse, nonwrapped_numel: recurse or module in blocks,
             cpu_offload=CPUOffload(offload_params=self.cpu_offload),
             device_id=env.device,

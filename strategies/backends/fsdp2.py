@@ -1,7 +1,10 @@
 """``fsdp2``: PyTorch's per-parameter FSDP (``fully_shard``), applied to every unit of the model
 (by default each KAN layer; kan_models/wrap.py) and to the root. Parameters become DTensors
-sharded over the run mesh's ``dp_shard`` dimension: all ranks. ``apply_fsdp2`` is the same over
-any 1-D sub-mesh, which ``fsdp2_tp`` applies after tensor parallelism."""
+sharded over the run mesh's ``dp_shard`` dimension: all ranks, or with ``shard_degree`` (the
+``hsdp`` preset) the ranks of one node, replicated across nodes over ``dp_replicate`` (HSDP: the
+gathers and reduce-scatters stay inside a node, and only the shards' all-reduce crosses nodes).
+``apply_fsdp2`` is the same over any data-parallel sub-mesh, which ``fsdp2_tp`` applies after tensor
+parallelism."""
 
 from __future__ import annotations
 
@@ -64,8 +67,8 @@ class FSDP2Options(Section):
         None, description="dtype of the gradient reduce-scatter; null = float32 (bfloat16 halves the bytes sent)")
     shard_largest_dim: bool = Field(True, description="shard each parameter along its longest dimension instead of dim 0")
 
-    def fsdp2_label(self) -> str:
-        return "fsdp2" if self.reshard_after_forward else "fsdp2_keep"
+    def fsdp2_label(self, name: str = "fsdp2") -> str:
+        return name if self.reshard_after_forward else f"{name}_keep"
 
     def check_fsdp2(self, training: TrainingConfig, device_type: str) -> None:
         """Refuse, before launch, options fully_shard cannot run as asked."""
@@ -81,16 +84,16 @@ class FSDP2Options(Section):
 
 def apply_fsdp2(model: nn.Module, units: list[nn.Module], mesh: DeviceMesh, options: FSDP2Options,
                 training: TrainingConfig) -> str | None:
-    """fully_shard every unit and the root over the 1-D ``mesh`` (a sub-mesh of the run's), which
-    its gradients are averaged over; returns how the parameters are cast for compute, in words
-    (None: they are not)."""
+    """fully_shard every unit and the root over ``mesh`` (a sub-mesh of the run's), which its
+    gradients are averaged over: 1-D, sharded over all of it; 2-D (replicate, shard), HSDP. Returns
+    how the parameters are cast for compute, in words (None: they are not)."""
     low = low_dtype(training)
     reduce = DTYPES.get(options.reduce_dtype) or (torch.float32 if low is not None else None)
     fsdp_options = dict(
         mesh=mesh, reshard_after_forward=options.reshard_after_forward,
         offload_policy=CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy(),
         mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce),
-        shard_placement_fn=partial(shard_largest_dim, world_size=mesh.size()) if options.shard_largest_dim else None,
+        shard_placement_fn=partial(shard_largest_dim, world_size=mesh.shape[-1]) if options.shard_largest_dim else None,
         ignored_params=set(frozen_parameters(model)),
     )
     for unit in units:
@@ -105,27 +108,33 @@ class FSDP2Config(FSDP2Options, StrategyConfig):
     """fully_shard (FSDP2): per-parameter DTensor sharding per KAN layer and on the root."""
 
     name: Literal["fsdp2"]
+    shard_degree: int | Literal["world", "node"] = Field(
+        "world", description="ranks each replica of the model state is sharded over: world (all: full sharding), node "
+                             "(the ranks of one node, replicated across nodes: HSDP) or a number dividing the world size")
 
     compiles_step: ClassVar[bool] = True
 
     def label(self) -> str:
-        return self.fsdp2_label()
+        return self.fsdp2_label("fsdp2" if self.shard_degree == "world" else "hsdp")
 
-    def mesh_shape(self, world_size: int) -> MeshShape:
-        return MeshShape(dp_shard=world_size)
+    def mesh_shape(self, world_size: int, ranks_per_node: int | None = None) -> MeshShape:
+        return MeshShape.hybrid(world_size, self.shard_degree, ranks_per_node, "strategy.shard_degree")
 
     def cost_model(self) -> StrategyModel | None:
         # each unit gathered before its forward and again before its backward, its gradients
-        # reduce-scattered; kept through backward (reshard_after_forward false) is not modelled yet
+        # reduce-scattered (over the shard group, then all-reduced over the replicas under HSDP);
+        # kept through backward (reshard_after_forward false) is not modelled yet
         if not self.reshard_after_forward:
             return None
         return StrategyModel(self.label(), grads="reduce_scatter", gather="per_unit", sharded_state=True,
-                             sharded_params="trainable")
+                             sharded_params="trainable", shard=self.shard_degree)
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         self.check_fsdp2(training, device_type)
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
-        cast = apply_fsdp2(model, self.wrap_units(model), env.mesh["dp_shard"], self, training)
+        hybrid = env.mesh.shape.dp_replicate > 1
+        mesh = env.mesh[("dp_replicate", "dp_shard")] if hybrid else env.mesh["dp_shard"]
+        cast = apply_fsdp2(model, self.wrap_units(model), mesh, self, training)
         return FSDP2Engine(model, build_optimizer(model.parameters(), training), training, env.mesh.dp_size,
                            Amp.sharded_scaler(training, env.device.type), cast)

@@ -98,7 +98,7 @@ class TPConfig(TPOptions, StrategyConfig):
 
     compiles_model: ClassVar[bool] = False
 
-    def mesh_shape(self, world_size: int) -> MeshShape:
+    def mesh_shape(self, world_size: int, ranks_per_node: int | None = None) -> MeshShape:
         return MeshShape(tp=world_size)
 
     def cost_model(self) -> StrategyModel | None:
@@ -133,7 +133,7 @@ class FSDP2TPConfig(FSDP2Options, TPOptions, StrategyConfig):
     def label(self) -> str:
         return self.fsdp2_label() + "_tp"
 
-    def mesh_shape(self, world_size: int) -> MeshShape:
+    def mesh_shape(self, world_size: int, ranks_per_node: int | None = None) -> MeshShape:
         return MeshShape.with_tp(world_size, self.tp_degree, "strategy.tp_degree")
 
     def cost_model(self) -> StrategyModel | None:

@@ -15,6 +15,7 @@ from kanscale.errors import ConfigError
 from strategies.batch_plan import BatchPlan
 from strategies.experiment import ExperimentConfig
 from strategies.measure.probes import PROBES
+from strategies.mesh import MeshShape
 from strategies.precision_support import check_precision_support
 from strategies.registry import STRATEGIES
 from strategies.sections import TrainingConfig
@@ -42,16 +43,20 @@ class Machines:
         return cls(count=max(1, world_size // ranks_here), ranks_here=ranks_here)
 
 
-def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines: Machines | None = None) -> BatchPlan:
-    """Every problem that can be found before a process starts: the strategy's own checks, the
-    batch split at this world size, the step count, the model's memory, the output directory,
-    files it needs. ``machines``: where the ranks run (default: :meth:`Machines.from_environ`)."""
+def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines: Machines | None = None,
+              ranks_per_node: int | None = None) -> BatchPlan:
+    """Every problem that can be found before a process starts: the strategy's own checks, its
+    mesh at this world size, the batch split over it, the step count, the model's memory, the
+    output directory, files it needs. ``machines``: where the ranks run (default:
+    :meth:`Machines.from_environ`); ``ranks_per_node``: the launch's (default: ``machines``')."""
     check_device(cfg, device_type)
     check_precision_support(cfg.training.precision, device_type, cfg.strategy.label(),
                             cfg.strategy.missing_precision_support)
     cfg.strategy.preflight(cfg.training, device_type, world_size)
+    machines = machines or Machines.from_environ(world_size)
+    mesh = cfg.strategy.mesh_shape(world_size, ranks_per_node or machines.ranks_here)
     t = cfg.training
-    shares = cfg.strategy.mesh_shape(world_size).dp  # the world size, but for tensor parallelism
+    shares = mesh.dp  # the world size, but for tensor parallelism
     plan = BatchPlan(cfg.task.n_train, t.micro_batch_for(shares) * t.grad_accum * shares, t.seed, t.epochs, t.steps)
     check_batch_fits_data(t, cfg.task.n_train, shares, plan.global_batch)
     if plan.total_steps <= t.warmup_steps:
@@ -64,14 +69,13 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines
         raise ConfigError(f"measurement.comm_probe: strategy {cfg.strategy.label()} does not support the {probe} probe "
                           f"({PROBES[probe]}); use strategy {supporting} or set measurement.comm_probe=none")
     check_compile(cfg, device_type)
-    check_baseline(cfg, world_size)
+    check_baseline(cfg, mesh)
     if t.grid_update_every and not cfg.model.refits_grids():
         raise ConfigError(f"training.grid_update_every: a {cfg.model.family} model has no grids to refit (only spline "
                           "KANs do: bspline, pykan, or a custom model with update_grid); set training.grid_update_every=0")
     if t.init_from is not None and not Path(t.init_from).is_file():
         raise ConfigError(f"training.init_from: {t.init_from} does not exist; give a file written by kanscale export")
     check_output_dir(cfg.output.dir, "output.dir", "for the run records")
-    machines = machines or Machines.from_environ(world_size)
     if machines.like_this_one:
         check_memory(cfg, device_type, machines.count)
         check_threads(cfg.runtime.threads, machines.ranks_here)
@@ -79,7 +83,7 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines
     return plan
 
 
-def check_baseline(cfg: ExperimentConfig, world_size: int) -> None:
+def check_baseline(cfg: ExperimentConfig, mesh: MeshShape) -> None:
     """The layerwise baseline times eager units of a whole layer each (strategies/measure/layerwise.py)."""
     if cfg.measurement.baseline != "layerwise":
         return
@@ -87,7 +91,7 @@ def check_baseline(cfg: ExperimentConfig, world_size: int) -> None:
         raise ConfigError(f"measurement.baseline: layerwise times the units eagerly, but training.compile is "
                           f"{cfg.training.compile}, so it would not time what the run computes; set "
                           "measurement.baseline=replica (or off), or training.compile=none")
-    if cfg.strategy.mesh_shape(world_size).tp > 1:
+    if mesh.tp > 1:
         raise ConfigError(f"measurement.baseline: layerwise times whole layers, but {cfg.strategy.label()} cuts each "
                           "layer over tensor-parallel ranks; set measurement.baseline=replica (its replica is already "
                           "this rank's part of each layer) or off")

@@ -51,6 +51,7 @@ from strategies.lifecycle.resume import find_resumable, open_attempt
 from strategies.loop.loader import MemoryBatches, batch_source
 from strategies.loop.progress import Progress
 from strategies.measure.baseline import ComputeBaseline
+from strategies.measure.comm_bytes import StepCommBytes
 from strategies.measure.combine import Window, combine_memory, combine_window
 from strategies.measure.layerwise import LayerwiseBaseline
 from strategies.measure.memory import TrainingPeaks
@@ -84,7 +85,7 @@ class Trainer:
             torch.set_num_threads(cfg.runtime.threads)
         self.plan = preflight(cfg, env.device.type, env.world_size)
         # The run's device mesh: from here on every part of the run reads its position from env.mesh.
-        env = env.on_mesh(cfg.strategy.mesh_shape(env.world_size))
+        env = env.on_mesh(cfg.strategy.mesh_shape(env.world_size, env.local_world_size))
         self.cfg, self.env, mesh = cfg, env, env.mesh
         self.micro_batch = t.micro_batch_for(mesh.dp_size)
         self.dtype = getattr(torch, t.dtype)
@@ -109,6 +110,8 @@ class Trainer:
         self.windows: list[Window] = []  # this attempt's timing windows
         self.peaks = TrainingPeaks(env.device)
         self.probe = build_probe(cfg.measurement.comm_probe, env)
+        counted = t.warmup_steps - 1 if t.compile == "none" and t.warmup_steps else None  # an untimed step, eager
+        self.traffic = StepCommBytes(env, counted)
         run_dir = Path(env.broadcast_string(str(resume) if resume is not None else
                                             str(Path(cfg.output.dir) / new_run_id(cfg, env.world_size))))
         # From here rank 0 holds the run directory's lock, until run() has written the last record.
@@ -181,6 +184,7 @@ class Trainer:
             measured["measurement"] = measured["measurement"].model_copy(update={
                 "outside_load": outside, **(self.probe.results() if self.probe is not None else {})})
             self.record = self.record.model_copy(update={**measured, "test_metrics": test_metrics,
+                                                         "comm_bytes": self.traffic.result(),
                                                          "batch": self._batch_info(self.steps_done),
                                                          "precision": self.engine.precision_info(),
                                                          "compile": self._compile_info()})
@@ -288,10 +292,11 @@ class Trainer:
         # Before the backward: under Accelerate's DeepSpeed plugin the last micro-batch's backward steps.
         set_lr(engine.optimizer, lr_at(self.cfg.training, step, self.plan.total_steps))
         started = time.perf_counter()
-        loss_share = engine.forward_backward(batches, self.cfg.task.loss_sum, n_global=n_global)
-        if self.probe is not None:
-            self.probe.after_backward(engine, batches, step)
-        engine.step()
+        with self.traffic.around(step):
+            loss_share = engine.forward_backward(batches, self.cfg.task.loss_sum, n_global=n_global)
+            if self.probe is not None:
+                self.probe.after_backward(engine, batches, step)
+            engine.step()
         self.step_lrs[step] = current_lr(engine.optimizer)  # what the step ran with, unless the backend changed it
         if engine.compilation is not None and step == self.start_step:
             # The whole step compiles in its first call: that call's time is the compile time

@@ -109,3 +109,21 @@ def test_a_hung_rank_under_deepspeed_is_recorded_as_hung(slurm_cluster, tmp_path
     (record,) = records(out)
     assert record.status == "failed" and record.error is not None, job_logs(out, job)
     assert (record.error.type, record.error.rank) == ("RankHung", 1), f"{record.error}\n{job_logs(out, job)}"
+
+
+def test_hsdp_across_two_nodes_shards_inside_each_node(slurm_cluster, tmp_path):
+    """``hsdp`` on 2 SLURM nodes of 2 ranks (issue 31): 2 replicas x 2 shards, each shard group the
+    ranks of one node (0-1 on one, 2-3 on the other, as SLURM placed them), and the counted step's
+    gathers and reduce-scatters stayed inside the nodes while only the replicas' all-reduce crossed."""
+    out = tmp_path / "runs"
+    job = submit(slurm_cluster, out, strategy="hsdp", nnodes=2, nproc=2)
+    state = slurm_cluster.wait_job(job, JOB_TIMEOUT["torchrun"])
+    found = records(out)
+    assert state == "COMPLETED" and len(found) == 1, f"job {job} ended {state}\n{job_logs(out, job)}"
+    (record,) = found
+    assert record.status == "ok" and record.strategy.label == "hsdp", f"{record.error}\n{job_logs(out, job)}"
+    assert record.topology.mesh == {"dp_replicate": 2, "dp_shard": 2, "tp": 1}
+    hosts = record.environment.rank_hosts
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3] and set(hosts) == {"kn1", "kn2"}, hosts
+    traffic = record.comm_bytes
+    assert traffic.intra_node_bytes > traffic.inter_node_bytes > 0

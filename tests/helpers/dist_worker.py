@@ -104,6 +104,9 @@ def main(jobs_path: str, results_path: str) -> None:
             "measurement": record.measurement.model_dump(),
             "resumed_at_steps": record.resumed_at_steps,
             "run_dir": str(trainer.run_dir),
+            "mesh": record.topology.mesh,
+            "comm_bytes": record.comm_bytes.model_dump() if record.comm_bytes else None,
+            "label": record.strategy.label,
         }
         del trainer
         write_results(env, results, results_path)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -41,16 +42,39 @@ class JobResults(dict):
         return result
 
 
-def run_jobs(jobs: list[dict], tmp_path: Path, nproc: int = 2) -> JobResults:
-    """Run experiments in one torchrun launch of ``nproc`` ranks; return the worker's results,
-    those it wrote before it failed included."""
+def run_jobs(jobs: list[dict], tmp_path: Path, nproc: int = 2, nnodes: int = 1) -> JobResults:
+    """Run experiments in one torchrun launch of ``nproc`` ranks per node; return the worker's
+    results, those it wrote before it failed included. ``nnodes`` > 1: one torchrun per "node",
+    all on this machine, meeting at node 0's address as on a cluster, so every rank sees the
+    node layout (LOCAL_WORLD_SIZE, GROUP_WORLD_SIZE) a real multi-node launch gives it."""
     jobs_file, results_file = tmp_path / "jobs.json", tmp_path / "results.json"
     jobs_file.write_text(json.dumps(jobs))
+    worker = [str(ROOT / "tests/helpers/dist_worker.py"), str(jobs_file), str(results_file)]
     try:
-        run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-             str(ROOT / "tests/helpers/dist_worker.py"), str(jobs_file), str(results_file)], timeout=900)
+        if nnodes == 1:
+            run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *worker],
+                timeout=900)
+        else:
+            run_nodes(nnodes, nproc, worker)
         failure = None
     except (AssertionError, subprocess.TimeoutExpired) as err:
         failure = f"the pool stopped before it: {err}"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
     return JobResults(results, jobs, failure)
+
+
+def run_nodes(nnodes: int, nproc: int, worker: list[str], timeout: float = 900) -> None:
+    """One torchrun per node, started together; each node's output is kept for the error."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
+                               f"--node_rank={rank}", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
+                               f"--master_port={port}", *worker],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=child_env())
+             for rank in range(nnodes)]
+    outputs = [node.communicate(timeout=timeout)[0] for node in nodes]
+    failed = [(rank, node.returncode) for rank, node in enumerate(nodes) if node.returncode]
+    if failed:
+        raise AssertionError("; ".join(f"node {rank} exited {code}" for rank, code in failed) + "\n"
+                             + "\n".join(f"--- node {rank}\n{out[-4000:]}" for rank, out in enumerate(outputs)))
