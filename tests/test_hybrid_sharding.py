@@ -50,7 +50,7 @@ def single(tmp: Path, **training) -> Trainer:
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hybrid_single")
-    return {"plain": single(tmp), "grid": single(tmp, **GRID)}
+    return {"plain": single(tmp), "grid": single(tmp, **GRID), "clip": single(tmp, grad_clip=0.5)}
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +59,9 @@ def two_nodes(tmp_path_factory):
     jobs = [{"id": key, "config": experiment(strategy, tmp / "runs")} for key, strategy in {**HYBRID, **FULL}.items()]
     jobs.append({"id": "hsdp/accum", "config": experiment(HYBRID["hsdp"], tmp / "runs", grad_accum=2)})
     jobs.append({"id": "hsdp/grid", "config": experiment(HYBRID["hsdp"], tmp / "runs", **GRID)})
+    # the gradient norm over both mesh dimensions: a norm of one replica's shards only clips differently
+    jobs += [{"id": f"{key}/clip", "config": experiment(HYBRID[key], tmp / "runs", grad_clip=0.5)}
+             for key in ("hsdp", "fsdp1_hybrid")]
     resumable = experiment(HYBRID["hsdp"], tmp / "resume", steps=12, checkpoint_every=4)
     jobs += [{"id": "full", "config": resumable},
              {"id": "failed", "config": {**resumable, "fault": {"rank": "all", "step": 7, "kind": "exception"}}},
@@ -73,12 +76,14 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
 
 
 @pytest.mark.parametrize("key, reference", [*[(k, "plain") for k in HYBRID], ("hsdp/accum", "plain"),
-                                            ("hsdp/grid", "grid")])
+                                            ("hsdp/grid", "grid"), ("hsdp/clip", "clip"), ("fsdp1_hybrid/clip", "clip")])
 def test_losses_match_the_single_process_reference(two_nodes, references, key, reference):
     result = two_nodes[1][key]
     assert result["status"] == "ok" and result["ranks_identical"]
     losses = [s.loss for s in references[reference].combined]
     assert losses[-1] < 0.8 * losses[0]  # it trained
+    if reference == "clip":  # and the clipping clipped
+        assert max_rel_diff(losses, [s.loss for s in references["plain"].combined]) > 1e-3
     assert max_rel_diff(result["losses"], losses) < RTOL
 
 

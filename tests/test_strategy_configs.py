@@ -111,7 +111,10 @@ def test_zero_stage_4_and_unknown_strategy_options():
 @pytest.mark.parametrize("overrides,world,message", [
     (["strategy.name=fsdp2", "strategy.cpu_offload=true"], 2, "strategy.cpu_offload: CPUOffloadPolicy"),
     (["strategy.name=fsdp1", "strategy.cpu_offload=true"], 2, "strategy.cpu_offload"),
-    (["strategy.name=fsdp1", "strategy.sharding_strategy=HYBRID_SHARD"], 2, "strategy.sharding_strategy: HYBRID_SHARD"),
+    (["strategy.name=fsdp1", "strategy.sharding_strategy=HYBRID_SHARD", "strategy.shard_degree=3"], 4,
+     "strategy.shard_degree: 3 ranks per shard group does not divide the world size 4"),
+    (["strategy.name=deepspeed", "strategy.zero_stage=3", "strategy.quantized_gradients=true"], 2,
+     "strategy.quantized_gradients: ZeRO++'s quantized collectives run DeepSpeed's CUDA quantizer kernels"),
     (["strategy.name=single"], 2, "strategy.name: single trains in one process but 2 ranks"),
     (["training.micro_batch=null", "training.global_batch=1000", "strategy.name=ddp"], 3,
      "training.global_batch: 1000 samples cannot be split evenly over grad_accum (1) x data-parallel ranks (3)"),

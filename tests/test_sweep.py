@@ -98,16 +98,16 @@ def test_bad_studies_are_refused(tmp_path, capsys, change, message):
 
 @pytest.mark.slow  # the slow tier (make test-slow)
 def test_a_sweep_runs_every_point_goes_on_past_a_failure_and_resumes(tmp_path, capsys):
-    # fsdp1 HYBRID_SHARD is refused on CPUs: that point fails, the others still run.
-    hybrid = tmp_path / "hybrid.yaml"
-    hybrid.write_text("name: fsdp1\nsharding_strategy: HYBRID_SHARD\n")
-    path = write_study(tmp_path, matrix={"strategy": ["ddp", str(hybrid), "zero2"], "topology": ["1x2"]},
+    # fsdp2's CPU offload is refused on CPUs: that point fails, the others still run.
+    offload = tmp_path / "offload.yaml"
+    offload.write_text("name: fsdp2\ncpu_offload: true\n")
+    path = write_study(tmp_path, matrix={"strategy": ["ddp", str(offload), "zero2"], "topology": ["1x2"]},
                        include=[{"strategy": "single", "topology": "1x1"}, {"strategy": "ddp", "topology": "1x1"}])
     out = tmp_path / "runs"
     assert main(["sweep", str(path), "--out", str(out)]) == 1  # a failed point makes the exit code non-zero
     text = capsys.readouterr().out
     assert "sweep: 4 ok, 1 failed" in text
-    assert "HYBRID_SHARD" in text and "next: kanscale analyze" in text and "| zero2" in text
+    assert "CPUOffloadPolicy" in text and "next: kanscale analyze" in text and "| zero2" in text
     records = [read_summary(p) for p in out.glob("*/summary.json")]
     # the same experiment on 1 and on 2 ranks is two points, both run
     assert sorted((r.strategy.name, r.topology.world_size) for r in records) == [("ddp", 1), ("ddp", 2), ("deepspeed", 2), ("single", 1)]
