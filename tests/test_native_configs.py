@@ -81,7 +81,7 @@ def test_unknown_keys_are_named_in_one_warning():
         preflight(cfg, "cpu", 2)
     assert len(caught) == 1
     message = str(caught[0].message)
-    assert "communication_data_type, prescale_gradients, zero_optimization.zero_hpz_partition_size" in message
+    assert "communication_data_type, prescale_gradients, zero_optimization.zero_quantized_nontrainable_weights" in message
     assert "passed to DeepSpeed unchecked" in message
 
 

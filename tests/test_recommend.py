@@ -218,10 +218,10 @@ def test_the_ranks_a_refusal_names_fit_the_model_and_a_layer_too_wide_for_any_is
     models = {"ddp": strategy("ddp"), "zero3": strategy("zero3")}
     capacity = 10 * shape.trainable  # ZeRO-3: 20 bytes a parameter shared by the ranks, 8 gathered whole
     with pytest.raises(ConfigError) as refused:
-        check_state_fits(models, shape, 2, capacity, offload_on_device=True)
+        check_state_fits(models, shape, 2, 2, capacity, offload_on_device=True)
     ranks = int(str(refused.value).split("give at least ")[1].split()[0])
-    check_state_fits(models, shape, ranks, capacity, offload_on_device=True)  # fits: nothing raised
+    check_state_fits(models, shape, ranks, 2, capacity, offload_on_device=True)  # fits: nothing raised
     with pytest.raises(ConfigError) as refused:
         check_state_fits({"fsdp2": strategy("fsdp2")}, model_shape({**MODEL, "widths": [2, 4096, 4096, 1]}), 2,
-                         64 * 2**20, offload_on_device=True)
+                         2, 64 * 2**20, offload_on_device=True)
     assert "more ranks do not help" in str(refused.value)

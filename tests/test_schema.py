@@ -110,9 +110,13 @@ def test_a_torn_last_step_line_is_skipped(finished_run, tmp_path):
 
 def as_v5(record: RunRecord) -> dict:
     """The record as v5 wrote it: no measurement.baseline (always the whole replica), no
-    measurement.outside_load, no compile.graph_breaks, no strategy.adopted, no task.preparation."""
+    measurement.outside_load, no compile.graph_breaks, no strategy.adopted, no task.preparation,
+    and none of what v6 gained later: comm_bytes, topology.mesh, environment.rank_hosts."""
     data = json.loads(record.model_dump_json())
     data["schema_version"] = 5
+    data.pop("comm_bytes")
+    data["topology"].pop("mesh")
+    data["environment"].pop("rank_hosts")
     data["strategy"].pop("adopted")
     data["task"].pop("preparation")
     for field in ("baseline", "outside_load"):

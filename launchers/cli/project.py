@@ -26,7 +26,8 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     project.add_argument("--ranks-per-node", type=int, metavar="G", help="ranks per node (default: the network's)")
     project.add_argument("--strategies", help="comma-separated strategy presets, shipped (their names are the labels) "
                                               "or YAML files of your own (default: every shipped preset the projection "
-                                              "models: single, ddp, fsdp1, fsdp2, fsdp2_tp, tp, zero0-3, zero3_offload); "
+                                              "models: single, ddp, fsdp1, fsdp1_hybrid, fsdp2, hsdp, fsdp2_tp, tp, zero0-3, "
+                                              "zero3_offload); "
                                               "each strategy class describes what it issues per step")
     per_step = project.add_mutually_exclusive_group()
     per_step.add_argument("--micro-batch", type=float, help="samples per rank per step, per model replica under tp and "
