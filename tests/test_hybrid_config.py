@@ -2,21 +2,26 @@
 refusals that name the option and its fix (followed here), and the projection's intra- and
 inter-node groups (issue 31). The 4-rank runs are tests/test_hybrid_sharding.py."""
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from analysis import projection as pj
+from analysis.projection.memory import StepMemory
 from kan_models import parse_model_config
 from kanscale.errors import ConfigError
+from launchers.cli import main
+from launchers.recommend.advise import probe_names, stand_in
+from launchers.recommend.probe import Probe
 from launchers.zoo import model_shape
-from strategies.experiment import load_strategy
+from strategies.experiment import load_experiment, load_strategy
 from strategies.mesh import MeshShape
 from strategies.sections import TrainingConfig
-from launchers.cli import main
 from tests.helpers.launch import ROOT
 
 MODEL = parse_model_config({"family": "bspline", "widths": [2, 8, 1]})
-CLUSTER = pj.network_from_cluster(__import__("yaml").safe_load((ROOT / "configs/clusters/a100_ib.yaml").read_text()),
-                                  "a100_ib.yaml")
+CLUSTER = pj.network_from_cluster(yaml.safe_load((ROOT / "configs/clusters/a100_ib.yaml").read_text()), "a100_ib.yaml")
 
 
 @pytest.mark.parametrize("preset, label", [("hsdp", "hsdp"), ("fsdp1_hybrid", "fsdp1_hybrid"),
@@ -98,3 +103,19 @@ def test_the_projection_costs_the_shard_group_on_its_node_and_the_replicas_acros
     assert rows["fsdp2", 8].collectives == 3 * units and rows["hsdp", 8].collectives == 4 * units
     assert rows["hsdp", 8].samples_per_s < rows["fsdp2", 8].samples_per_s
     assert rows["hsdp", 128].samples_per_s > 1.2 * rows["fsdp2", 128].samples_per_s
+
+
+def test_a_hybrid_strategy_is_predicted_from_its_own_backends_probe(tmp_path):
+    """At one rank hsdp runs fsdp2's code and fsdp1_hybrid fsdp1's: kanscale recommend probes
+    neither, and takes the sibling of the same backend (fsdp1 and fsdp2 describe the same
+    collectives, but their bookkeeping per step differs 2.5x here)."""
+    cfg = load_experiment("quickstart", [])
+    models = {name: load_strategy(name, cfg.model).cost_model() for name in ("fsdp1", "fsdp1_hybrid", "fsdp2", "hsdp")}
+    assert probe_names(models, cfg) == ["single", "fsdp1", "fsdp2"]
+    probed = ("single", "fsdp1", "fsdp2", "*")
+    nothing = StepMemory("none", 0.0, 0.0)
+    probe = Probe(compute={label: pj.ComputeProfile(label, 1, 1.0) for label in probed},
+                  beside={label: nothing for label in probed}, optimizer_bytes={}, device=nothing, micro_batch=1,
+                  runs=Path(tmp_path))
+    assert {name: stand_in(m, probe, models) for name, m in models.items()} == {
+        "fsdp1": "fsdp1", "fsdp1_hybrid": "fsdp1", "fsdp2": "fsdp2", "hsdp": "fsdp2"}

@@ -38,6 +38,8 @@ class StrategyModel:
     # ranks one replica of the state is sharded over: world (every data-parallel rank), node (one
     # node's: hybrid sharding, the replicas' shards all-reduced across nodes) or a number
     shard: int | str = "world"
+    # a hybrid strategy's full-sharding sibling (hsdp: fsdp2), which runs the same code at one rank
+    one_rank_as: str | None = None
 
     @property
     def multi_rank(self) -> bool:

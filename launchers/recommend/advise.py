@@ -149,18 +149,11 @@ def global_batch_of(r: RecommendRequest, cfg: ExperimentConfig, ranks: int) -> i
 def probe_names(models: dict[str, pj.StrategyModel], cfg: ExperimentConfig) -> list[str]:
     """The strategies trained on one rank for the probe: the one-process reference (whose probe a
     strategy without its own takes) and each candidate that one rank can start (a fixed TP degree
-    above 1 cannot)."""
+    above 1 cannot), but a hybrid one whose full-sharding sibling is probed (the same code there)."""
     reference = next(name for name in preset_names("strategies") if load_strategy(name, cfg.model).reference)
+    labels = {m.label for m in models.values()}
     return [reference, *(name for name, m in models.items()
-                         if name != reference and m.tp in (0, 1) and full_sharding(m, models) is None)]
-
-
-def full_sharding(m: pj.StrategyModel, models: dict[str, pj.StrategyModel]) -> str | None:
-    """For a hybrid sharding strategy, the candidate that runs the same code sharded over every
-    rank (hsdp: fsdp2), whose one-rank probe is its own at one rank; None otherwise."""
-    if m.shard == "world":
-        return None
-    return next((o.label for o in models.values() if o == replace(m, label=o.label, shard="world")), None)
+                         if name != reference and m.tp in (0, 1) and m.one_rank_as not in labels)]
 
 
 def run_probe(r: RecommendRequest, cfg: ExperimentConfig, labels: list[str], micro_batch: int) -> Probe:
@@ -225,8 +218,8 @@ def stand_in(m: pj.StrategyModel, probe: Probe, models: dict[str, pj.StrategyMod
     cutting = [o.label for o in models.values() if o.tp != 1 and o.label in probed]
     if m.label in probed:
         return m.label
-    if (sibling := full_sharding(m, models)) in probed:
-        return sibling
+    if m.one_rank_as in probed:
+        return m.one_rank_as
     return cutting[0] if m.tp != 1 and cutting else "*"
 
 

@@ -92,7 +92,8 @@ class FSDP1Config(StrategyConfig):
         if self.sharding_strategy not in ("FULL_SHARD", "HYBRID_SHARD"):
             return None
         return StrategyModel(self.label(), grads="reduce_scatter", gather="per_unit", sharded_state=True,
-                             sharded_params="trainable", shard=self.shard_degree if self.hybrid else "world")
+                             sharded_params="trainable", shard=self.shard_degree if self.hybrid else "world",
+                             one_rank_as="fsdp1" if self.hybrid else None)
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         if not self.hybrid and self.shard_degree != "node":

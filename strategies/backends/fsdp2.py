@@ -126,8 +126,10 @@ class FSDP2Config(FSDP2Options, StrategyConfig):
         # kept through backward (reshard_after_forward false) is not modelled yet
         if not self.reshard_after_forward:
             return None
+        hybrid = self.shard_degree != "world"
         return StrategyModel(self.label(), grads="reduce_scatter", gather="per_unit", sharded_state=True,
-                             sharded_params="trainable", shard=self.shard_degree)
+                             sharded_params="trainable", shard=self.shard_degree,
+                             one_rank_as=self.fsdp2_label() if hybrid else None)
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         self.check_fsdp2(training, device_type)
