@@ -97,13 +97,15 @@ def test_the_record_names_the_mesh_and_its_label(two_nodes, key):
 def test_model_state_per_rank_is_one_process_s_over_the_shard_degree(two_nodes, references):
     """Sharded over the 2 ranks of a node, not the 4 of the world: half one process's parameters,
     gradients and Adam moments per rank (FSDP2 shards each tensor on its longest dimension, which 2
-    divides here), twice full sharding's."""
+    divides here), twice full sharding's; FSDP1's hybrids likewise."""
     one = references["plain"].engine.model_state_bytes()
     hsdp, full = two_nodes[1]["hsdp"]["model_state"], two_nodes[1]["fsdp2"]["model_state"]
     assert hsdp["params"] * 2 == one.params and hsdp["grads"] == hsdp["params"]  # counted when every gradient exists
     counters = 4 * 3 * (len(MODEL["widths"]) - 1)  # Adam's step counter per tensor: not sharded
     assert hsdp["optimizer"] - counters == (one.optimizer - counters) / 2
     assert full["params"] * 4 == one.params
+    for key in ("fsdp1_hybrid", "fsdp1_hybrid_zero2"):  # FSDP1's flat shards: 2 divides this model's
+        assert two_nodes[1][key]["model_state"]["params"] * 2 == one.params
 
 
 def test_shard_groups_stay_inside_a_node(two_nodes):
