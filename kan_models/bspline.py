@@ -153,9 +153,11 @@ class BSplineConfig(ModelConfig):
     grid_range: Interval = Field((-1.0, 1.0), description="initial grid [low, high]")
     grid_eps: float = Field(0.02, ge=0.0, le=1.0, description="grid update: 1 = uniform, 0 = quantiles")
     noise_scale: float = Field(0.1, ge=0.0, description="std of the initial spline coefficients, times 1/sqrt(G)")
-    impl: Literal["fast", "reference"] = Field(
+    impl: Literal["fast", "reference", "fused"] = Field(
         "fast", description="fast: closed-form bases on the uniform grid, lean backward (grid update stays "
-        "uniform, grid_eps unused); reference: Cox-de Boor over all bases, grid_eps grid updates")
+        "uniform, grid_eps unused); reference: Cox-de Boor over all bases, grid_eps grid updates; fused: the fast "
+        "layer's function in one C++ op that never forms the basis tensor (CPUs; built once per machine, needs a C++ "
+        "compiler)")
     product: Literal["auto", "dense", "sparse"] = Field(
         "auto", description="how the fast layer multiplies its bases with the coefficients: dense (one GEMM over all "
         "G + k bases), sparse (CSR over the k + 1 non-zero ones), auto: sparse on CPUs from this CPU's measured crossover "
@@ -165,6 +167,11 @@ class BSplineConfig(ModelConfig):
     def _product_needs_fast(self) -> "BSplineConfig":
         if self.product != "auto" and self.impl != "fast":
             raise ValueError(f"product {self.product} is a choice of the fast layer; set impl=fast or product=auto")
+        if self.impl == "fused":
+            from kan_models.fused import fused_unavailable
+
+            if reason := fused_unavailable():
+                raise ValueError(f"impl fused cannot be built here: {reason}; set impl=fast")
         return self
 
     def machine_choices(self, device_type: str) -> dict[str, str]:
@@ -184,6 +191,10 @@ class BSplineConfig(ModelConfig):
 
         if self.impl == "fast":
             layer = functools.partial(FastBSplineKANLayer, product=self.product)
+        elif self.impl == "fused":
+            from kan_models.fused import FusedBSplineKANLayer
+
+            layer = FusedBSplineKANLayer
         else:
             layer = BSplineKANLayer
         return LayerStack([

@@ -38,8 +38,14 @@ DEFAULT = Crossover(20.0, "default: measured on an Intel Xeon with AMX; measure 
                           "scripts/bench_sparse_crossover.py --save")
 
 
+def cache_dir() -> Path:
+    """What the suite measures or builds once per machine: ``$KANSCALE_CACHE_DIR``, default
+    ``~/.cache/kanscale``."""
+    return Path(os.environ.get("KANSCALE_CACHE_DIR") or Path.home() / ".cache/kanscale")
+
+
 def store_path() -> Path:
-    return Path(os.environ.get("KANSCALE_CACHE_DIR") or Path.home() / ".cache/kanscale") / "sparse_crossover.json"
+    return cache_dir() / "sparse_crossover.json"
 
 
 def machine_key() -> str:

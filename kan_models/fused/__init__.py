@@ -1,0 +1,148 @@
+"""The fused B-spline KAN layer (``model.impl: fused``): the k + 1 non-zero bases of every input
+evaluated in registers and contracted at once with the coefficients they select, in one C++ op
+with OpenMP (``bspline_fused.cpp``), so the (batch, in, G + k) basis tensor is never formed and
+autograd saves nothing but the layer's inputs.
+
+The op is built once per environment, the way DeepSpeed builds its CPU ops: compiled by
+``torch.utils.cpp_extension`` on first use into ``$KANSCALE_CACHE_DIR/ops`` (default
+``~/.cache/kanscale/ops``), one build per torch version and CPU, and loaded from there after.
+Where nothing can compile it (no C++ compiler), :func:`fused_unavailable` says why, and the
+experiment is refused before launch (``impl: auto`` takes the fast layer instead).
+
+The two ops are registered with ``torch.library`` as ``kanscale::bspline_spline`` and its
+backward, so torch.compile and the backends see one opaque op with a shape function."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from kan_models.bspline_fast import FastBSplineKANLayer, basis_matrix
+from kan_models.sparse_crossover import cache_dir, machine_key
+
+SOURCE = Path(__file__).with_name("bspline_fused.cpp")
+
+
+def build_directory() -> Path:
+    """Where the op is built: one directory per CPU, torch version and source."""
+    key = hashlib.sha256(f"{machine_key()}|{SOURCE.read_bytes().hex()}".encode()).hexdigest()[:16]
+    return cache_dir() / "ops" / f"bspline_fused_{key}"
+
+
+def fused_unavailable() -> str | None:
+    """Why the fused op cannot be built here, or None."""
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler}) to build the fused B-spline op (set CXX, or install g++)"
+    return None
+
+
+@functools.cache
+def extension() -> ModuleType:
+    """The compiled op (built on first use, minutes on 2 cores; then loaded from the cache)."""
+    from torch.utils.cpp_extension import load
+
+    reason = fused_unavailable()
+    if reason:
+        raise RuntimeError(reason)
+    where = build_directory()
+    where.mkdir(parents=True, exist_ok=True)
+    return load(name=f"kanscale_{where.name}", sources=[str(SOURCE)], build_directory=str(where),
+                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+
+
+@functools.cache
+def _rows(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    value, slope = basis_matrix(k)
+    return torch.tensor(value, dtype=torch.float64), torch.tensor(slope, dtype=torch.float64)
+
+
+def transposed_weight(coef: torch.Tensor, scale_spline: torch.Tensor) -> torch.Tensor:
+    """(in, G + k, out): the spline weight coef * scale_spline laid out along out, as the op reads it."""
+    return (coef * scale_spline.unsqueeze(-1)).permute(1, 2, 0).contiguous()
+
+
+def wide(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The operands in at least float32: bf16 and fp16 are stored narrow but computed (the
+    weight's product, the op, the gradients' reductions) in float32 and rounded once at the end;
+    rounded at every step, bf16's coefficient gradients were 3-7% off the float32 reference's."""
+    return [t.to(torch.promote_types(t.dtype, torch.float32)) for t in tensors]
+
+
+@torch.library.custom_op("kanscale::bspline_spline", mutates_args=())
+def spline_term(x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, scale_spline: torch.Tensor,
+                k: int) -> torch.Tensor:
+    """sum_i sum_j B_j(x_i) coef[o, i, j] scale_spline[o, i], (batch, out)."""
+    xw, knots, coef, scale_spline = wide(x, knots, coef, scale_spline)
+    return extension().forward(xw, knots, transposed_weight(coef, scale_spline), k, *_rows(k)).to(x.dtype)
+
+
+@spline_term.register_fake
+def _(x, knots, coef, scale_spline, k):
+    return x.new_empty(x.shape[0], coef.shape[0])
+
+
+@torch.library.custom_op("kanscale::bspline_spline_backward", mutates_args=())
+def spline_term_backward(grad: torch.Tensor, x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor,
+                         scale_spline: torch.Tensor, k: int, need_x: bool,
+                         need_weight: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad x, grad coef, grad scale_spline); an empty tensor for each not asked for."""
+    dtypes = x.dtype, coef.dtype, scale_spline.dtype
+    grad, x, knots, coef, scale_spline = wide(grad, x, knots, coef, scale_spline)
+    gx, gw = extension().backward(grad, x, knots, transposed_weight(coef, scale_spline), k, *_rows(k), need_x,
+                                  need_weight)
+    gx = gx.to(dtypes[0]) if need_x else x.new_empty(0, dtype=dtypes[0])
+    if not need_weight:
+        return gx, coef.new_empty(0, dtype=dtypes[1]), coef.new_empty(0, dtype=dtypes[2])
+    gw = gw.permute(2, 0, 1)  # (out, in, G + k), d loss / d (coef * scale_spline)
+    # contiguous, as the shape function says
+    return gx, (gw * scale_spline.unsqueeze(-1)).to(dtypes[1]).contiguous(), (gw * coef).sum(-1).to(dtypes[2])
+
+
+@spline_term_backward.register_fake
+def _(grad, x, knots, coef, scale_spline, k, need_x, need_weight):
+    return (x.new_empty(x.shape if need_x else (0,)), coef.new_empty(coef.shape if need_weight else (0,)),
+            scale_spline.new_empty(scale_spline.shape if need_weight else (0,)))
+
+
+def _setup(ctx, inputs, output) -> None:
+    x, knots, coef, scale_spline, k = inputs
+    ctx.save_for_backward(x, knots, coef, scale_spline)  # the inputs only: the bases are recomputed
+    ctx.k = k
+
+
+def _backward(ctx, grad):
+    x, knots, coef, scale_spline = ctx.saved_tensors
+    need_x, _, need_coef, need_scale = ctx.needs_input_grad[:4]
+    gx, g_coef, g_scale = spline_term_backward(grad.contiguous(), x, knots, coef, scale_spline, ctx.k, need_x,
+                                               need_coef or need_scale)
+    return (gx if need_x else None), None, (g_coef if need_coef else None), (g_scale if need_scale else None), None
+
+
+spline_term.register_autograd(_backward, setup_context=_setup)
+
+
+class FusedBSplineKANLayer(FastBSplineKANLayer):
+    """The fast layer's function (the same closed-form bases on its uniform grid, the same
+    parameters, buffers, state dict and grid update) computed by the fused op: the SiLU base path
+    is one GEMM, the spline term the op, whose backward recomputes the bases from the inputs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu":
+            raise RuntimeError(f"model.impl: fused runs on CPUs (its GPU kernel is not written yet); this layer got a "
+                               f"{x.device.type} tensor: set model.impl=fast")
+        # one dtype for every operand, as the fast layer: autocast's where it is on, else the parameters'
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else self.coef.dtype
+        x = x.to(dtype)
+        with torch.autocast("cpu", enabled=False):
+            base = F.linear(F.silu(x), self.scale_base.to(dtype))
+            # the knots as stored (float32 under every backend): rounded to bf16 they would no longer be uniform
+            return base + spline_term(x.contiguous(), self.knots, self.coef.to(dtype), self.scale_spline.to(dtype),
+                                      self.k)
