@@ -76,6 +76,7 @@ def implementation_config(name: str, w: Workload) -> dict[str, Any]:
         "fast": {"family": "bspline", **spline, "impl": "fast"},
         "fast-dense": {"family": "bspline", **spline, "impl": "fast", "product": "dense"},
         "fast-sparse": {"family": "bspline", **spline, "impl": "fast", "product": "sparse"},
+        "fused": {"family": "bspline", **spline, "impl": "fused"},
         "rbf": {"family": "rbf", "grid": w.grid + w.k},
         "chebyshev": {"family": "chebyshev", "degree": w.grid + w.k - 1},
         "mlp": {"family": "mlp", "match": {"family": "bspline", **spline}},
@@ -83,7 +84,8 @@ def implementation_config(name: str, w: Workload) -> dict[str, Any]:
     return {**configs[name], "widths": w.widths}
 
 
-IMPLEMENTATIONS = ["pykan", "pykan-lean", "reference", "fast", "fast-dense", "fast-sparse", "rbf", "chebyshev", "mlp"]
+IMPLEMENTATIONS = ["pykan", "pykan-lean", "reference", "fast", "fast-dense", "fast-sparse", "fused", "rbf", "chebyshev",
+                   "mlp"]
 # +compile: torch.compile the model (training.compile: model); +step: compile the whole train
 # step as training.compile: step does (strategies/compiled_step.py).
 MODES = ("+compile", "+step")
@@ -95,7 +97,7 @@ def split_impl(impl: str) -> tuple[str, str]:
         if impl.endswith(mode):
             return impl.removesuffix(mode), mode
     return impl, ""
-DEFAULT_IMPLS = ["pykan", "pykan+compile", "reference", "reference+compile", "fast", "fast+compile",
+DEFAULT_IMPLS = ["pykan", "pykan+compile", "reference", "reference+compile", "fast", "fast+compile", "fused",
                  "rbf", "chebyshev", "mlp"]
 
 
