@@ -12,7 +12,6 @@
 // choice of cell at a knot as the stored knots give.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-#include <ATen/OpMathType.h>
 #include <cmath>
 #include <vector>
 
@@ -63,108 +62,150 @@ inline double inverse_step(const scalar_t* knots, int64_t n_knots) {
   return double(n_knots - 1) / (double(knots[n_knots - 1]) - double(knots[0]));
 }
 
+constexpr int64_t kRows = 32;     // batch rows per tile: their bases are computed once per tile
+constexpr int64_t kOutputs = 64;  // outputs per tile: a weight slab of (G + k) x 64 stays in L1
+
+// The bases (values or slopes) and first basis number of every input of rows [b0, b0 + n).
+template <typename scalar_t>
+void tile_bases(const scalar_t* xp, const scalar_t* kp, int64_t b0, int64_t n, int64_t n_in, int64_t n_knots,
+                int64_t k, const double* vr, const double* sr, bool slopes_not_values, std::vector<double>& coef,
+                std::vector<int64_t>& first) {
+  double values[kMaxOrder], slopes[kMaxOrder];
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < n_in; ++i) {
+      const scalar_t* ki = kp + i * n_knots;
+      const Cell c = locate(xp[(b0 + r) * n_in + i], ki, n_knots, k);
+      bases(c, k, vr, sr, inverse_step(ki, n_knots), values, slopes_not_values ? slopes : nullptr);
+      first[r * n_in + i] = c.first;
+      for (int64_t m = 0; m <= k; ++m) coef[(r * n_in + i) * (k + 1) + m] = slopes_not_values ? slopes[m] : values[m];
+    }
+  }
+}
+
 }  // namespace
 
-// out (batch, out): the spline term of the layer.
+// out (batch, out): the spline term of the layer. Tiles of kRows x kOutputs: for each input the
+// weight slab w[i, :, o-tile] serves every row of the tile from L1.
 torch::Tensor fused_forward(torch::Tensor x, torch::Tensor knots, torch::Tensor w, int64_t k,
                             torch::Tensor value_rows, torch::Tensor slope_rows) {
   TORCH_CHECK(k >= 1 && k < kMaxOrder, "fused B-spline: k must be 1-", kMaxOrder - 1);
   x = x.contiguous(); knots = knots.contiguous(); w = w.contiguous();
   const int64_t batch = x.size(0), n_in = x.size(1), n_bases = w.size(1), n_out = w.size(2), n_knots = knots.size(1);
-  auto out = torch::zeros({batch, n_out}, x.options());
+  auto out = torch::empty({batch, n_out}, x.options());
   const double* vr = value_rows.data_ptr<double>();
   const double* sr = slope_rows.data_ptr<double>();
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "fused_bspline_forward", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "fused_bspline_forward", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const scalar_t* kp = knots.data_ptr<scalar_t>();
     const scalar_t* wp = w.data_ptr<scalar_t>();
     scalar_t* op = out.data_ptr<scalar_t>();
-    at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
-      std::vector<acc_t> acc(n_out);
-      double values[kMaxOrder];
-      for (int64_t b = begin; b < end; ++b) {
-        std::fill(acc.begin(), acc.end(), acc_t(0));
-        for (int64_t i = 0; i < n_in; ++i) {
-          const scalar_t* ki = kp + i * n_knots;
-          const Cell c = locate(xp[b * n_in + i], ki, n_knots, k);
-          bases(c, k, vr, sr, 0.0, values, nullptr);
-          for (int64_t m = 0; m <= k; ++m) {
-            const int64_t j = c.first + m;
-            if (j < 0 || j >= n_bases) continue;
-            const acc_t v = acc_t(values[m]);
-            const scalar_t* wj = wp + (i * n_bases + j) * n_out;
-            for (int64_t o = 0; o < n_out; ++o) acc[o] += v * acc_t(wj[o]);
+    const int64_t tiles = (batch + kRows - 1) / kRows;
+    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+      std::vector<double> coef(kRows * n_in * (k + 1));
+      std::vector<int64_t> first(kRows * n_in);
+      std::vector<scalar_t> acc(kRows * kOutputs);
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t b0 = t * kRows, rows = std::min(kRows, batch - b0);
+        tile_bases(xp, kp, b0, rows, n_in, n_knots, k, vr, sr, false, coef, first);
+        for (int64_t o0 = 0; o0 < n_out; o0 += kOutputs) {
+          const int64_t width = std::min(kOutputs, n_out - o0);
+          std::fill(acc.begin(), acc.end(), scalar_t(0));
+          for (int64_t i = 0; i < n_in; ++i) {
+            const scalar_t* slab = wp + i * n_bases * n_out + o0;
+            for (int64_t r = 0; r < rows; ++r) {
+              scalar_t* a = acc.data() + r * kOutputs;
+              for (int64_t m = 0; m <= k; ++m) {
+                const int64_t j = first[r * n_in + i] + m;
+                if (j < 0 || j >= n_bases) continue;
+                const scalar_t v = scalar_t(coef[(r * n_in + i) * (k + 1) + m]);
+                const scalar_t* row = slab + j * n_out;
+                for (int64_t o = 0; o < width; ++o) a[o] += v * row[o];
+              }
+            }
           }
+          for (int64_t r = 0; r < rows; ++r)
+            std::copy(acc.data() + r * kOutputs, acc.data() + r * kOutputs + width, op + (b0 + r) * n_out + o0);
         }
-        for (int64_t o = 0; o < n_out; ++o) op[b * n_out + o] = scalar_t(acc[o]);
       }
     });
   });
   return out;
 }
 
-// (grad_x of the spline term (batch, in) or an empty tensor, grad_w (in, G + k, out) or empty)
+// (grad_x of the spline term (batch, in) or an empty tensor, grad_w (in, G + k, out) or empty).
+// grad_w: threads own output tiles (no two write one element); grad_x: threads own row tiles.
 std::vector<torch::Tensor> fused_backward(torch::Tensor grad_out, torch::Tensor x, torch::Tensor knots,
                                           torch::Tensor w, int64_t k, torch::Tensor value_rows,
                                           torch::Tensor slope_rows, bool need_x, bool need_w) {
   grad_out = grad_out.contiguous(); x = x.contiguous(); knots = knots.contiguous(); w = w.contiguous();
   const int64_t batch = x.size(0), n_in = x.size(1), n_bases = w.size(1), n_out = w.size(2), n_knots = knots.size(1);
   auto grad_x = need_x ? torch::empty_like(x) : torch::Tensor();
-  auto grad_w = need_w ? torch::empty_like(w) : torch::Tensor();
+  auto grad_w = need_w ? torch::zeros_like(w) : torch::Tensor();
   const double* vr = value_rows.data_ptr<double>();
   const double* sr = slope_rows.data_ptr<double>();
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "fused_bspline_backward", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
+  const int64_t row_tiles = (batch + kRows - 1) / kRows, out_tiles = (n_out + kOutputs - 1) / kOutputs;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "fused_bspline_backward", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const scalar_t* kp = knots.data_ptr<scalar_t>();
     const scalar_t* wp = w.data_ptr<scalar_t>();
     const scalar_t* gp = grad_out.data_ptr<scalar_t>();
-    if (need_w) {  // threads own input features: no two write the same rows of grad_w
+    if (need_w) {
       scalar_t* gwp = grad_w.data_ptr<scalar_t>();
-      at::parallel_for(0, n_in, 1, [&](int64_t begin, int64_t end) {
-        std::vector<acc_t> acc(n_bases * n_out);
-        double values[kMaxOrder];
-        for (int64_t i = begin; i < end; ++i) {
-          std::fill(acc.begin(), acc.end(), acc_t(0));
-          const scalar_t* ki = kp + i * n_knots;
-          for (int64_t b = 0; b < batch; ++b) {
-            const Cell c = locate(xp[b * n_in + i], ki, n_knots, k);
-            bases(c, k, vr, sr, 0.0, values, nullptr);
-            const scalar_t* g = gp + b * n_out;
-            for (int64_t m = 0; m <= k; ++m) {
-              const int64_t j = c.first + m;
-              if (j < 0 || j >= n_bases) continue;
-              const acc_t v = acc_t(values[m]);
-              acc_t* a = acc.data() + j * n_out;
-              for (int64_t o = 0; o < n_out; ++o) a[o] += v * acc_t(g[o]);
+      at::parallel_for(0, out_tiles, 1, [&](int64_t begin, int64_t end) {
+        std::vector<double> coef(kRows * n_in * (k + 1));
+        std::vector<int64_t> first(kRows * n_in);
+        for (int64_t t = 0; t < row_tiles; ++t) {
+          const int64_t b0 = t * kRows, rows = std::min(kRows, batch - b0);
+          tile_bases(xp, kp, b0, rows, n_in, n_knots, k, vr, sr, false, coef, first);
+          for (int64_t ot = begin; ot < end; ++ot) {
+            const int64_t o0 = ot * kOutputs, width = std::min(kOutputs, n_out - o0);
+            for (int64_t i = 0; i < n_in; ++i) {
+              scalar_t* slab = gwp + i * n_bases * n_out + o0;
+              for (int64_t r = 0; r < rows; ++r) {
+                const scalar_t* g = gp + (b0 + r) * n_out + o0;
+                for (int64_t m = 0; m <= k; ++m) {
+                  const int64_t j = first[r * n_in + i] + m;
+                  if (j < 0 || j >= n_bases) continue;
+                  const scalar_t v = scalar_t(coef[(r * n_in + i) * (k + 1) + m]);
+                  scalar_t* row = slab + j * n_out;
+                  for (int64_t o = 0; o < width; ++o) row[o] += v * g[o];
+                }
+              }
             }
           }
-          for (int64_t e = 0; e < n_bases * n_out; ++e) gwp[i * n_bases * n_out + e] = scalar_t(acc[e]);
         }
       });
     }
     if (need_x) {
       scalar_t* gxp = grad_x.data_ptr<scalar_t>();
-      at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
-        double values[kMaxOrder], slopes[kMaxOrder];
-        for (int64_t b = begin; b < end; ++b) {
-          const scalar_t* g = gp + b * n_out;
-          for (int64_t i = 0; i < n_in; ++i) {
-            const scalar_t* ki = kp + i * n_knots;
-            const Cell c = locate(xp[b * n_in + i], ki, n_knots, k);
-            bases(c, k, vr, sr, inverse_step(ki, n_knots), values, slopes);
-            acc_t total = 0;
-            for (int64_t m = 0; m <= k; ++m) {
-              const int64_t j = c.first + m;
-              if (j < 0 || j >= n_bases) continue;
-              const scalar_t* wj = wp + (i * n_bases + j) * n_out;
-              acc_t dot = 0;
-              for (int64_t o = 0; o < n_out; ++o) dot += acc_t(wj[o]) * acc_t(g[o]);
-              total += acc_t(slopes[m]) * dot;
+      at::parallel_for(0, row_tiles, 1, [&](int64_t begin, int64_t end) {
+        std::vector<double> coef(kRows * n_in * (k + 1));
+        std::vector<int64_t> first(kRows * n_in);
+        std::vector<double> acc(kRows * n_in);
+        for (int64_t t = begin; t < end; ++t) {
+          const int64_t b0 = t * kRows, rows = std::min(kRows, batch - b0);
+          tile_bases(xp, kp, b0, rows, n_in, n_knots, k, vr, sr, true, coef, first);
+          std::fill(acc.begin(), acc.end(), 0.0);
+          for (int64_t o0 = 0; o0 < n_out; o0 += kOutputs) {
+            const int64_t width = std::min(kOutputs, n_out - o0);
+            for (int64_t i = 0; i < n_in; ++i) {
+              const scalar_t* slab = wp + i * n_bases * n_out + o0;
+              for (int64_t r = 0; r < rows; ++r) {
+                const scalar_t* g = gp + (b0 + r) * n_out + o0;
+                double total = 0;
+                for (int64_t m = 0; m <= k; ++m) {
+                  const int64_t j = first[r * n_in + i] + m;
+                  if (j < 0 || j >= n_bases) continue;
+                  const scalar_t* row = slab + j * n_out;
+                  scalar_t dot = 0;
+                  for (int64_t o = 0; o < width; ++o) dot += row[o] * g[o];
+                  total += coef[(r * n_in + i) * (k + 1) + m] * double(dot);
+                }
+                acc[r * n_in + i] += total;
+              }
             }
-            gxp[b * n_in + i] = scalar_t(total);
           }
+          for (int64_t e = 0; e < rows * n_in; ++e) gxp[b0 * n_in + e] = scalar_t(acc[e]);
         }
       });
     }
