@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from kan_models import build_model, parse_model_config
 from kan_models.bspline import BSplineKANLayer, uniform_knots
@@ -147,3 +148,11 @@ def test_every_strategy_trains_the_fused_layer_with_the_single_process_losses(tm
         losses = results[key]["losses"]
         assert results[key]["status"] == "ok" and results[key]["ranks_identical"], key
         assert max(abs(a - b) / abs(b) for a, b in zip(losses, reference)) < 1e-5, key
+
+
+def test_without_a_compiler_fused_is_refused_naming_the_fast_layer(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    with pytest.raises(ValidationError, match="impl fused cannot be built here: no C\\+\\+ compiler "
+                                              "\\(no-such-compiler\\).*set impl=fast"):
+        parse_model_config({"family": "bspline", "widths": [2, 4, 1], "impl": "fused"})
+    assert parse_model_config({"family": "bspline", "widths": [2, 4, 1], "impl": "fast"}).impl == "fast"

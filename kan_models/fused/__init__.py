@@ -6,8 +6,9 @@ autograd saves nothing but the layer's inputs.
 The op is built once per environment, the way DeepSpeed builds its CPU ops: compiled by
 ``torch.utils.cpp_extension`` on first use into ``$KANSCALE_CACHE_DIR/ops`` (default
 ``~/.cache/kanscale/ops``), one build per torch version and CPU, and loaded from there after.
-Where nothing can compile it (no C++ compiler), :func:`fused_unavailable` says why, and the
-experiment is refused before launch (``impl: auto`` takes the fast layer instead).
+Where nothing can compile it (no C++ compiler), :func:`fused_unavailable` says why, and an
+experiment asking for it is refused when it is validated, naming ``impl: fast``. Ranks that build it
+at once wait for one another (cpp_extension's lock in the build directory).
 
 The two ops are registered with ``torch.library`` as ``kanscale::bspline_spline`` and its
 backward, so torch.compile and the backends see one opaque op with a shape function."""
@@ -46,7 +47,7 @@ def fused_unavailable() -> str | None:
 
 @functools.cache
 def extension() -> ModuleType:
-    """The compiled op (built on first use, minutes on 2 cores; then loaded from the cache)."""
+    """The compiled op (built on first use, about 25 s here; then loaded from the cache)."""
     from torch.utils.cpp_extension import load
 
     reason = fused_unavailable()
