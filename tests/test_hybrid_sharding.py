@@ -26,7 +26,8 @@ HYBRID = {
     "fsdp1_hybrid_zero2": {"name": "fsdp1", "sharding_strategy": "_HYBRID_SHARD_ZERO2"},
     "zero3_hpz": {"name": "deepspeed", "config": "configs/deepspeed/zero3_hpz.json"},
 }
-FULL = {"fsdp2": {"name": "fsdp2"}, "ddp": {"name": "ddp"}}
+FULL = {"fsdp2": {"name": "fsdp2"}, "ddp": {"name": "ddp"},
+        "zero3": {"name": "deepspeed", "config": "configs/deepspeed/zero3.json"}}
 GRID = {"grid_update_every": 3, "grid_update_until": 7}
 
 pytestmark = pytest.mark.slow
@@ -75,7 +76,7 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("key, reference", [*[(k, "plain") for k in HYBRID], ("hsdp/accum", "plain"),
+@pytest.mark.parametrize("key, reference", [*[(k, "plain") for k in {**HYBRID, **FULL}], ("hsdp/accum", "plain"),
                                             ("hsdp/grid", "grid"), ("hsdp/clip", "clip"), ("fsdp1_hybrid/clip", "clip")])
 def test_losses_match_the_single_process_reference(two_nodes, references, key, reference):
     result = two_nodes[1][key]
@@ -119,9 +120,11 @@ def test_shard_groups_stay_inside_a_node(two_nodes):
     assert hsdp["inter_node_bytes"] < 0.5 * full["inter_node_bytes"]
     for key in ("fsdp1_hybrid", "fsdp1_hybrid_zero2"):
         assert 0 < results[key]["comm_bytes"]["inter_node_bytes"] < full["inter_node_bytes"]
-    # ZeRO++ hpZ: forward gathers over the world, backward again from the node's own partition
-    hpz = results["zero3_hpz"]["comm_bytes"]
+    # ZeRO++ hpZ: forward gathers over the world, backward again from the node's own partition;
+    # plain ZeRO-3 keeps the gathered parameters through backward and crosses nodes only
+    hpz, zero3 = results["zero3_hpz"]["comm_bytes"], results["zero3"]["comm_bytes"]
     assert hpz["intra_node_collectives"] > 0 and hpz["inter_node_collectives"] > 0
+    assert zero3["intra_node_bytes"] == 0 and zero3["inter_node_bytes"] > 0
 
 
 def test_a_failed_hsdp_run_resumes_bit_for_bit_and_exports_the_whole_model(two_nodes):
