@@ -119,6 +119,7 @@ torch::Tensor fused_forward(torch::Tensor x, torch::Tensor knots, torch::Tensor 
                 if (j < 0 || j >= n_bases) continue;
                 const scalar_t v = scalar_t(coef[(r * n_in + i) * (k + 1) + m]);
                 const scalar_t* row = slab + j * n_out;
+                _Pragma("omp simd")
                 for (int64_t o = 0; o < width; ++o) a[o] += v * row[o];
               }
             }
@@ -168,6 +169,7 @@ std::vector<torch::Tensor> fused_backward(torch::Tensor grad_out, torch::Tensor 
                   if (j < 0 || j >= n_bases) continue;
                   const scalar_t v = scalar_t(coef[(r * n_in + i) * (k + 1) + m]);
                   scalar_t* row = slab + j * n_out;
+                  _Pragma("omp simd")
                   for (int64_t o = 0; o < width; ++o) row[o] += v * g[o];
                 }
               }
@@ -198,6 +200,7 @@ std::vector<torch::Tensor> fused_backward(torch::Tensor grad_out, torch::Tensor 
                   if (j < 0 || j >= n_bases) continue;
                   const scalar_t* row = slab + j * n_out;
                   scalar_t dot = 0;
+                  _Pragma("omp simd reduction(+ : dot)")
                   for (int64_t o = 0; o < width; ++o) dot += row[o] * g[o];
                   total += coef[(r * n_in + i) * (k + 1) + m] * double(dot);
                 }
