@@ -175,57 +175,115 @@ def _spread(seconds: list[float]) -> dict[str, float]:
     return {"median": statistics.median(ms), "min": min(ms), "max": max(ms)}
 
 
-def measure(workload: str, impl: str, plan: Plan) -> dict[str, Any]:
-    """One row of the benchmark: an implementation on a workload."""
-    w = WORKLOADS[workload]
-    base, mode = split_impl(impl)
-    row: dict[str, Any] = {"workload": workload, "impl": impl, "batch": w.batch}
-    reason = w.skip.get(base.split("-")[0])
-    if reason:
-        return {**row, "status": "skipped", "note": reason}
-    cfg = parse_model_config(implementation_config(base, w))
-    model = build_model(cfg, seed=0).to(plan.device)
-    row.update(model=cfg.describe(), params=sum(p.numel() for p in model.parameters() if p.requires_grad))
-    gen = torch.Generator().manual_seed(0)
-    x = (torch.rand(w.batch, w.widths[0], generator=gen) * 2 - 1).to(plan.device)
-    y = x.square().sum(1, keepdim=True)
-    sync = (lambda: torch.cuda.synchronize(plan.device)) if plan.device.type == "cuda" else (lambda: None)
-    try:
-        row["compile_s"] = compile_model(model, x)[1] if mode == "+compile" else None
+class Measurement:
+    """One implementation on one workload: model, optimizer and data built (compiled for +compile),
+    then one train step per :meth:`round`, each phase stamped. A workload's implementations take
+    their rounds in turn (A, B, C, A, B, C, ...): a load change during the run touches every row
+    alike (run one after another, a load change once moved pykan's rate 2.6x within a run)."""
+
+    def __init__(self, workload: str, impl: str, plan: Plan) -> None:
+        w = self.workload = WORKLOADS[workload]
+        base, self.mode = split_impl(impl)
+        self.row: dict[str, Any] = {"workload": workload, "impl": impl, "batch": w.batch}
+        cfg = parse_model_config(implementation_config(base, w))
+        self.model = model = build_model(cfg, seed=0).to(plan.device)
+        self.row.update(model=cfg.describe(), params=sum(p.numel() for p in model.parameters() if p.requires_grad))
+        gen = torch.Generator().manual_seed(0)
+        self.x = (torch.rand(w.batch, w.widths[0], generator=gen) * 2 - 1).to(plan.device)
+        self.y = self.x.square().sum(1, keepdim=True)
+        self.device = plan.device
+        self.row["compile_s"] = compile_model(model, self.x)[1] if self.mode == "+compile" else None
         # Eager and +compile: torch's fused Adam. +step compiles Adam's own step into one kernel.
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=mode != "+step")
-        forward, backward, optimizer_step = (lambda x, y: F.mse_loss(model(x), y)), contextlib.nullcontext, opt.step
-        if mode == "+step":
-            compiled = StepCompilation(opt, compiled_autograd=True)
-            forward, backward, optimizer_step = compiled.region(forward), compiled.backward, compiled.optimizer_step
-        phases: dict[str, list[float]] = {"forward_ms": [], "backward_ms": [], "step_ms": []}
-        for i in range(w.warmup + (plan.repeats or w.repeats)):
-            opt.zero_grad(set_to_none=True)
-            sync()
-            t0 = time.perf_counter()
-            loss = forward(x, y)
-            sync()
-            t1 = time.perf_counter()
-            with backward():
-                loss.backward()
-            sync()
-            t2 = time.perf_counter()
-            optimizer_step()
-            sync()
-            t3 = time.perf_counter()
-            if i == 0 and mode == "+step":
-                row["compile_s"] = t3 - t0  # the whole step compiles in its first call
-            if i >= w.warmup:
-                for name, seconds in zip(phases, (t1 - t0, t2 - t1, t3 - t0)):
-                    phases[name].append(seconds)
-        row.update({name: _spread(seconds) for name, seconds in phases.items()})
-        row["samples_per_s"] = w.batch / (row["step_ms"]["median"] / 1e3)
-        row["step_flops"] = 6 * w.batch * row["params"]
-        row["saved_bytes"] = saved_bytes(model, lambda: forward(x, y))
-        row["peak_device_bytes"] = _peak_device_bytes(model, opt, x, y) if plan.device.type == "cuda" else None
-    except Exception as err:  # one failing implementation (e.g. a compile error) must not end the run
-        return {**row, "status": "failed", "note": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
-    return {**row, "status": "ok"}
+        self.opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=self.mode != "+step")
+        self.forward = lambda x, y: F.mse_loss(model(x), y)
+        self.backward, self.optimizer_step = contextlib.nullcontext, self.opt.step
+        if self.mode == "+step":
+            compiled = StepCompilation(self.opt, compiled_autograd=True)
+            self.forward = compiled.region(self.forward)
+            self.backward, self.optimizer_step = compiled.backward, compiled.optimizer_step
+        self.phases: dict[str, list[float]] = {"forward_ms": [], "backward_ms": [], "step_ms": []}
+        self.starts: list[float] = []  # when each round began (perf_counter)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def round(self, timed: bool) -> None:
+        """One train step; its phases kept where ``timed`` (after the workload's warm-up)."""
+        self.opt.zero_grad(set_to_none=True)
+        self._sync()
+        t0 = time.perf_counter()
+        self.starts.append(t0)
+        loss = self.forward(self.x, self.y)
+        self._sync()
+        t1 = time.perf_counter()
+        with self.backward():
+            loss.backward()
+        self._sync()
+        t2 = time.perf_counter()
+        self.optimizer_step()
+        self._sync()
+        t3 = time.perf_counter()
+        if len(self.starts) == 1 and self.mode == "+step":
+            self.row["compile_s"] = t3 - t0  # the whole step compiles in its first call
+        if timed:
+            for name, seconds in zip(self.phases, (t1 - t0, t2 - t1, t3 - t0)):
+                self.phases[name].append(seconds)
+
+    def result(self) -> dict[str, Any]:
+        row = {**self.row, **{name: _spread(seconds) for name, seconds in self.phases.items()}}
+        row["samples_per_s"] = self.workload.batch / (row["step_ms"]["median"] / 1e3)
+        row["step_flops"] = 6 * self.workload.batch * row["params"]
+        row["saved_bytes"] = saved_bytes(self.model, lambda: self.forward(self.x, self.y))
+        row["peak_device_bytes"] = (_peak_device_bytes(self.model, self.opt, self.x, self.y)
+                                    if self.device.type == "cuda" else None)
+        return {**row, "status": "ok"}
+
+
+def failed(row: dict[str, Any], err: Exception) -> dict[str, Any]:
+    """A row for an implementation that failed (e.g. a compile error): it must not end the run."""
+    return {**row, "status": "failed", "note": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+
+
+def measure_workload(workload: str, impls: list[str], plan: Plan, progress: Callable[[str], None] = lambda line: None,
+                     measured: dict[str, Measurement] | None = None) -> list[dict[str, Any]]:
+    """Every implementation of the plan on one workload, their rounds interleaved; a row each,
+    in the plan's order (``measured``, if given, receives each implementation's Measurement)."""
+    w = WORKLOADS[workload]
+    rows: dict[str, dict[str, Any]] = {}
+    ready: dict[str, Measurement] = {}
+    for impl in impls:
+        base_row = {"workload": workload, "impl": impl, "batch": w.batch}
+        if reason := w.skip.get(split_impl(impl)[0].split("-")[0]):
+            rows[impl] = {**base_row, "status": "skipped", "note": reason}
+            continue
+        try:
+            ready[impl] = Measurement(workload, impl, plan)
+        except Exception as err:  # noqa: BLE001 - one failing implementation must not end the run
+            rows[impl] = failed(base_row, err)
+    if measured is not None:
+        measured.update(ready)
+    repeats = plan.repeats or w.repeats
+    for n in range(w.warmup + repeats):
+        for impl, m in list(ready.items()):
+            try:
+                m.round(timed=n >= w.warmup)
+            except Exception as err:  # noqa: BLE001
+                rows[impl] = failed(m.row, err)
+                del ready[impl]
+        progress(f"{workload}: round {n + 1} of {w.warmup + repeats} ({len(ready)} implementation(s) in turn)")
+    for impl, m in ready.items():
+        try:
+            rows[impl] = m.result()
+        except Exception as err:  # noqa: BLE001
+            rows[impl] = failed(m.row, err)
+        progress(f"{workload} {impl}: {_progress_line(rows[impl])}")
+    return [rows[impl] for impl in impls]
+
+
+def measure(workload: str, impl: str, plan: Plan) -> dict[str, Any]:
+    """One row of the benchmark: an implementation on a workload, alone."""
+    return measure_workload(workload, [impl], plan)[0]
 
 
 def _peak_device_bytes(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> int:
@@ -277,11 +335,9 @@ def run(plan: Plan, progress: Callable[[str], None] = lambda line: None) -> dict
         progress(f"dense float32 GEMM rate: {flops_per_s / 1e9:,.1f} GFLOP/s on {plan.threads} thread(s)")
         rows = []
         for workload in plan.workloads:
-            for impl in plan.impls:
-                progress(f"{workload} {impl} ...")
-                start = time.perf_counter()
-                rows.append(measure(workload, impl, plan))
-                progress(f"{workload} {impl}: {_progress_line(rows[-1])} ({time.perf_counter() - start:.0f} s)")
+            start = time.perf_counter()
+            rows += measure_workload(workload, plan.impls, plan, progress)
+            progress(f"{workload}: {time.perf_counter() - start:.0f} s")
         add_ratios(rows, flops_per_s)
         return {"environment": {**environment(plan), "gemm_flops_per_s": flops_per_s},
                 "workloads": {n: {"widths": WORKLOADS[n].widths, "grid": WORKLOADS[n].grid, "k": WORKLOADS[n].k,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from launchers.bench import make_plan, measure, saved_bytes
+from launchers.bench import make_plan, measure, measure_workload, saved_bytes
 from launchers.cli import main
 
 
@@ -69,3 +69,13 @@ def test_bad_flags_exit_2_with_one_clean_message(capsys, flags, message):
     assert main(["bench", "--models", "tiny", *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_the_implementations_of_a_workload_take_their_rounds_in_turn():
+    """A, B, A, B, ...: a load change halfway through the run slows every row alike."""
+    measured = {}
+    rows = measure_workload("tiny", ["fast", "mlp"], make_plan("tiny", "fast,mlp", 1, 3, "cpu"), measured=measured)
+    assert [r["status"] for r in rows] == ["ok", "ok"] and [r["impl"] for r in rows] == ["fast", "mlp"]
+    fast, mlp = measured["fast"].starts, measured["mlp"].starts
+    assert len(fast) == len(mlp) > 3  # the warm-up rounds, then the 3 timed ones
+    assert all(a < b < c for a, b, c in zip(fast, mlp, fast[1:]))
