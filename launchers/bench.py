@@ -281,11 +281,6 @@ def measure_workload(workload: str, impls: list[str], plan: Plan, progress: Call
     return [rows[impl] for impl in impls]
 
 
-def measure(workload: str, impl: str, plan: Plan) -> dict[str, Any]:
-    """One row of the benchmark: an implementation on a workload, alone."""
-    return measure_workload(workload, [impl], plan)[0]
-
-
 def _peak_device_bytes(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> int:
     torch.cuda.synchronize(x.device)
     torch.cuda.reset_peak_memory_stats(x.device)

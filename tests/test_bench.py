@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from launchers.bench import make_plan, measure, measure_workload, saved_bytes
+from launchers.bench import make_plan, measure_workload, saved_bytes
 from launchers.cli import main
 
 
@@ -54,7 +54,7 @@ def test_saved_bytes_counts_each_saved_storage_once_without_parameters():
 
 
 def test_pykan_is_skipped_on_the_wide_workload_with_the_reason():
-    row = measure("wide", "pykan", make_plan("wide", "pykan", 1, None, "cpu"))
+    (row,) = measure_workload("wide", ["pykan"], make_plan("wide", "pykan", 1, None, "cpu"))
     assert row["status"] == "skipped" and "Python" in row["note"]
 
 
