@@ -14,10 +14,7 @@ from kan_models import build_model, parse_model_config
 from kan_models.bspline import BSplineKANLayer, uniform_knots
 from kan_models.bspline_fast import FastBSplineKANLayer
 from kan_models.fused import FusedBSplineKANLayer, spline_term
-from strategies.distributed import DistEnv
-from strategies.experiment import parse_experiment
-from strategies.loop.trainer import Trainer
-from tests.helpers.launch import run_jobs
+from tests.helpers.launch import run_here, run_jobs
 from tests.test_bspline_fast import HIGH, LOW, outputs_and_grads, probe_points, reference_layer
 
 GRIDS = [3, 10, 50, 200]
@@ -138,10 +135,7 @@ def fused_experiment(strategy: dict, out: Path) -> dict:
 def test_every_strategy_trains_the_fused_layer_with_the_single_process_losses(tmp_path):
     """The op on plain tensors (DDP, DeepSpeed), on FSDP2's unsharded parameters and inside
     tensor parallelism's local_map: per-step losses within 1e-5 of one process's, grid updates included."""
-    single = Trainer(parse_experiment(fused_experiment({"name": "single"}, tmp_path / "single")), DistEnv(),
-                     show_progress=False)
-    single.run()
-    reference = [s.loss for s in single.combined]
+    reference = [s.loss for s in run_here(fused_experiment({"name": "single"}, tmp_path / "single")).combined]
     results = run_jobs([{"id": key, "config": fused_experiment(s, tmp_path / "runs")} for key, s in STRATEGIES.items()],
                        tmp_path)
     for key in STRATEGIES:

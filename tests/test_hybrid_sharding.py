@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from kan_models import build_model
-from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer
-from tests.helpers.launch import run_jobs
+from tests.helpers.launch import run_here, run_jobs
 
 MODEL = {"family": "bspline", "widths": [2, 16, 8, 1], "grid": 5, "grid_range": [-2.0, 2.0]}
 STEPS = 10
@@ -42,10 +41,7 @@ def experiment(strategy: dict, out: Path, **training) -> dict:
 
 
 def single(tmp: Path, **training) -> Trainer:
-    trainer = Trainer(parse_experiment(experiment({"name": "single"}, tmp / "single", **training)), DistEnv(),
-                      show_progress=False)
-    trainer.run()
-    return trainer
+    return run_here(experiment({"name": "single"}, tmp / "single", **training))
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,9 @@ from kan_models import build_model
 from launchers.summary import format_summary
 from launchers.zoo import model_shape
 from strategies.backends.tp_plan import FEATURES, layer_plans
-from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer
-from tests.helpers.launch import ROOT, run, run_jobs
+from tests.helpers.launch import ROOT, run, run_here, run_jobs
 
 MODELS = {
     # three layers: a Megatron pair, then a row-split output layer
@@ -58,10 +57,7 @@ def jobs_for(strategy: dict, tmp: Path) -> list[dict]:
 
 
 def single(family: str, tmp: Path, **training) -> Trainer:
-    trainer = Trainer(parse_experiment(experiment(family, {"name": "single"}, tmp / "single", **training)), DistEnv(),
-                      show_progress=False)
-    trainer.run()
-    return trainer
+    return run_here(experiment(family, {"name": "single"}, tmp / "single", **training))
 
 
 @pytest.fixture(scope="module")

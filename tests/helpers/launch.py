@@ -1,4 +1,5 @@
-"""Start real multi-process runs from tests, the way users do."""
+"""Start real runs from tests, the way users do: multi-process launches, and the one-process
+reference in the test's own process."""
 
 import json
 import os
@@ -78,3 +79,15 @@ def run_nodes(nnodes: int, nproc: int, worker: list[str], timeout: float = 900) 
     if failed:
         raise AssertionError("; ".join(f"node {rank} exited {code}" for rank, code in failed) + "\n"
                              + "\n".join(f"--- node {rank}\n{out[-4000:]}" for rank, out in enumerate(outputs)))
+
+
+def run_here(config: dict):
+    """The experiment ``config`` trained in this process (the one-process reference strategies are
+    compared with); its Trainer, after the run."""
+    from strategies.distributed import DistEnv
+    from strategies.experiment import parse_experiment
+    from strategies.loop.trainer import Trainer
+
+    trainer = Trainer(parse_experiment(config), DistEnv(), show_progress=False)
+    trainer.run()
+    return trainer
