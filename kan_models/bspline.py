@@ -156,8 +156,8 @@ class BSplineConfig(ModelConfig):
     impl: Literal["fast", "reference", "fused"] = Field(
         "fast", description="fast: closed-form bases on the uniform grid, lean backward (grid update stays "
         "uniform, grid_eps unused); reference: Cox-de Boor over all bases, grid_eps grid updates; fused: the fast "
-        "layer's function in one C++ op that never forms the basis tensor (CPUs; built once per machine, needs a C++ "
-        "compiler)")
+        "layer's function in one op that never forms the basis tensor (CPUs: C++, built once per machine, needs a C++ "
+        "compiler; CUDA GPUs: Triton kernels, need triton)")
     product: Literal["auto", "dense", "sparse"] = Field(
         "auto", description="how the fast layer multiplies its bases with the coefficients: dense (one GEMM over all "
         "G + k bases), sparse (CSR over the k + 1 non-zero ones), auto: sparse on CPUs from this CPU's measured crossover "

@@ -9,7 +9,8 @@
 # Each check prints PASS/FAIL and goes on; the summary is OUT_DIR/summary.txt, the run records
 # are under OUT_DIR/runs, the kernel benchmark table is OUT_DIR/bench.md, NCCL's collective
 # latency and bandwidth OUT_DIR/commbench.md, the timing overhead OUT_DIR/bench_timing.md, the
-# sparse product's crossover OUT_DIR/sparse_crossover.md.
+# sparse product's crossover OUT_DIR/sparse_crossover.md, the fused layer's Triton kernels against the
+# fast layer OUT_DIR/bench_fused.md.
 set -u
 OUT=${1:-${OUT:-gpu_checks}}
 mkdir -p "$OUT/runs"
@@ -103,6 +104,18 @@ check commbench_nccl $PY -m launchers.cli commbench --device cuda --nproc-per-no
 # the sparse product (whose crossover with the dense one is not measured on GPUs yet)
 check bench $PY -m launchers.cli bench --models study,wide,fine \
   --impl pykan,pykan+compile,reference,fast,fast+compile,fast+step,fast-dense,fast-sparse,mlp --out "$OUT/bench.json"
+# The fused layer's Triton kernels compiled for this GPU: parity with the fast layer (float64, float32,
+# bf16; a skipped test is a failure here: it means no CUDA or no triton), then their speed against it,
+# eager and with the whole step compiled; the table is OUT_DIR/bench_fused.md
+fused_triton_parity() {
+  $PY -m pytest -q -rs -p no:cacheprovider tests/test_bspline_triton.py -k cuda_fused > "$OUT/fused_triton.log" 2>&1
+  local rc=$?
+  cat "$OUT/fused_triton.log"
+  [ "$rc" -eq 0 ] && ! grep -q skipped "$OUT/fused_triton.log"
+}
+check fused_triton_parity fused_triton_parity
+check bench_fused $PY -m launchers.cli bench --device cuda --models study,wide --impl fast,fused,fast+step,fused+step \
+  --out "$OUT/bench_fused.json"
 # Does the suite's clock (CUDA events, one synchronize per window) slow the training? Its DDP rate
 # against a hand-written DDP loop, interleaved; the table is OUT_DIR/bench_timing.md.
 bench_timing() {

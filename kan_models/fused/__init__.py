@@ -1,7 +1,8 @@
 """The fused B-spline KAN layer (``model.impl: fused``): the k + 1 non-zero bases of every input
 evaluated in registers and contracted at once with the coefficients they select, in one C++ op
 with OpenMP (``bspline_fused.cpp``), so the (batch, in, G + k) basis tensor is never formed and
-autograd saves nothing but the layer's inputs.
+autograd saves nothing but the layer's inputs. On CUDA GPUs the same op runs Triton kernels
+(``triton_kernels.py``, :func:`kernels` chooses by the tensors' device).
 
 The op is built once per environment, the way DeepSpeed builds its CPU ops: compiled by
 ``torch.utils.cpp_extension`` on first use into ``$KANSCALE_CACHE_DIR/ops`` (default
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -59,6 +61,27 @@ def extension() -> ModuleType:
                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
 
 
+def kernels(device: torch.device) -> ModuleType:
+    """The op's kernels for a device, one interface (``forward``, ``backward``): the C++ extension on
+    CPUs, the Triton kernels on CUDA GPUs (triton_kernels.py, imported here only, so that a machine
+    without triton still imports this package)."""
+    if device.type == "cuda":
+        from kan_models.fused import triton_kernels
+
+        return triton_kernels
+    return extension()
+
+
+def device_unavailable(device: torch.device) -> str | None:
+    """Why the layer cannot run on a device, naming the fix (after "model.impl: fused "), or None."""
+    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        return ("runs on CUDA GPUs as a Triton kernel, and triton is not installed: pip install triton, or set "
+                "model.impl=fast")
+    if device.type not in ("cpu", "cuda"):
+        return f"runs on CPUs (a C++ op) and CUDA GPUs (a Triton kernel), not on {device.type}: set model.impl=fast"
+    return None
+
+
 @functools.cache
 def _rows(k: int) -> tuple[torch.Tensor, torch.Tensor]:
     value, slope = basis_matrix(k)
@@ -82,7 +105,7 @@ def spline_term(x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, scale_
                 k: int) -> torch.Tensor:
     """sum_i sum_j B_j(x_i) coef[o, i, j] scale_spline[o, i], (batch, out)."""
     xw, knots, coef, scale_spline = wide(x, knots, coef, scale_spline)
-    return extension().forward(xw, knots, transposed_weight(coef, scale_spline), k, *_rows(k)).to(x.dtype)
+    return kernels(x.device).forward(xw, knots, transposed_weight(coef, scale_spline), k, *_rows(k)).to(x.dtype)
 
 
 @spline_term.register_fake
@@ -97,8 +120,8 @@ def spline_term_backward(grad: torch.Tensor, x: torch.Tensor, knots: torch.Tenso
     """(grad x, grad coef, grad scale_spline); an empty tensor for each not asked for."""
     dtypes = x.dtype, coef.dtype, scale_spline.dtype
     grad, x, knots, coef, scale_spline = wide(grad, x, knots, coef, scale_spline)
-    gx, gw = extension().backward(grad, x, knots, transposed_weight(coef, scale_spline), k, *_rows(k), need_x,
-                                  need_weight)
+    gx, gw = kernels(x.device).backward(grad, x, knots, transposed_weight(coef, scale_spline), k, *_rows(k), need_x,
+                                        need_weight)
     gx = gx.to(dtypes[0]) if need_x else x.new_empty(0, dtype=dtypes[0])
     if not need_weight:
         return gx, coef.new_empty(0, dtype=dtypes[1]), coef.new_empty(0, dtype=dtypes[2])
@@ -136,13 +159,13 @@ class FusedBSplineKANLayer(FastBSplineKANLayer):
     is one GEMM, the spline term the op, whose backward recomputes the bases from the inputs."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu":
-            raise RuntimeError(f"model.impl: fused runs on CPUs (its GPU kernel is not written yet); this layer got a "
-                               f"{x.device.type} tensor: set model.impl=fast")
+        if why := device_unavailable(x.device):
+            raise RuntimeError(f"model.impl: fused {why}")
+        device = x.device.type
         # one dtype for every operand, as the fast layer: autocast's where it is on, else the parameters'
-        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else self.coef.dtype
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.coef.dtype
         x = x.to(dtype)
-        with torch.autocast("cpu", enabled=False):
+        with torch.autocast(device, enabled=False):
             base = F.linear(F.silu(x), self.scale_base.to(dtype))
             # the knots as stored (float32 under every backend): rounded to bf16 they would no longer be uniform
             return base + spline_term(x.contiguous(), self.knots, self.coef.to(dtype), self.scale_spline.to(dtype),
