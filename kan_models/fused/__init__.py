@@ -62,7 +62,8 @@ def extension() -> ModuleType:
 
 
 def kernels(device: torch.device) -> ModuleType:
-    """The op's kernels for a device, one interface (``forward``, ``backward``): the C++ extension on
+    """The op's kernels for a device, one interface (``forward``, ``backward``, and the weight's layout
+    ``spline_weight`` and its gradients' ``coefficient_grads``): the C++ extension on
     CPUs, the Triton kernels on CUDA GPUs (triton_kernels.py, imported here only, so that a machine
     without triton still imports this package)."""
     if device.type == "cuda":
@@ -88,11 +89,6 @@ def _rows(k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(value, dtype=torch.float64), torch.tensor(slope, dtype=torch.float64)
 
 
-def transposed_weight(coef: torch.Tensor, scale_spline: torch.Tensor) -> torch.Tensor:
-    """(in, G + k, out): the spline weight coef * scale_spline laid out along out, as the op reads it."""
-    return (coef * scale_spline.unsqueeze(-1)).permute(1, 2, 0).contiguous()
-
-
 def wide(*tensors: torch.Tensor) -> list[torch.Tensor]:
     """The operands in at least float32: bf16 and fp16 are stored narrow but computed (the
     weight's product, the op, the gradients' reductions) in float32 and rounded once at the end;
@@ -105,7 +101,8 @@ def spline_term(x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, scale_
                 k: int) -> torch.Tensor:
     """sum_i sum_j B_j(x_i) coef[o, i, j] scale_spline[o, i], (batch, out)."""
     xw, knots, coef, scale_spline = wide(x, knots, coef, scale_spline)
-    return kernels(x.device).forward(xw, knots, transposed_weight(coef, scale_spline), k, *_rows(k)).to(x.dtype)
+    ops = kernels(x.device)
+    return ops.forward(xw, knots, ops.spline_weight(coef, scale_spline), k, *_rows(k)).to(x.dtype)
 
 
 @spline_term.register_fake
@@ -120,14 +117,13 @@ def spline_term_backward(grad: torch.Tensor, x: torch.Tensor, knots: torch.Tenso
     """(grad x, grad coef, grad scale_spline); an empty tensor for each not asked for."""
     dtypes = x.dtype, coef.dtype, scale_spline.dtype
     grad, x, knots, coef, scale_spline = wide(grad, x, knots, coef, scale_spline)
-    gx, gw = kernels(x.device).backward(grad, x, knots, transposed_weight(coef, scale_spline), k, *_rows(k), need_x,
-                                        need_weight)
+    ops = kernels(x.device)
+    gx, gw = ops.backward(grad, x, knots, ops.spline_weight(coef, scale_spline), k, *_rows(k), need_x, need_weight)
     gx = gx.to(dtypes[0]) if need_x else x.new_empty(0, dtype=dtypes[0])
     if not need_weight:
         return gx, coef.new_empty(0, dtype=dtypes[1]), coef.new_empty(0, dtype=dtypes[2])
-    gw = gw.permute(2, 0, 1)  # (out, in, G + k), d loss / d (coef * scale_spline)
-    # contiguous, as the shape function says
-    return gx, (gw * scale_spline.unsqueeze(-1)).to(dtypes[1]).contiguous(), (gw * coef).sum(-1).to(dtypes[2])
+    g_coef, g_scale = ops.coefficient_grads(gw, coef, scale_spline)
+    return gx, g_coef.to(dtypes[1]), g_scale.to(dtypes[2])
 
 
 @spline_term_backward.register_fake

@@ -220,3 +220,16 @@ def backward(grad: torch.Tensor, x: torch.Tensor, knots: torch.Tensor, w: torch.
                 grad, x, knots, w, grad_x, _device_rows(slope_rows, x), batch, n_in, n_knots, n_bases, n_out,
                 K=k, BLOCK_B=BLOCK_ROWS, BLOCK_O=BLOCK_OUTPUTS)
     return [grad_x, grad_w]
+
+
+def spline_weight(coef: torch.Tensor, scale_spline: torch.Tensor) -> torch.Tensor:
+    """(in, G + k, out): the spline weight coef * scale_spline laid out along out, as the kernels read it."""
+    return (coef * scale_spline.unsqueeze(-1)).permute(1, 2, 0).contiguous()
+
+
+def coefficient_grads(grad_w: torch.Tensor, coef: torch.Tensor,
+                      scale_spline: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d loss / d coef, d loss / d scale_spline) from grad_w (in, G + k, out), the gradient of w."""
+    grad_w = grad_w.permute(2, 0, 1)  # (out, in, G + k)
+    return (grad_w * scale_spline.unsqueeze(-1)).contiguous(), (grad_w * coef).sum(-1)
+
