@@ -142,6 +142,27 @@ def least_squares(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return solution.to(b.dtype)
 
 
+# Where impl: auto runs the fused op: on CPUs it beat the fast layer at every size measured
+# (docs/performance.md, "The fused layer"); its Triton kernel is not measured on a GPU yet.
+AUTO_FUSED_ON = ("cpu",)
+
+
+def fused_unavailable() -> str | None:
+    """Why the fused op cannot be built here, or None (kan_models.fused, imported only when asked)."""
+    from kan_models.fused import fused_unavailable as why
+
+    return why()
+
+
+def auto_impl(device_type: str) -> str:
+    """What impl: auto runs on a device type, and why (the record's model.machine_choices)."""
+    if device_type not in AUTO_FUSED_ON:
+        return f"fast: the fused op is measured faster on {', '.join(AUTO_FUSED_ON)} only, not on {device_type}"
+    if reason := fused_unavailable():
+        return f"fast: {reason}"
+    return f"fused: the fused op is built here and measured faster than fast on {device_type}"
+
+
 class BSplineConfig(ModelConfig):
     """B-spline KAN: SiLU base path plus an order-k spline on a G-interval grid per edge."""
 
@@ -153,11 +174,12 @@ class BSplineConfig(ModelConfig):
     grid_range: Interval = Field((-1.0, 1.0), description="initial grid [low, high]")
     grid_eps: float = Field(0.02, ge=0.0, le=1.0, description="grid update: 1 = uniform, 0 = quantiles")
     noise_scale: float = Field(0.1, ge=0.0, description="std of the initial spline coefficients, times 1/sqrt(G)")
-    impl: Literal["fast", "reference", "fused"] = Field(
+    impl: Literal["fast", "reference", "fused", "auto"] = Field(
         "fast", description="fast: closed-form bases on the uniform grid, lean backward (grid update stays "
         "uniform, grid_eps unused); reference: Cox-de Boor over all bases, grid_eps grid updates; fused: the fast "
         "layer's function in one op that never forms the basis tensor (CPUs: C++, built once per machine, needs a C++ "
-        "compiler; CUDA GPUs: Triton kernels, need triton)")
+        "compiler; CUDA GPUs: Triton kernels, need triton); auto: fused on CPUs where a C++ compiler builds it "
+        "(measured faster there), fast elsewhere")
     product: Literal["auto", "dense", "sparse"] = Field(
         "auto", description="how the fast layer multiplies its bases with the coefficients: dense (one GEMM over all "
         "G + k bases), sparse (CSR over the k + 1 non-zero ones), auto: sparse on CPUs from this CPU's measured crossover "
@@ -165,16 +187,16 @@ class BSplineConfig(ModelConfig):
 
     @model_validator(mode="after")
     def _product_needs_fast(self) -> "BSplineConfig":
-        if self.product != "auto" and self.impl != "fast":
+        if self.product != "auto" and self.impl not in ("fast", "auto"):
             raise ValueError(f"product {self.product} is a choice of the fast layer; set impl=fast or product=auto")
         if self.impl == "fused":
-            from kan_models.fused import fused_unavailable
-
             if reason := fused_unavailable():
                 raise ValueError(f"impl fused cannot be built here: {reason}; set impl=fast")
         return self
 
     def machine_choices(self, device_type: str) -> dict[str, str]:
+        if self.impl == "auto":
+            return {"impl": auto_impl(device_type)}
         if self.impl != "fast" or self.product != "auto":
             return {}
         from kan_models.bspline_fast import use_sparse
@@ -189,12 +211,13 @@ class BSplineConfig(ModelConfig):
     def build(self) -> LayerStack:
         from kan_models.bspline_fast import FastBSplineKANLayer  # it builds on this module
 
-        if self.impl == "fast":
+        if self.impl == "fast" or (self.impl == "auto" and fused_unavailable()):
             layer = functools.partial(FastBSplineKANLayer, product=self.product)
-        elif self.impl == "fused":
+        elif self.impl in ("fused", "auto"):
             from kan_models.fused import FusedBSplineKANLayer
 
-            layer = FusedBSplineKANLayer
+            fused_on = ("cpu", "cuda") if self.impl == "fused" else AUTO_FUSED_ON
+            layer = functools.partial(FusedBSplineKANLayer, product=self.product, fused_on=fused_on)
         else:
             layer = BSplineKANLayer
         return LayerStack([

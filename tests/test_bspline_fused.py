@@ -150,3 +150,26 @@ def test_without_a_compiler_fused_is_refused_naming_the_fast_layer(monkeypatch):
                                               "\\(no-such-compiler\\).*set impl=fast"):
         parse_model_config({"family": "bspline", "widths": [2, 4, 1], "impl": "fused"})
     assert parse_model_config({"family": "bspline", "widths": [2, 4, 1], "impl": "fast"}).impl == "fast"
+
+
+def test_auto_fuses_on_cpus_and_is_the_fast_layer_elsewhere_or_without_a_compiler(monkeypatch):
+    """impl: auto builds the fused layer where the op is built, and says so in the record's
+    machine_choices; on a device it is not measured faster on (CUDA) it computes the fast layer's
+    function by the fast layer's code; without a compiler it is the fast layer, and says why."""
+    config = parse_model_config({"family": "bspline", "widths": [3, 5, 2], "grid": 7, "impl": "auto"})
+    model = build_model(config, 0)
+    assert all(isinstance(layer, FusedBSplineKANLayer) for layer in model.layers)
+    assert config.machine_choices("cpu")["impl"].startswith("fused: ")
+    assert config.machine_choices("cuda")["impl"].startswith("fast: ")
+    fast = build_model(parse_model_config({"family": "bspline", "widths": [3, 5, 2], "grid": 7}), 0)
+    x = torch.rand(9, 3) * 2 - 1
+    torch.testing.assert_close(model(x), fast(x), rtol=1e-5, atol=1e-6)
+    elsewhere = fused_like(reference_layer(7, 3, torch.float32))
+    elsewhere.fused_on = ()  # as auto's layer on a device outside AUTO_FUSED_ON: the fast layer's forward
+    assert torch.equal(elsewhere(x[:, :1].expand(9, elsewhere.in_features).contiguous()),
+                       FastBSplineKANLayer.forward(elsewhere, x[:, :1].expand(9, elsewhere.in_features).contiguous()))
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    without = parse_model_config({"family": "bspline", "widths": [3, 5, 2], "impl": "auto"})
+    assert not isinstance(build_model(without, 0).layers[0], FusedBSplineKANLayer)
+    assert without.machine_choices("cpu")["impl"] == "fast: no C++ compiler (no-such-compiler) to build the fused " \
+                                                     "B-spline op (set CXX, or install g++)"

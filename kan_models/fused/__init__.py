@@ -152,9 +152,18 @@ spline_term.register_autograd(_backward, setup_context=_setup)
 class FusedBSplineKANLayer(FastBSplineKANLayer):
     """The fast layer's function (the same closed-form bases on its uniform grid, the same
     parameters, buffers, state dict and grid update) computed by the fused op: the SiLU base path
-    is one GEMM, the spline term the op, whose backward recomputes the bases from the inputs."""
+    is one GEMM, the spline term the op, whose backward recomputes the bases from the inputs.
+
+    ``fused_on`` names the device types that take the op; on others the layer is the fast layer
+    (``model.impl: auto`` fuses on CPUs only, where the op is measured faster; ``fused`` on both)."""
+
+    def __init__(self, *args, fused_on: tuple[str, ...] = ("cpu", "cuda"), **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fused_on = fused_on
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type not in self.fused_on:
+            return super().forward(x)
         if why := device_unavailable(x.device):
             raise RuntimeError(f"model.impl: fused {why}")
         device = x.device.type
