@@ -216,7 +216,7 @@ class BSplineConfig(ModelConfig):
         elif self.impl in ("fused", "auto"):
             from kan_models.fused import FusedBSplineKANLayer
 
-            fused_on = ("cpu", "cuda") if self.impl == "fused" else AUTO_FUSED_ON
+            fused_on = None if self.impl == "fused" else AUTO_FUSED_ON
             layer = functools.partial(FusedBSplineKANLayer, product=self.product, fused_on=fused_on)
         else:
             layer = BSplineKANLayer

@@ -155,14 +155,15 @@ class FusedBSplineKANLayer(FastBSplineKANLayer):
     is one GEMM, the spline term the op, whose backward recomputes the bases from the inputs.
 
     ``fused_on`` names the device types that take the op; on others the layer is the fast layer
-    (``model.impl: auto`` fuses on CPUs only, where the op is measured faster; ``fused`` on both)."""
+    (``model.impl: auto`` fuses on CPUs only, where the op is measured faster). None, for
+    ``model.impl: fused``: every device takes the op, and one it has no kernel for is refused."""
 
-    def __init__(self, *args, fused_on: tuple[str, ...] = ("cpu", "cuda"), **kwargs) -> None:
+    def __init__(self, *args, fused_on: tuple[str, ...] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fused_on = fused_on
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type not in self.fused_on:
+        if self.fused_on is not None and x.device.type not in self.fused_on:
             return super().forward(x)
         if why := device_unavailable(x.device):
             raise RuntimeError(f"model.impl: fused {why}")

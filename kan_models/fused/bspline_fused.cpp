@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -34,6 +35,20 @@ struct Simd {
   static void store(T* p, const vec& v) { std::memcpy(p, &v, sizeof(vec)); }
   static T sum(const vec& v) { T s = 0; for (int64_t l = 0; l < kLanes; ++l) s += v[l]; return s; }
 };
+
+// Working memory kept for the thread's next call, uninitialised: fresh vectors of a few hundred KiB
+// were mapped, zeroed and faulted in on every call (about 80 of the study's narrow layer's 130 us).
+// Slot tells apart the buffers one call holds at once.
+template <typename T, int Slot>
+T* scratch(int64_t n) {
+  thread_local std::unique_ptr<T[]> buffer;
+  thread_local int64_t size = 0;
+  if (n > size) {
+    buffer.reset(new T[n]);
+    size = n;
+  }
+  return buffer.get();
+}
 
 constexpr int64_t kVectors = 4;     // vectors of outputs per tile: 64 float32 outputs, 32 float64
 constexpr int64_t kInputBlock = 8;  // inputs whose weight windows stay in L1 while every row uses them
@@ -60,6 +75,7 @@ struct Grid {
 // (12 ways), so a tile of them missed L1 on every access.
 int64_t row_stride(int64_t width, int64_t element_size) {
   const int64_t line = 64 / element_size;
+  if (width < line) return width;  // narrow rows: a window's values in one line, not one line each
   const int64_t ld = (width + line - 1) / line * line;
   return ld * element_size % 1024 == 0 ? ld + line : ld;
 }
@@ -73,9 +89,10 @@ class Bases {
  public:
   Bases(int64_t rows, int64_t width)
       : basis_stride_(row_stride(width * (K + 1), sizeof(T))), start_stride_(row_stride(width, sizeof(int32_t))),
-        basis_(rows * basis_stride_), start_(rows * start_stride_), u_(width), cell_(width) {}
-  const T* basis(int64_t r) const { return basis_.data() + r * basis_stride_; }
-  const int32_t* start(int64_t r) const { return start_.data() + r * start_stride_; }
+        basis_(scratch<T, 0>(rows * basis_stride_)), start_(scratch<int32_t, 1>(rows * start_stride_)),
+        u_(scratch<double, 2>(width)), cell_(scratch<double, 3>(width)) {}
+  const T* basis(int64_t r) const { return basis_ + r * basis_stride_; }
+  const int32_t* start(int64_t r) const { return start_ + r * start_stride_; }
 
   void compute(const T* x, int64_t n_in, int64_t i0, int64_t i1, int64_t b0, int64_t rows, const Grid<T>& g,
                const double* value_rows, const double* slope_rows, bool slopes) {
@@ -83,16 +100,18 @@ class Bases {
     const double lowest = -double(K) - 1.0, highest = double(g.n_knots - 1) + 1.0;
     const double* t0 = g.t0.data() + i0;
     const double* inv_h = g.inv_h.data() + i0;
-    double* u = u_.data();
-    double* cell = cell_.data();
+    double* u = u_;
+    double* cell = cell_;
     for (int64_t r = 0; r < rows; ++r) {
       const T* xr = x + (b0 + r) * n_in + i0;
       for (int64_t i = 0; i < width; ++i) u[i] = double(xr[i]);
       _Pragma("omp simd")
       for (int64_t i = 0; i < width; ++i) {
+        // clamped; NaN fails lowest < v, so it goes below the grid, as in the fast layer. Value
+        // selects, not std::min/max: their references became loads the vectoriser refused.
         double v = (u[i] - t0[i]) * inv_h[i];
-        v = v != v ? lowest : v;  // NaN: below the grid, as the fast layer
-        v = std::min(std::max(v, lowest), highest);
+        v = lowest < v ? v : lowest;
+        v = highest < v ? highest : v;
         u[i] = v;
         cell[i] = std::floor(v);
       }
@@ -104,8 +123,8 @@ class Bases {
           cell[i] += (xv >= double(ki[at + 1]) ? 1.0 : 0.0) - (xv < double(ki[at]) ? 1.0 : 0.0);
         }
       }
-      T* out = basis_.data() + r * basis_stride_;
-      int32_t* first = start_.data() + r * start_stride_;
+      T* out = basis_ + r * basis_stride_;
+      int32_t* first = start_ + r * start_stride_;
       _Pragma("omp simd")
       for (int64_t i = 0; i < width; ++i) {
         const double local = u[i] - cell[i];
@@ -121,7 +140,8 @@ class Bases {
           }
           out[i * (K + 1) + m] = T(v);
         }
-        first[i] = int32_t(std::min(std::max<int64_t>(int64_t(cell[i]) - K, 0), last));
+        const int64_t own = int64_t(cell[i]) - K;
+        first[i] = int32_t(own < 0 ? 0 : own > last ? last : own);
       }
       for (int64_t i = 0; i < width; ++i) {
         const int64_t shift = int64_t(cell[i]) - K - first[i];
@@ -136,9 +156,9 @@ class Bases {
 
  private:
   int64_t basis_stride_, start_stride_;
-  std::vector<T> basis_;
-  std::vector<int32_t> start_;
-  std::vector<double> u_, cell_;  // one row's scaled inputs and cells
+  T* basis_;
+  int32_t* start_;
+  double *u_, *cell_;  // one row's scaled inputs and cells
 };
 
 // acc[r * tile + :] for a block's rows, accumulated over the chunk's inputs [l0, l1) (numbered
@@ -185,10 +205,11 @@ void forward_narrow(const Bases<K, T>& bs, const T* w, T* out, int64_t b0, int64
 // a group's sums stay in registers and reach gw once, and a packed tile of grad_out.
 template <typename T>
 struct GradScratch {
-  std::vector<int32_t> order, offsets;
-  std::vector<T> grad_tile;
+  int32_t *order, *offsets, *next;
+  T* grad_tile;
   GradScratch(int64_t rows, int64_t width, int64_t n_bases, int64_t tile)
-      : order(rows * width), offsets(width * (n_bases + 1)), grad_tile(rows * tile) {}
+      : order(scratch<int32_t, 4>(rows * width)), offsets(scratch<int32_t, 5>(width * (n_bases + 1))),
+        next(scratch<int32_t, 6>(n_bases)), grad_tile(scratch<T, 7>(rows * tile)) {}
 };
 
 // gw[i, :, :] for inputs [i0, i1) (this thread's alone), from rows [b0, b0 + rows).
@@ -198,21 +219,21 @@ void weight_grad_block(const Bases<K, T>& bs, const T* grad, T* gw, int64_t b0, 
   using S = Simd<T>;
   const int64_t width = i1 - i0, tile = kVectors * S::kLanes, whole = n_out / tile * tile;
   for (int64_t i = 0; i < width && whole > 0; ++i) {
-    int32_t* offsets = scratch.offsets.data() + i * (n_bases + 1);
-    int32_t* order = scratch.order.data() + i * rows;
+    int32_t* offsets = scratch.offsets + i * (n_bases + 1);
+    int32_t* order = scratch.order + i * rows;
     std::fill(offsets, offsets + n_bases + 1, 0);
     for (int64_t r = 0; r < rows; ++r) ++offsets[bs.start(r)[i] + 1];
     for (int64_t j = 0; j < n_bases; ++j) offsets[j + 1] += offsets[j];
-    std::vector<int32_t> next(offsets, offsets + n_bases);
+    int32_t* next = std::copy(offsets, offsets + n_bases, scratch.next) - n_bases;
     for (int64_t r = 0; r < rows; ++r) order[next[bs.start(r)[i]]++] = int32_t(r);
   }
-  T* packed = scratch.grad_tile.data();
+  T* packed = scratch.grad_tile;
   for (int64_t o0 = 0; o0 < whole; o0 += tile) {
     for (int64_t r = 0; r < rows; ++r)
       std::copy(grad + (b0 + r) * n_out + o0, grad + (b0 + r) * n_out + o0 + tile, packed + r * tile);
     for (int64_t i = 0; i < width; ++i) {
-      const int32_t* offsets = scratch.offsets.data() + i * (n_bases + 1);
-      const int32_t* order = scratch.order.data() + i * rows;
+      const int32_t* offsets = scratch.offsets + i * (n_bases + 1);
+      const int32_t* order = scratch.order + i * rows;
       for (int64_t j = 0; j + K < n_bases; ++j) {
         if (offsets[j] == offsets[j + 1]) continue;
         typename S::vec sum[K + 1][kVectors] = {};
@@ -252,10 +273,10 @@ void weight_grad_block(const Bases<K, T>& bs, const T* grad, T* gw, int64_t b0, 
 // each chunk's dot is summed in T, the chunks in double.
 template <int K, typename T>
 void input_grad_block(const Bases<K, T>& bs, const T* grad, const T* w, T* gx, int64_t b0, int64_t rows, int64_t n_in,
-                      int64_t c0, int64_t width, int64_t n_out, int64_t n_bases, int64_t ld, std::vector<double>& acc) {
+                      int64_t c0, int64_t width, int64_t n_out, int64_t n_bases, int64_t ld, double* acc) {
   using S = Simd<T>;
   const int64_t chunk = kChunk * S::kLanes, whole = n_out / S::kLanes * S::kLanes;
-  std::fill(acc.begin(), acc.begin() + rows * width, 0.0);
+  std::fill(acc, acc + rows * width, 0.0);
   for (int64_t o0 = 0; o0 < whole; o0 += chunk) {
     const int64_t o1 = std::min(o0 + chunk, whole);
     for (int64_t l = 0; l < width; ++l)
@@ -278,7 +299,7 @@ void input_grad_block(const Bases<K, T>& bs, const T* grad, const T* w, T* gx, i
       const T go = grad[(b0 + r) * n_out + o];
       const T* b = bs.basis(r);
       const int32_t* s = bs.start(r);
-      double* a = acc.data() + r * width;
+      double* a = acc + r * width;
       _Pragma("omp simd")
       for (int64_t l = 0; l < width; ++l) {
         const T* wr = w + ((c0 + l) * n_bases + s[l]) * ld + o;
@@ -317,7 +338,7 @@ void forward_k(const T* x, const T* kp, const T* w, T* out, int64_t batch, int64
   std::fill(out, out + batch * n_out, T(0));
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     Bases<K, T> bs(rb, chunk);
-    std::vector<T> acc(rb * tile);
+    T* acc = scratch<T, 8>(rb * tile);
     for (int64_t blk = begin; blk < end; ++blk) {
       const int64_t b0 = blk * rb, rows = std::min(rb, batch - b0);
       for (int64_t c0 = 0; c0 < n_in; c0 += chunk) {
@@ -325,11 +346,11 @@ void forward_k(const T* x, const T* kp, const T* w, T* out, int64_t batch, int64
         bs.compute(x, n_in, c0, c0 + width, b0, rows, grid, vr, sr, false);
         for (int64_t o0 = 0; o0 < whole; o0 += tile) {
           for (int64_t r = 0; r < rows; ++r)
-            std::copy(out + (b0 + r) * n_out + o0, out + (b0 + r) * n_out + o0 + tile, acc.data() + r * tile);
+            std::copy(out + (b0 + r) * n_out + o0, out + (b0 + r) * n_out + o0 + tile, acc + r * tile);
           for (int64_t l0 = 0; l0 < width; l0 += kInputBlock)
-            forward_tile(bs, w, acc.data(), rows, n_bases, ld, o0, c0, l0, std::min(l0 + kInputBlock, width));
+            forward_tile(bs, w, acc, rows, n_bases, ld, o0, c0, l0, std::min(l0 + kInputBlock, width));
           for (int64_t r = 0; r < rows; ++r)
-            std::copy(acc.data() + r * tile, acc.data() + (r + 1) * tile, out + (b0 + r) * n_out + o0);
+            std::copy(acc + r * tile, acc + (r + 1) * tile, out + (b0 + r) * n_out + o0);
         }
         forward_narrow(bs, w, out, b0, rows, c0, width, n_out, n_bases, ld, whole);
       }
@@ -360,7 +381,7 @@ void backward_k(const T* grad, const T* x, const T* kp, const T* w, T* gx, T* gw
     const int64_t rb = row_block(batch, 128), blocks = (batch + rb - 1) / rb, chunk = input_chunk<K, T>(n_in, rb);
     at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
       Bases<K, T> bs(rb, chunk);
-      std::vector<double> acc(rb * chunk);
+      double* acc = scratch<double, 9>(rb * chunk);
       for (int64_t blk = begin; blk < end; ++blk) {
         const int64_t b0 = blk * rb, rows = std::min(rb, batch - b0);
         for (int64_t c0 = 0; c0 < n_in; c0 += chunk) {
@@ -461,10 +482,10 @@ constexpr int64_t kSide = 16;  // inputs and outputs per transposing tile: whole
 template <typename T, typename F>
 void transposing_tiles(int64_t n_in, int64_t n_out, int64_t n_bases, F&& f) {
   at::parallel_for(0, (n_in + kSide - 1) / kSide, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> tile(kSide * n_bases * kSide);
+    T* tile = scratch<T, 10>(kSide * n_bases * kSide);
     for (int64_t t = begin; t < end; ++t)
       for (int64_t o0 = 0; o0 < n_out; o0 += kSide)
-        f(t * kSide, std::min(kSide, n_in - t * kSide), o0, std::min(kSide, n_out - o0), tile.data());
+        f(t * kSide, std::min(kSide, n_in - t * kSide), o0, std::min(kSide, n_out - o0), tile);
   });
 }
 
