@@ -135,8 +135,19 @@ def test_a_sweeps_set_lines_reach_every_point_and_a_misspelled_key_is_refused_fi
     study = str(ROOT / "configs/studies/strong_cpu.yaml")
     assert main(["sweep", study, "--out", str(tmp_path), "--set", "training.stepz=3", "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "--set:" in err and "training.stepz: unknown key; did you mean 'steps'?" in err
+    assert "--set (point " in err and "training.stepz: unknown key; did you mean 'steps'?" in err
     assert main(["sweep", study, "--out", str(tmp_path), "--set", "training.steps=30", "--dry-run"]) == 0
     commands = [line for line in capsys.readouterr().out.splitlines() if "launchers.cli train" in line]
     assert len(commands) == len(expand(load_study(study))[0])
     assert all(line.index("training.epochs=1") < line.index("--set training.steps=30") for line in commands)  # after the study's
+
+
+def test_set_is_checked_with_each_points_axes_so_a_study_that_leaves_the_batch_to_its_axes_takes_it(tmp_path, capsys):
+    """demo_cpu.yaml sets micro_batch: null and gives each size its global_batch on an axis: the
+    --set check once read the study's set: without the axes and refused the help's own example."""
+    study = str(ROOT / "configs/studies/demo_cpu.yaml")
+    assert main(["sweep", study, "--out", str(tmp_path), "--set", "training.steps=20", "--dry-run"]) == 0
+    commands = [line for line in capsys.readouterr().out.splitlines() if "launchers.cli train" in line]
+    assert len(commands) == len(expand(load_study(study))[0]) and all("training.steps=20" in c for c in commands)
+    assert main(["sweep", study, "--out", str(tmp_path), "--set", "model.impl=fusd", "--dry-run"]) == 2
+    assert "--set (point size=study" in capsys.readouterr().err

@@ -171,12 +171,13 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
                           "sbatch scripts, or drop --submit")
     if wait and not submit_jobs:
         raise ConfigError("--wait follows the SLURM jobs a sweep submits; add --submit (and launcher: slurm in the study)")
-    if overrides:
-        try:
-            load_experiment(study.experiment, [*(f"{k}={json.dumps(v)}" for k, v in study.set.items()), *overrides])
-        except ConfigError as err:
-            raise ConfigError(f"--set: {err}") from None
     points, notes = expand(study, overrides)
+    if overrides:  # checked with each point's own axes: the study's set: alone may leave a choice to them
+        for point in points:
+            try:
+                load_experiment(study.experiment, point.overrides)
+            except ConfigError as err:
+                raise ConfigError(f"--set (point {point.key}): {err}") from None
     points = [p for p in points if matches(p, list(only))]
     if not points:
         raise ConfigError(f"--only {' '.join(only)}: no point of {study_path} matches")
