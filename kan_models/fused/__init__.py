@@ -1,6 +1,6 @@
 """The fused B-spline KAN layer (``model.impl: fused``): the k + 1 non-zero bases of every input
 evaluated in registers and contracted at once with the coefficients they select, in one C++ op
-with OpenMP (``bspline_fused.cpp``), so the (batch, in, G + k) basis tensor is never formed and
+with OpenMP (``csrc/``: the kernels, the bases, the weight's layout), so the (batch, in, G + k) basis tensor is never formed and
 autograd saves nothing but the layer's inputs. On CUDA GPUs the same op runs Triton kernels
 (``triton_kernels.py``, :func:`kernels` chooses by the tensors' device).
 
@@ -30,12 +30,13 @@ import torch.nn.functional as F
 from kan_models.bspline_fast import FastBSplineKANLayer, basis_matrix
 from kan_models.sparse_crossover import cache_dir, machine_key
 
-SOURCE = Path(__file__).with_name("bspline_fused.cpp")
+SOURCES = Path(__file__).with_name("csrc")
 
 
 def build_directory() -> Path:
     """Where the op is built: one directory per CPU, torch version and source."""
-    key = hashlib.sha256(f"{machine_key()}|{SOURCE.read_bytes().hex()}".encode()).hexdigest()[:16]
+    text = b"".join(f.name.encode() + f.read_bytes() for f in sorted(SOURCES.iterdir()) if f.suffix in (".cpp", ".h"))
+    key = hashlib.sha256(machine_key().encode() + text).hexdigest()[:16]
     return cache_dir() / "ops" / f"bspline_fused_{key}"
 
 
@@ -49,7 +50,7 @@ def fused_unavailable() -> str | None:
 
 @functools.cache
 def extension() -> ModuleType:
-    """The compiled op (built on first use, about 25 s here; then loaded from the cache)."""
+    """The compiled op (built on first use, about 30 s here; then loaded from the cache)."""
     from torch.utils.cpp_extension import load
 
     reason = fused_unavailable()
@@ -57,8 +58,9 @@ def extension() -> ModuleType:
         raise RuntimeError(reason)
     where = build_directory()
     where.mkdir(parents=True, exist_ok=True)
-    return load(name=f"kanscale_{where.name}", sources=[str(SOURCE)], build_directory=str(where),
-                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+    return load(name=f"kanscale_{where.name}", sources=[str(f) for f in sorted(SOURCES.glob("*.cpp"))],
+                build_directory=str(where), extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                extra_ldflags=["-fopenmp"], verbose=False)
 
 
 def kernels(device: torch.device) -> ModuleType:

@@ -1,5 +1,5 @@
 """The fused B-spline op's GPU kernels, in Triton: the same three computations as the C++ op
-(``bspline_fused.cpp``) with the same arguments and results, so :func:`forward` and
+(``csrc/kernels.cpp``) with the same arguments and results, so :func:`forward` and
 :func:`backward` are drop-in replacements for ``extension().forward`` / ``.backward`` on CUDA
 tensors (``kan_models/fused/__init__.py`` chooses between them by the tensors' device).
 
@@ -28,7 +28,7 @@ import triton.language as tl
 
 MAX_ORDER = 8  # k <= 7, as the C++ op (kMaxOrder): the model accepts k 1-5
 
-# Tiles as the C++ op's (32 rows x 64 outputs): a guess, not tuned on any GPU yet. No autotuning:
+# Tiles of 32 rows x 64 outputs: a guess, not tuned on any GPU yet. No autotuning:
 # it would time candidates on the first call of every shape, and the interpreter cannot time.
 BLOCK_ROWS = 32
 BLOCK_OUTPUTS = 64
@@ -37,7 +37,7 @@ BLOCK_OUTPUTS = 64
 @triton.jit
 def _locate(x, knots_row, n_knots, K: tl.constexpr):
     """(first basis number, local coordinate r in [0, 1), 1 / h) of every x on one input's uniform
-    grid, as ``locate`` in bspline_fused.cpp: u clamped to [-k - 1, n_cells + 1], NaN to the low
+    grid, as ``Bases::compute`` in csrc/bases.h: u clamped to [-k - 1, n_cells + 1], NaN to the low
     end, and for k = 1 the cell of the stored knots at a knot (the reference's right-hand slope)."""
     dt = x.dtype
     t0 = tl.load(knots_row).to(dt)

@@ -1,4 +1,4 @@
-// The fused B-spline KAN layer on the CPU (kan_models/fused/__init__.py): for every input only its
+// The fused B-spline KAN layer on the CPU (kan_models/fused/__init__.py), its three kernels: for every input only its
 // k + 1 non-zero bases are evaluated, and contracted straight away with the window of coefficients
 // they select; the (batch, in, G + k) basis tensor is never formed.
 //
@@ -7,159 +7,36 @@
 //   forward      out[b, :]   += B_m(x[b, i]) * w[i, j(b, i) + m, :]
 //   weight grad  gw[i, j, :] += B_m(x[b, i]) * grad_out[b, :]
 //   input grad   gx[b, i]     = sum_m B'_m(x[b, i]) * <w[i, j(b, i) + m, :], grad_out[b, :]>
-// The bases are the uniform-grid polynomials of bspline_fast.py (basis_matrix), evaluated by Horner's
-// rule in the local coordinate r of the input's cell, with the same clamping and, for k = 1, the same
-// choice of cell at a knot as the stored knots give.
+// The bases are evaluated by bases.h; the weight is laid out by layout.cpp.
 //
-// Speed: k is a template parameter (the Horner loops unroll), the cell search is vectorised over
-// inputs, and every window is shifted to lie inside [0, G + k) with zero bases where it overhangs, so
-// the inner loops carry no branch. The wide loops work on tiles of kLanes x kVectors outputs held in
-// vector registers (GCC/Clang vector extensions: AVX-512 where the CPU has it, narrower vectors
-// elsewhere); outputs past the last whole tile, and layers with few outputs, take the narrow loops,
-// vectorised over inputs instead.
-#include <torch/extension.h>
+// Speed (docs/performance.md, "The fused layer"): k is a template parameter (the Horner loops unroll),
+// the cell search is vectorised over inputs, and every window is shifted to lie inside [0, G + k)
+// with zero bases where it overhangs, so the inner loops carry no branch. The wide loops hold tiles
+// of kLanes x kVectors outputs in vector registers (GCC/Clang vector extensions: AVX-512 where the
+// CPU has it, narrower vectors elsewhere), over blocks of rows that share one pass of the weight
+// through the caches and chunks of inputs whose bases stay in L2; the weight's rows are padded off
+// multiples of 1 KiB (row_stride). Outputs past the last whole tile, and layers with few outputs,
+// take the narrow loops, vectorised over inputs instead.
 #include <ATen/Parallel.h>
+
 #include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <memory>
+#include <type_traits>
 #include <vector>
+
+#include "bases.h"
+#include "layout.h"
+#include "memory.h"
 
 namespace {
 
-template <typename T>
-struct Simd {
-  typedef T vec __attribute__((vector_size(64)));
-  static constexpr int64_t kLanes = 64 / sizeof(T);
-  static vec load(const T* p) { vec v; std::memcpy(&v, p, sizeof(vec)); return v; }
-  static void store(T* p, const vec& v) { std::memcpy(p, &v, sizeof(vec)); }
-  static T sum(const vec& v) { T s = 0; for (int64_t l = 0; l < kLanes; ++l) s += v[l]; return s; }
-};
-
-// Working memory kept for the thread's next call, uninitialised: fresh vectors of a few hundred KiB
-// were mapped, zeroed and faulted in on every call (about 80 of the study's narrow layer's 130 us).
-// Slot tells apart the buffers one call holds at once.
-template <typename T, int Slot>
-T* scratch(int64_t n) {
-  thread_local std::unique_ptr<T[]> buffer;
-  thread_local int64_t size = 0;
-  if (n > size) {
-    buffer.reset(new T[n]);
-    size = n;
-  }
-  return buffer.get();
-}
+using kanscale::Bases;
+using kanscale::Grid;
+using kanscale::scratch;
+using kanscale::Simd;
 
 constexpr int64_t kVectors = 4;     // vectors of outputs per tile: 64 float32 outputs, 32 float64
 constexpr int64_t kInputBlock = 8;  // inputs whose weight windows stay in L1 while every row uses them
 constexpr int64_t kChunk = 16;      // vectors of outputs per dot-product chunk in the input gradient
-
-// Per input: the first knot, the inverse knot step and the knots themselves (for k = 1 at a knot).
-template <typename T>
-struct Grid {
-  const T* knots;
-  int64_t n_knots, n_bases;
-  std::vector<double> t0, inv_h;
-  Grid(const T* kp, int64_t n_in, int64_t n_knots_, int64_t n_bases_)
-      : knots(kp), n_knots(n_knots_), n_bases(n_bases_), t0(n_in), inv_h(n_in) {
-    for (int64_t i = 0; i < n_in; ++i) {
-      t0[i] = kp[i * n_knots];
-      inv_h[i] = double(n_knots - 1) / (double(kp[i * n_knots + n_knots - 1]) - t0[i]);
-    }
-  }
-};
-
-// The row stride, in elements, of a matrix whose rows are read a few lines at a time, many rows
-// at once: its width rounded up to whole cache lines, and one line more where that is a multiple of
-// 1 KiB. Rows 4 KiB apart (1024 float32 outputs, or 256 inputs x 4 bases) all fall in one set of L1
-// (12 ways), so a tile of them missed L1 on every access.
-int64_t row_stride(int64_t width, int64_t element_size) {
-  const int64_t line = 64 / element_size;
-  if (width < line) return width;  // narrow rows: a window's values in one line, not one line each
-  const int64_t ld = (width + line - 1) / line * line;
-  return ld * element_size % 1024 == 0 ? ld + line : ld;
-}
-
-// The bases of rows [b0, b0 + rows) and inputs [i0, i1): for row r, start(r)[i - i0] is the first
-// basis number of input i's window (inside [0, G + k - K)) and basis(r)[(i - i0) * (K + 1) + m] the
-// value (or slope) of basis start + m there, zero where the input's own window overhangs. A row at a
-// time, in double, in loops the compiler vectorises over inputs.
-template <int K, typename T>
-class Bases {
- public:
-  Bases(int64_t rows, int64_t width)
-      : basis_stride_(row_stride(width * (K + 1), sizeof(T))), start_stride_(row_stride(width, sizeof(int32_t))),
-        basis_(scratch<T, 0>(rows * basis_stride_)), start_(scratch<int32_t, 1>(rows * start_stride_)),
-        u_(scratch<double, 2>(width)), cell_(scratch<double, 3>(width)) {}
-  const T* basis(int64_t r) const { return basis_ + r * basis_stride_; }
-  const int32_t* start(int64_t r) const { return start_ + r * start_stride_; }
-
-  void compute(const T* x, int64_t n_in, int64_t i0, int64_t i1, int64_t b0, int64_t rows, const Grid<T>& g,
-               const double* value_rows, const double* slope_rows, bool slopes) {
-    const int64_t width = i1 - i0, last = g.n_bases - (K + 1);
-    const double lowest = -double(K) - 1.0, highest = double(g.n_knots - 1) + 1.0;
-    const double* t0 = g.t0.data() + i0;
-    const double* inv_h = g.inv_h.data() + i0;
-    double* u = u_;
-    double* cell = cell_;
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* xr = x + (b0 + r) * n_in + i0;
-      for (int64_t i = 0; i < width; ++i) u[i] = double(xr[i]);
-      _Pragma("omp simd")
-      for (int64_t i = 0; i < width; ++i) {
-        // clamped; NaN fails lowest < v, so it goes below the grid, as in the fast layer. Value
-        // selects, not std::min/max: their references became loads the vectoriser refused.
-        double v = (u[i] - t0[i]) * inv_h[i];
-        v = lowest < v ? v : lowest;
-        v = highest < v ? highest : v;
-        u[i] = v;
-        cell[i] = std::floor(v);
-      }
-      if (K == 1) {  // at a knot, the stored knots' [t_c, t_c+1): the reference's right-hand slope
-        for (int64_t i = 0; i < width; ++i) {
-          const T* ki = g.knots + (i0 + i) * g.n_knots;
-          const double xv = double(xr[i]);
-          const int64_t at = std::min<int64_t>(std::max<int64_t>(int64_t(cell[i]), 0), g.n_knots - 2);
-          cell[i] += (xv >= double(ki[at + 1]) ? 1.0 : 0.0) - (xv < double(ki[at]) ? 1.0 : 0.0);
-        }
-      }
-      T* out = basis_ + r * basis_stride_;
-      int32_t* first = start_ + r * start_stride_;
-      _Pragma("omp simd")
-      for (int64_t i = 0; i < width; ++i) {
-        const double local = u[i] - cell[i];
-        for (int m = 0; m <= K; ++m) {
-          double v;
-          if (slopes) {
-            v = slope_rows[(K - 1) * (K + 1) + m];
-            for (int a = K - 2; a >= 0; --a) v = v * local + slope_rows[a * (K + 1) + m];
-            v *= inv_h[i];
-          } else {
-            v = value_rows[K * (K + 1) + m];
-            for (int a = K - 1; a >= 0; --a) v = v * local + value_rows[a * (K + 1) + m];
-          }
-          out[i * (K + 1) + m] = T(v);
-        }
-        const int64_t own = int64_t(cell[i]) - K;
-        first[i] = int32_t(own < 0 ? 0 : own > last ? last : own);
-      }
-      for (int64_t i = 0; i < width; ++i) {
-        const int64_t shift = int64_t(cell[i]) - K - first[i];
-        if (shift == 0) continue;
-        T shifted[K + 1];  // rare: a window overhanging the bases, shifted inside
-        for (int m = 0; m <= K; ++m)  // basis first + m is the input's own basis m - shift
-          shifted[m] = m - shift >= 0 && m - shift <= K ? out[i * (K + 1) + m - shift] : T(0);
-        std::copy(shifted, shifted + K + 1, out + i * (K + 1));
-      }
-    }
-  }
-
- private:
-  int64_t basis_stride_, start_stride_;
-  T* basis_;
-  int32_t* start_;
-  double *u_, *cell_;  // one row's scaled inputs and cells
-};
 
 // acc[r * tile + :] for a block's rows, accumulated over the chunk's inputs [l0, l1) (numbered
 // from the chunk's first input c0) for one tile of outputs. acc is packed: the rows of out lie 4 KiB
@@ -417,24 +294,13 @@ void check(const torch::Tensor& x, const torch::Tensor& knots, const torch::Tens
               "fused B-spline: one dtype for x, knots and w");
 }
 
-// An uninitialised (in, G + k, out) tensor with that row stride (a view of a wider one).
-torch::Tensor padded_weight(int64_t n_in, int64_t n_bases, int64_t n_out, const torch::TensorOptions& options) {
-  const int64_t ld = row_stride(n_out, c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
-  return torch::empty({n_in, n_bases, ld}, options).narrow(2, 0, n_out);
-}
-
-// w as the kernels read it: along out contiguous, rows at any stride (spline_weight's are padded).
-torch::Tensor rows_along_out(const torch::Tensor& w) {
-  return w.stride(2) == 1 && w.stride(0) == w.size(1) * w.stride(1) ? w : w.contiguous();
-}
-
 }  // namespace
 
 // out (batch, out): the spline term of the layer.
 torch::Tensor fused_forward(torch::Tensor x, torch::Tensor knots, torch::Tensor w, int64_t k,
                             torch::Tensor value_rows, torch::Tensor slope_rows) {
   check(x, knots, w, k);
-  x = x.contiguous(); knots = knots.contiguous(); w = rows_along_out(w);
+  x = x.contiguous(); knots = knots.contiguous(); w = kanscale::rows_along_out(w);
   auto out = torch::empty({x.size(0), w.size(2)}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "fused_bspline_forward", [&] {
     with_order(k, [&](auto order) {
@@ -452,7 +318,7 @@ std::vector<torch::Tensor> fused_backward(torch::Tensor grad_out, torch::Tensor 
                                           torch::Tensor w, int64_t k, torch::Tensor value_rows,
                                           torch::Tensor slope_rows, bool need_x, bool need_w) {
   check(x, knots, w, k);
-  grad_out = grad_out.contiguous(); x = x.contiguous(); knots = knots.contiguous(); w = rows_along_out(w);
+  grad_out = grad_out.contiguous(); x = x.contiguous(); knots = knots.contiguous(); w = kanscale::rows_along_out(w);
   auto grad_x = need_x ? torch::empty_like(x) : torch::Tensor();
   // grad_w's rows as far apart as w's: the kernels take one row stride
   auto grad_w = need_w ? torch::zeros({w.size(0), w.size(1), w.stride(1)}, w.options()).narrow(2, 0, w.size(2))
@@ -468,89 +334,6 @@ std::vector<torch::Tensor> fused_backward(torch::Tensor grad_out, torch::Tensor 
     });
   });
   return {grad_x, grad_w};
-}
-
-namespace {
-
-constexpr int64_t kSide = 16;  // inputs and outputs per transposing tile: whole cache lines of float32
-
-// Calls f(i0, inputs, o0, outputs, tile) for tiles of kSide inputs x kSide outputs, tile a buffer of
-// kSide x (G + k) x kSide. The (out, in, G + k) side is touched in runs of kSide x (G + k) and the
-// (in, G + k, out) side in whole lines through the buffer: a plain loop strides one side by
-// in x (G + k) or out elements, which with widths of powers of two lands every access in one cache
-// set (torch's permute-and-copy of the wide layer's weight took 171 ms; a plain loop 72-186 ms).
-template <typename T, typename F>
-void transposing_tiles(int64_t n_in, int64_t n_out, int64_t n_bases, F&& f) {
-  at::parallel_for(0, (n_in + kSide - 1) / kSide, 1, [&](int64_t begin, int64_t end) {
-    T* tile = scratch<T, 10>(kSide * n_bases * kSide);
-    for (int64_t t = begin; t < end; ++t)
-      for (int64_t o0 = 0; o0 < n_out; o0 += kSide)
-        f(t * kSide, std::min(kSide, n_in - t * kSide), o0, std::min(kSide, n_out - o0), tile);
-  });
-}
-
-}  // namespace
-
-// w (in, G + k, out) = coef (out, in, G + k) * scale_spline (out, in), laid out along out as the
-// kernels read it.
-torch::Tensor spline_weight(torch::Tensor coef, torch::Tensor scale_spline) {
-  coef = coef.contiguous(); scale_spline = scale_spline.contiguous();
-  const int64_t n_out = coef.size(0), n_in = coef.size(1), n_bases = coef.size(2);
-  auto w = padded_weight(n_in, n_bases, n_out, coef.options());
-  const int64_t ld = w.stride(1);
-  AT_DISPATCH_FLOATING_TYPES(coef.scalar_type(), "fused_bspline_weight", [&] {
-    const scalar_t* c = coef.data_ptr<scalar_t>();
-    const scalar_t* s = scale_spline.data_ptr<scalar_t>();
-    scalar_t* wp = w.data_ptr<scalar_t>();
-    transposing_tiles<scalar_t>(n_in, n_out, n_bases, [&](int64_t i0, int64_t ni, int64_t o0, int64_t no,
-                                                          scalar_t* tile) {
-      for (int64_t o = 0; o < no; ++o)
-        for (int64_t i = 0; i < ni; ++i) {
-          const scalar_t scale = s[(o0 + o) * n_in + i0 + i];
-          const scalar_t* row = c + ((o0 + o) * n_in + i0 + i) * n_bases;
-          for (int64_t j = 0; j < n_bases; ++j) tile[(i * n_bases + j) * kSide + o] = row[j] * scale;
-        }
-      for (int64_t e = 0; e < ni * n_bases; ++e)
-        std::copy(tile + e * kSide, tile + e * kSide + no, wp + (i0 * n_bases + e) * ld + o0);
-    });
-  });
-  return w;
-}
-
-// (d loss / d coef (out, in, G + k), d loss / d scale_spline (out, in)) from grad_w (in, G + k, out),
-// the gradient of w = coef * scale_spline.
-std::vector<torch::Tensor> coefficient_grads(torch::Tensor grad_w, torch::Tensor coef, torch::Tensor scale_spline) {
-  grad_w = rows_along_out(grad_w); coef = coef.contiguous(); scale_spline = scale_spline.contiguous();
-  const int64_t n_out = coef.size(0), n_in = coef.size(1), n_bases = coef.size(2), ld = grad_w.stride(1);
-  auto g_coef = torch::empty_like(coef);
-  auto g_scale = torch::empty_like(scale_spline);
-  AT_DISPATCH_FLOATING_TYPES(coef.scalar_type(), "fused_bspline_coefficient_grads", [&] {
-    const scalar_t* gw = grad_w.data_ptr<scalar_t>();
-    const scalar_t* c = coef.data_ptr<scalar_t>();
-    const scalar_t* s = scale_spline.data_ptr<scalar_t>();
-    scalar_t* gc = g_coef.data_ptr<scalar_t>();
-    scalar_t* gs = g_scale.data_ptr<scalar_t>();
-    transposing_tiles<scalar_t>(n_in, n_out, n_bases, [&](int64_t i0, int64_t ni, int64_t o0, int64_t no,
-                                                          scalar_t* tile) {
-      for (int64_t e = 0; e < ni * n_bases; ++e)
-        std::copy(gw + (i0 * n_bases + e) * ld + o0, gw + (i0 * n_bases + e) * ld + o0 + no, tile + e * kSide);
-      for (int64_t o = 0; o < no; ++o)
-        for (int64_t i = 0; i < ni; ++i) {
-          const int64_t at = (o0 + o) * n_in + i0 + i;
-          const scalar_t scale = s[at];
-          const scalar_t* row = c + at * n_bases;
-          scalar_t* g_row = gc + at * n_bases;
-          scalar_t total = 0;
-          for (int64_t j = 0; j < n_bases; ++j) {
-            const scalar_t g = tile[(i * n_bases + j) * kSide + o];
-            g_row[j] = g * scale;
-            total += g * row[j];
-          }
-          gs[at] = total;
-        }
-    });
-  });
-  return {g_coef, g_scale};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

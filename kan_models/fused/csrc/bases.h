@@ -1,0 +1,110 @@
+// The non-zero bases of a block of inputs, for the fused B-spline op's CPU kernels (kernels.cpp): the
+// uniform-grid polynomials of bspline_fast.py (basis_matrix), evaluated by Horner's rule in the local
+// coordinate of each input's cell, with the fast layer's clamping and, for k = 1, the reference's
+// choice of cell at a knot.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "memory.h"
+
+namespace kanscale {
+
+// Per input: the first knot, the inverse knot step and the knots themselves (for k = 1 at a knot).
+template <typename T>
+struct Grid {
+  const T* knots;
+  int64_t n_knots, n_bases;
+  std::vector<double> t0, inv_h;
+  Grid(const T* kp, int64_t n_in, int64_t n_knots_, int64_t n_bases_)
+      : knots(kp), n_knots(n_knots_), n_bases(n_bases_), t0(n_in), inv_h(n_in) {
+    for (int64_t i = 0; i < n_in; ++i) {
+      t0[i] = kp[i * n_knots];
+      inv_h[i] = double(n_knots - 1) / (double(kp[i * n_knots + n_knots - 1]) - t0[i]);
+    }
+  }
+};
+
+// The bases of rows [b0, b0 + rows) and inputs [i0, i1): for row r, start(r)[i - i0] is the first
+// basis number of input i's window (inside [0, G + k - K)) and basis(r)[(i - i0) * (K + 1) + m] the
+// value (or slope) of basis start + m there, zero where the input's own window overhangs. A row at a
+// time, in double, in loops the compiler vectorises over inputs.
+template <int K, typename T>
+class Bases {
+ public:
+  Bases(int64_t rows, int64_t width)
+      : basis_stride_(row_stride(width * (K + 1), sizeof(T))), start_stride_(row_stride(width, sizeof(int32_t))),
+        basis_(scratch<T, 0>(rows * basis_stride_)), start_(scratch<int32_t, 1>(rows * start_stride_)),
+        u_(scratch<double, 2>(width)), cell_(scratch<double, 3>(width)) {}
+  const T* basis(int64_t r) const { return basis_ + r * basis_stride_; }
+  const int32_t* start(int64_t r) const { return start_ + r * start_stride_; }
+
+  void compute(const T* x, int64_t n_in, int64_t i0, int64_t i1, int64_t b0, int64_t rows, const Grid<T>& g,
+               const double* value_rows, const double* slope_rows, bool slopes) {
+    const int64_t width = i1 - i0, last = g.n_bases - (K + 1);
+    const double lowest = -double(K) - 1.0, highest = double(g.n_knots - 1) + 1.0;
+    const double* t0 = g.t0.data() + i0;
+    const double* inv_h = g.inv_h.data() + i0;
+    double* u = u_;
+    double* cell = cell_;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = x + (b0 + r) * n_in + i0;
+      for (int64_t i = 0; i < width; ++i) u[i] = double(xr[i]);
+      _Pragma("omp simd")
+      for (int64_t i = 0; i < width; ++i) {
+        // clamped; NaN fails lowest < v, so it goes below the grid, as in the fast layer. Value
+        // selects, not std::min/max: their references became loads the vectoriser refused.
+        double v = (u[i] - t0[i]) * inv_h[i];
+        v = lowest < v ? v : lowest;
+        v = highest < v ? highest : v;
+        u[i] = v;
+        cell[i] = std::floor(v);
+      }
+      if (K == 1) {  // at a knot, the stored knots' [t_c, t_c+1): the reference's right-hand slope
+        for (int64_t i = 0; i < width; ++i) {
+          const T* ki = g.knots + (i0 + i) * g.n_knots;
+          const double xv = double(xr[i]);
+          const int64_t at = std::min<int64_t>(std::max<int64_t>(int64_t(cell[i]), 0), g.n_knots - 2);
+          cell[i] += (xv >= double(ki[at + 1]) ? 1.0 : 0.0) - (xv < double(ki[at]) ? 1.0 : 0.0);
+        }
+      }
+      T* out = basis_ + r * basis_stride_;
+      int32_t* first = start_ + r * start_stride_;
+      _Pragma("omp simd")
+      for (int64_t i = 0; i < width; ++i) {
+        const double local = u[i] - cell[i];
+        for (int m = 0; m <= K; ++m) {
+          double v;
+          if (slopes) {
+            v = slope_rows[(K - 1) * (K + 1) + m];
+            for (int a = K - 2; a >= 0; --a) v = v * local + slope_rows[a * (K + 1) + m];
+            v *= inv_h[i];
+          } else {
+            v = value_rows[K * (K + 1) + m];
+            for (int a = K - 1; a >= 0; --a) v = v * local + value_rows[a * (K + 1) + m];
+          }
+          out[i * (K + 1) + m] = T(v);
+        }
+        const int64_t own = int64_t(cell[i]) - K;
+        first[i] = int32_t(own < 0 ? 0 : own > last ? last : own);
+      }
+      for (int64_t i = 0; i < width; ++i) {
+        const int64_t shift = int64_t(cell[i]) - K - first[i];
+        if (shift == 0) continue;
+        T shifted[K + 1];  // rare: a window overhanging the bases, shifted inside
+        for (int m = 0; m <= K; ++m)  // basis first + m is the input's own basis m - shift
+          shifted[m] = m - shift >= 0 && m - shift <= K ? out[i * (K + 1) + m - shift] : T(0);
+        std::copy(shifted, shifted + K + 1, out + i * (K + 1));
+      }
+    }
+  }
+
+ private:
+  int64_t basis_stride_, start_stride_;
+  T* basis_;
+  int32_t* start_;
+  double *u_, *cell_;  // one row's scaled inputs and cells
+};
+
+}  // namespace kanscale
