@@ -1,7 +1,7 @@
 """The fused B-spline KAN layer (``model.impl: fused``): the k + 1 non-zero bases of every input
 evaluated in registers and contracted at once with the coefficients they select, in one C++ op
-with OpenMP (``csrc/``: the kernels, the bases, the weight's layout), so the (batch, in, G + k) basis tensor is never formed and
-autograd saves nothing but the layer's inputs. On CUDA GPUs the same op runs Triton kernels
+with OpenMP (``csrc/``: the kernels, the bases, the weight's layout), so the (batch, in, G + k)
+basis tensor is never formed and autograd saves nothing but the layer's inputs. On CUDA GPUs the same op runs Triton kernels
 (``triton_kernels.py``, :func:`kernels` chooses by the tensors' device).
 
 The op is built once per environment, the way DeepSpeed builds its CPU ops: compiled by

@@ -1,6 +1,6 @@
-// The fused B-spline KAN layer on the CPU (kan_models/fused/__init__.py), its three kernels: for every input only its
-// k + 1 non-zero bases are evaluated, and contracted straight away with the window of coefficients
-// they select; the (batch, in, G + k) basis tensor is never formed.
+// The fused B-spline KAN layer's three kernels on the CPU (kan_models/fused/__init__.py): for every
+// input only its k + 1 non-zero bases are evaluated, and contracted straight away with the window of
+// coefficients they select; the (batch, in, G + k) basis tensor is never formed.
 //
 // Layout: the spline weight is handed over as w[in][G + k][out] (contiguous along out), so every
 // (input, basis) pair contributes one axpy along out:
