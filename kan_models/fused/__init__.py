@@ -31,11 +31,15 @@ from kan_models.bspline_fast import FastBSplineKANLayer, basis_matrix
 from kan_models.sparse_crossover import cache_dir, machine_key
 
 SOURCES = Path(__file__).with_name("csrc")
+# -fno-trapping-math: without it GCC 12 keeps std::floor (every input's cell) scalar, to preserve
+# floating-point exception flags that nothing reads
+CFLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp"]
 
 
 def build_directory() -> Path:
-    """Where the op is built: one directory per CPU, torch version and source."""
+    """Where the op is built: one directory per CPU, torch version, source and flags."""
     text = b"".join(f.name.encode() + f.read_bytes() for f in sorted(SOURCES.iterdir()) if f.suffix in (".cpp", ".h"))
+    text += " ".join(CFLAGS).encode()
     key = hashlib.sha256(machine_key().encode() + text).hexdigest()[:16]
     return cache_dir() / "ops" / f"bspline_fused_{key}"
 
@@ -59,7 +63,7 @@ def extension() -> ModuleType:
     where = build_directory()
     where.mkdir(parents=True, exist_ok=True)
     return load(name=f"kanscale_{where.name}", sources=[str(f) for f in sorted(SOURCES.glob("*.cpp"))],
-                build_directory=str(where), extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                build_directory=str(where), extra_cflags=CFLAGS,
                 extra_ldflags=["-fopenmp"], verbose=False)
 
 
@@ -98,24 +102,17 @@ def wide(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t.to(torch.promote_types(t.dtype, torch.float32)) for t in tensors]
 
 
-@torch.library.custom_op("kanscale::bspline_spline", mutates_args=())
-def spline_term(x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, scale_spline: torch.Tensor,
-                k: int) -> torch.Tensor:
+def spline_forward(x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, scale_spline: torch.Tensor,
+                   k: int) -> torch.Tensor:
     """sum_i sum_j B_j(x_i) coef[o, i, j] scale_spline[o, i], (batch, out)."""
     xw, knots, coef, scale_spline = wide(x, knots, coef, scale_spline)
     ops = kernels(x.device)
     return ops.forward(xw, knots, ops.spline_weight(coef, scale_spline), k, *_rows(k)).to(x.dtype)
 
 
-@spline_term.register_fake
-def _(x, knots, coef, scale_spline, k):
-    return x.new_empty(x.shape[0], coef.shape[0])
-
-
-@torch.library.custom_op("kanscale::bspline_spline_backward", mutates_args=())
-def spline_term_backward(grad: torch.Tensor, x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor,
-                         scale_spline: torch.Tensor, k: int, need_x: bool,
-                         need_weight: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def spline_backward(grad: torch.Tensor, x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor,
+                    scale_spline: torch.Tensor, k: int, need_x: bool,
+                    need_weight: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(grad x, grad coef, grad scale_spline); an empty tensor for each not asked for."""
     dtypes = x.dtype, coef.dtype, scale_spline.dtype
     grad, x, knots, coef, scale_spline = wide(grad, x, knots, coef, scale_spline)
@@ -126,6 +123,18 @@ def spline_term_backward(grad: torch.Tensor, x: torch.Tensor, knots: torch.Tenso
         return gx, coef.new_empty(0, dtype=dtypes[1]), coef.new_empty(0, dtype=dtypes[2])
     g_coef, g_scale = ops.coefficient_grads(gw, coef, scale_spline)
     return gx, g_coef.to(dtypes[1]), g_scale.to(dtypes[2])
+
+
+# The same two functions as torch.library ops, which torch.compile and the backends see as one opaque
+# op with a shape function; eager calls skip them (SplineTerm), as their Python dispatch costs more
+# than the study's kernels (docs/performance.md).
+spline_term = torch.library.custom_op("kanscale::bspline_spline", mutates_args=())(spline_forward)
+spline_term_backward = torch.library.custom_op("kanscale::bspline_spline_backward", mutates_args=())(spline_backward)
+
+
+@spline_term.register_fake
+def _(x, knots, coef, scale_spline, k):
+    return x.new_empty(x.shape[0], coef.shape[0])
 
 
 @spline_term_backward.register_fake
@@ -140,15 +149,28 @@ def _setup(ctx, inputs, output) -> None:
     ctx.k = k
 
 
-def _backward(ctx, grad):
+def _gradients(ctx, grad: torch.Tensor, backward=spline_term_backward) -> tuple:
     x, knots, coef, scale_spline = ctx.saved_tensors
     need_x, _, need_coef, need_scale = ctx.needs_input_grad[:4]
-    gx, g_coef, g_scale = spline_term_backward(grad.contiguous(), x, knots, coef, scale_spline, ctx.k, need_x,
-                                               need_coef or need_scale)
+    gx, g_coef, g_scale = backward(grad.contiguous(), x, knots, coef, scale_spline, ctx.k, need_x,
+                                   need_coef or need_scale)
     return (gx if need_x else None), None, (g_coef if need_coef else None), (g_scale if need_scale else None), None
 
 
-spline_term.register_autograd(_backward, setup_context=_setup)
+spline_term.register_autograd(_gradients, setup_context=_setup)
+
+
+class SplineTerm(torch.autograd.Function):
+    """spline_term's function and gradients for eager calls, the kernels called directly."""
+
+    @staticmethod
+    def forward(ctx, x, knots, coef, scale_spline, k):  # ctx here: a separate setup_context binds the
+        _setup(ctx, (x, knots, coef, scale_spline, k), None)  # arguments by inspect.signature on every call
+        return spline_forward(x, knots, coef, scale_spline, k)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gradients(ctx, grad, spline_backward)
 
 
 class FusedBSplineKANLayer(FastBSplineKANLayer):
@@ -176,5 +198,5 @@ class FusedBSplineKANLayer(FastBSplineKANLayer):
         with torch.autocast(device, enabled=False):
             base = F.linear(F.silu(x), self.scale_base.to(dtype))
             # the knots as stored (float32 under every backend): rounded to bf16 they would no longer be uniform
-            return base + spline_term(x.contiguous(), self.knots, self.coef.to(dtype), self.scale_spline.to(dtype),
-                                      self.k)
+            term = spline_term if torch.compiler.is_compiling() else SplineTerm.apply
+            return base + term(x.contiguous(), self.knots, self.coef.to(dtype), self.scale_spline.to(dtype), self.k)

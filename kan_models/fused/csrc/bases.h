@@ -4,6 +4,7 @@
 // choice of cell at a knot.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -25,6 +26,39 @@ struct Grid {
     }
   }
 };
+
+// An input's place on its grid in knot steps from the first knot, clamped to [-K - 1, n_knots]
+// (far enough out that every basis is zero there); NaN fails lowest < v, so it goes below the grid, as
+// in the fast layer. Value selects, not std::min/max: their references became loads the vectoriser
+// refused.
+inline double grid_place(double x, double t0, double inv_h, double lowest, double highest) {
+  double v = (x - t0) * inv_h;
+  v = lowest < v ? v : lowest;
+  return highest < v ? highest : v;
+}
+
+// For k = 1 at a knot, the cell of the stored knots' [t_c, t_c+1) (the reference's right-hand slope):
+// the scaled place can round to either side of a knot.
+template <typename T>
+inline double knot_cell(const T* knots, int64_t n_knots, double x, double cell) {
+  const int64_t at = std::min<int64_t>(std::max<int64_t>(int64_t(cell), 0), n_knots - 2);
+  return cell + (x >= double(knots[at + 1]) ? 1.0 : 0.0) - (x < double(knots[at]) ? 1.0 : 0.0);
+}
+
+// The value (or, times the inverse knot step, the slope) of an input's own basis m (basis cell - K + m)
+// at its local coordinate in the cell, by Horner's rule over bspline_fast.py's basis_matrix rows.
+template <int K>
+inline double own_basis(int m, double local, double inv_h, const double* value_rows, const double* slope_rows,
+                        bool slopes) {
+  if (slopes) {
+    double v = slope_rows[(K - 1) * (K + 1) + m];
+    for (int a = K - 2; a >= 0; --a) v = v * local + slope_rows[a * (K + 1) + m];
+    return v * inv_h;
+  }
+  double v = value_rows[K * (K + 1) + m];
+  for (int a = K - 1; a >= 0; --a) v = v * local + value_rows[a * (K + 1) + m];
+  return v;
+}
 
 // The bases of rows [b0, b0 + rows) and inputs [i0, i1): for row r, start(r)[i - i0] is the first
 // basis number of input i's window (inside [0, G + k - K)) and basis(r)[(i - i0) * (K + 1) + m] the
@@ -53,39 +87,19 @@ class Bases {
       for (int64_t i = 0; i < width; ++i) u[i] = double(xr[i]);
       _Pragma("omp simd")
       for (int64_t i = 0; i < width; ++i) {
-        // clamped; NaN fails lowest < v, so it goes below the grid, as in the fast layer. Value
-        // selects, not std::min/max: their references became loads the vectoriser refused.
-        double v = (u[i] - t0[i]) * inv_h[i];
-        v = lowest < v ? v : lowest;
-        v = highest < v ? highest : v;
-        u[i] = v;
-        cell[i] = std::floor(v);
+        u[i] = grid_place(u[i], t0[i], inv_h[i], lowest, highest);
+        cell[i] = std::floor(u[i]);
       }
-      if (K == 1) {  // at a knot, the stored knots' [t_c, t_c+1): the reference's right-hand slope
-        for (int64_t i = 0; i < width; ++i) {
-          const T* ki = g.knots + (i0 + i) * g.n_knots;
-          const double xv = double(xr[i]);
-          const int64_t at = std::min<int64_t>(std::max<int64_t>(int64_t(cell[i]), 0), g.n_knots - 2);
-          cell[i] += (xv >= double(ki[at + 1]) ? 1.0 : 0.0) - (xv < double(ki[at]) ? 1.0 : 0.0);
-        }
-      }
+      if (K == 1)
+        for (int64_t i = 0; i < width; ++i)
+          cell[i] = knot_cell(g.knots + (i0 + i) * g.n_knots, g.n_knots, double(xr[i]), cell[i]);
       T* out = basis_ + r * basis_stride_;
       int32_t* first = start_ + r * start_stride_;
       _Pragma("omp simd")
       for (int64_t i = 0; i < width; ++i) {
         const double local = u[i] - cell[i];
-        for (int m = 0; m <= K; ++m) {
-          double v;
-          if (slopes) {
-            v = slope_rows[(K - 1) * (K + 1) + m];
-            for (int a = K - 2; a >= 0; --a) v = v * local + slope_rows[a * (K + 1) + m];
-            v *= inv_h[i];
-          } else {
-            v = value_rows[K * (K + 1) + m];
-            for (int a = K - 1; a >= 0; --a) v = v * local + value_rows[a * (K + 1) + m];
-          }
-          out[i * (K + 1) + m] = T(v);
-        }
+        for (int m = 0; m <= K; ++m)
+          out[i * (K + 1) + m] = T(own_basis<K>(m, local, inv_h[i], value_rows, slope_rows, slopes));
         const int64_t own = int64_t(cell[i]) - K;
         first[i] = int32_t(own < 0 ? 0 : own > last ? last : own);
       }

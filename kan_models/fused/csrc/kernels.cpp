@@ -16,7 +16,7 @@
 // CPU has it, narrower vectors elsewhere), over blocks of rows that share one pass of the weight
 // through the caches and chunks of inputs whose bases stay in L2; the weight's rows are padded off
 // multiples of 1 KiB (row_stride). Outputs past the last whole tile, and layers with few outputs,
-// take the narrow loops, vectorised over inputs instead.
+// take narrow.h's loops, a row at a time and vectorised over inputs instead.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -26,6 +26,7 @@
 #include "bases.h"
 #include "layout.h"
 #include "memory.h"
+#include "narrow.h"
 
 namespace {
 
@@ -60,24 +61,6 @@ void forward_tile(const Bases<K, T>& bs, const T* w, T* acc, int64_t rows, int64
   }
 }
 
-// out[b0 + r, o] += the chunk's dot products, for o in [o_begin, n_out), vectorised over inputs.
-template <int K, typename T>
-void forward_narrow(const Bases<K, T>& bs, const T* w, T* out, int64_t b0, int64_t rows, int64_t c0, int64_t width,
-                    int64_t n_out, int64_t n_bases, int64_t ld, int64_t o_begin) {
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t o = o_begin; o < n_out; ++o) {
-      T total = 0;
-      const T* b = bs.basis(r);
-      const int32_t* s = bs.start(r);
-      _Pragma("omp simd reduction(+ : total)")
-      for (int64_t l = 0; l < width; ++l) {
-        const T* wr = w + ((c0 + l) * n_bases + s[l]) * ld + o;
-        for (int m = 0; m <= K; ++m) total += b[l * (K + 1) + m] * wr[m * ld];
-      }
-      out[(b0 + r) * n_out + o] += total;
-    }
-}
-
 // Scratch of one thread's weight gradient: each input's rows grouped by window (a counting sort), so
 // a group's sums stay in registers and reach gw once, and a packed tile of grad_out.
 template <typename T>
@@ -95,7 +78,7 @@ void weight_grad_block(const Bases<K, T>& bs, const T* grad, T* gw, int64_t b0, 
                        int64_t i1, int64_t n_out, int64_t n_bases, int64_t ld, GradScratch<T>& scratch) {
   using S = Simd<T>;
   const int64_t width = i1 - i0, tile = kVectors * S::kLanes, whole = n_out / tile * tile;
-  for (int64_t i = 0; i < width && whole > 0; ++i) {
+  for (int64_t i = 0; i < width; ++i) {
     int32_t* offsets = scratch.offsets + i * (n_bases + 1);
     int32_t* order = scratch.order + i * rows;
     std::fill(offsets, offsets + n_bases + 1, 0);
@@ -131,18 +114,6 @@ void weight_grad_block(const Bases<K, T>& bs, const T* grad, T* gw, int64_t b0, 
       }
     }
   }
-  // the remaining outputs: vectorised over inputs, whose windows lie in different rows of gw
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t o = whole; o < n_out; ++o) {
-      const T go = grad[(b0 + r) * n_out + o];
-      const T* b = bs.basis(r);
-      const int32_t* s = bs.start(r);
-      _Pragma("omp simd")
-      for (int64_t i = 0; i < width; ++i) {
-        T* gr = gw + ((i0 + i) * n_bases + s[i]) * ld + o;
-        for (int m = 0; m <= K; ++m) gr[m * ld] += b[i * (K + 1) + m] * go;
-      }
-    }
 }
 
 // gx[b0 + r, i] for rows of the block: the slopes' windows dotted with grad_out's row, in chunks
@@ -152,7 +123,7 @@ template <int K, typename T>
 void input_grad_block(const Bases<K, T>& bs, const T* grad, const T* w, T* gx, int64_t b0, int64_t rows, int64_t n_in,
                       int64_t c0, int64_t width, int64_t n_out, int64_t n_bases, int64_t ld, double* acc) {
   using S = Simd<T>;
-  const int64_t chunk = kChunk * S::kLanes, whole = n_out / S::kLanes * S::kLanes;
+  const int64_t chunk = kChunk * S::kLanes, whole = n_out / S::kLanes * S::kLanes;  // the rest: narrow.h
   std::fill(acc, acc + rows * width, 0.0);
   for (int64_t o0 = 0; o0 < whole; o0 += chunk) {
     const int64_t o1 = std::min(o0 + chunk, whole);
@@ -171,20 +142,6 @@ void input_grad_block(const Bases<K, T>& bs, const T* grad, const T* w, T* gx, i
         acc[r * width + l] += double(S::sum(total));
       }
   }
-  for (int64_t r = 0; r < rows; ++r)  // the remaining outputs, vectorised over inputs
-    for (int64_t o = whole; o < n_out; ++o) {
-      const T go = grad[(b0 + r) * n_out + o];
-      const T* b = bs.basis(r);
-      const int32_t* s = bs.start(r);
-      double* a = acc + r * width;
-      _Pragma("omp simd")
-      for (int64_t l = 0; l < width; ++l) {
-        const T* wr = w + ((c0 + l) * n_bases + s[l]) * ld + o;
-        T total = 0;
-        for (int m = 0; m <= K; ++m) total += b[l * (K + 1) + m] * wr[m * ld];
-        a[l] += double(total * go);
-      }
-    }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t l = 0; l < width; ++l) gx[(b0 + r) * n_in + c0 + l] = T(acc[r * width + l]);
 }
@@ -210,9 +167,11 @@ template <int K, typename T>
 void forward_k(const T* x, const T* kp, const T* w, T* out, int64_t batch, int64_t n_in, int64_t n_knots,
                int64_t n_bases, int64_t n_out, int64_t ld, const double* vr, const double* sr) {
   const Grid<T> grid(kp, n_in, n_knots, n_bases);
-  const int64_t rb = row_block(batch, 512), blocks = (batch + rb - 1) / rb, chunk = input_chunk<K, T>(n_in, rb);
   const int64_t tile = kVectors * Simd<T>::kLanes, whole = n_out / tile * tile;
-  std::fill(out, out + batch * n_out, T(0));
+  if (whole < n_out) kanscale::forward_rows<K>(x, grid, w, out, batch, n_in, n_out, ld, whole, vr);
+  if (whole == 0) return;
+  const int64_t rb = row_block(batch, 512), blocks = (batch + rb - 1) / rb, chunk = input_chunk<K, T>(n_in, rb);
+  for (int64_t b = 0; b < batch; ++b) std::fill(out + b * n_out, out + b * n_out + whole, T(0));
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     Bases<K, T> bs(rb, chunk);
     T* acc = scratch<T, 8>(rb * tile);
@@ -229,7 +188,6 @@ void forward_k(const T* x, const T* kp, const T* w, T* out, int64_t batch, int64
           for (int64_t r = 0; r < rows; ++r)
             std::copy(acc + r * tile, acc + (r + 1) * tile, out + (b0 + r) * n_out + o0);
         }
-        forward_narrow(bs, w, out, b0, rows, c0, width, n_out, n_bases, ld, whole);
       }
     }
   });
@@ -239,11 +197,12 @@ template <int K, typename T>
 void backward_k(const T* grad, const T* x, const T* kp, const T* w, T* gx, T* gw, int64_t batch, int64_t n_in,
                 int64_t n_knots, int64_t n_bases, int64_t n_out, int64_t ld, const double* vr, const double* sr) {
   const Grid<T> grid(kp, n_in, n_knots, n_bases);
-  if (gw != nullptr) {  // threads own inputs: no two write one element of gw
+  const int64_t tile = kVectors * Simd<T>::kLanes, whole = n_out / tile * tile;
+  if (gw != nullptr && whole > 0) {  // threads own inputs: no two write one element of gw
     const int64_t rb = row_block(batch, 512), blocks = (batch + rb - 1) / rb, chunk = input_chunk<K, T>(n_in, rb);
     at::parallel_for(0, n_in, kInputBlock, [&](int64_t i0, int64_t i1) {
       Bases<K, T> bs(rb, chunk);
-      GradScratch<T> scratch(rb, chunk, n_bases, kVectors * Simd<T>::kLanes);
+      GradScratch<T> scratch(rb, chunk, n_bases, tile);
       for (int64_t c0 = i0; c0 < i1; c0 += chunk) {
         const int64_t c1 = std::min(c0 + chunk, i1);
         for (int64_t blk = 0; blk < blocks; ++blk) {
@@ -254,7 +213,10 @@ void backward_k(const T* grad, const T* x, const T* kp, const T* w, T* gx, T* gw
       }
     });
   }
-  if (gx != nullptr) {  // threads own rows
+  if (gw != nullptr && whole < n_out) kanscale::weight_grad_rows<K>(grad, x, grid, gw, batch, n_in, n_out, ld, whole, vr);
+  // the input gradient's dot products take whole vectors of outputs, not tiles
+  const int64_t vectors = n_out / Simd<T>::kLanes * Simd<T>::kLanes;
+  if (gx != nullptr && vectors > 0) {  // threads own rows
     const int64_t rb = row_block(batch, 128), blocks = (batch + rb - 1) / rb, chunk = input_chunk<K, T>(n_in, rb);
     at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
       Bases<K, T> bs(rb, chunk);
@@ -269,6 +231,8 @@ void backward_k(const T* grad, const T* x, const T* kp, const T* w, T* gx, T* gw
       }
     });
   }
+  if (gx != nullptr && vectors < n_out)
+    kanscale::input_grad_rows<K>(grad, x, grid, w, gx, batch, n_in, n_out, ld, vectors, sr, vectors > 0);
 }
 
 // Calls f with k as a template parameter (std::integral_constant).
