@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from launchers.bench import make_plan, measure_workload, saved_bytes
+from launchers.bench import WORKLOADS, make_plan, measure_workload, saved_bytes
 from launchers.cli import main
 
 
@@ -76,6 +76,8 @@ def test_the_implementations_of_a_workload_take_their_rounds_in_turn():
     measured = {}
     rows = measure_workload("tiny", ["fast", "mlp"], make_plan("tiny", "fast,mlp", 1, 3, "cpu"), measured=measured)
     assert [r["status"] for r in rows] == ["ok", "ok"] and [r["impl"] for r in rows] == ["fast", "mlp"]
-    fast, mlp = measured["fast"].starts, measured["mlp"].starts
-    assert len(fast) == len(mlp) > 3  # the warm-up rounds, then the 3 timed ones
-    assert all(a < b < c for a, b, c in zip(fast, mlp, fast[1:]))
+    w = WORKLOADS["tiny"]
+    assert w.settle == 1  # each turn: an untimed settling step, then the timed one
+    order = [impl for _, impl in sorted((t, impl) for impl in ("fast", "mlp") for t in measured[impl].starts)]
+    assert order == (["fast"] * 2 + ["mlp"] * 2) * (w.warmup + 3)
+    assert len(measured["fast"].phases["step_ms"]) == 3  # only the timed steps count
