@@ -19,7 +19,8 @@
 namespace kanscale {
 
 // An input's window of K + 1 bases (or weights) as one short vector, zero past K: a power of two
-// lanes, so that the product of a window with its weights is one vector operation.
+// lanes, so that the product of a window with its weights is one vector operation. The lanes past K
+// (k = 2, 4-6) multiply the table's next entries by zero bases: nothing, while the weights are finite.
 template <int K, typename T>
 struct Window {
   static constexpr int64_t kLanes = K < 2 ? 2 : K < 4 ? 4 : 8;
