@@ -12,7 +12,9 @@ experiment asking for it is refused when it is validated, naming ``impl: fast``.
 at once wait for one another (cpp_extension's lock in the build directory).
 
 The two ops are registered with ``torch.library`` as ``kanscale::bspline_spline`` and its
-backward, so torch.compile and the backends see one opaque op with a shape function."""
+backward, so torch.compile and the backends see one opaque op with a shape function. Eager steps on
+CPUs skip the registration's Python dispatch and run the whole layer, base path included, in one
+C++ call each way (:class:`FusedLayer`, ``csrc/layer.cpp``)."""
 
 from __future__ import annotations
 
@@ -95,11 +97,19 @@ def _rows(k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(value, dtype=torch.float64), torch.tensor(slope, dtype=torch.float64)
 
 
+WIDE = (torch.float32, torch.float64)  # checked in Python: a call of Tensor.to that changes nothing costs 1.3 us
+
+
 def wide(*tensors: torch.Tensor) -> list[torch.Tensor]:
     """The operands in at least float32: bf16 and fp16 are stored narrow but computed (the
     weight's product, the op, the gradients' reductions) in float32 and rounded once at the end;
     rounded at every step, bf16's coefficient gradients were 3-7% off the float32 reference's."""
-    return [t.to(torch.promote_types(t.dtype, torch.float32)) for t in tensors]
+    return [t if t.dtype in WIDE else t.to(torch.promote_types(t.dtype, torch.float32)) for t in tensors]
+
+
+def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """t in dtype (the result of a widened computation rounded back once)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def spline_forward(x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, scale_spline: torch.Tensor,
@@ -107,7 +117,7 @@ def spline_forward(x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, sca
     """sum_i sum_j B_j(x_i) coef[o, i, j] scale_spline[o, i], (batch, out)."""
     xw, knots, coef, scale_spline = wide(x, knots, coef, scale_spline)
     ops = kernels(x.device)
-    return ops.forward(xw, knots, ops.spline_weight(coef, scale_spline), k, *_rows(k)).to(x.dtype)
+    return cast(ops.forward(xw, knots, ops.spline_weight(coef, scale_spline), k, *_rows(k)), x.dtype)
 
 
 def spline_backward(grad: torch.Tensor, x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor,
@@ -126,8 +136,7 @@ def spline_backward(grad: torch.Tensor, x: torch.Tensor, knots: torch.Tensor, co
 
 
 # The same two functions as torch.library ops, which torch.compile and the backends see as one opaque
-# op with a shape function; eager calls skip them (SplineTerm), as their Python dispatch costs more
-# than the study's kernels (docs/performance.md).
+# op with a shape function (eager steps on CPUs take FusedLayer instead).
 spline_term = torch.library.custom_op("kanscale::bspline_spline", mutates_args=())(spline_forward)
 spline_term_backward = torch.library.custom_op("kanscale::bspline_spline_backward", mutates_args=())(spline_backward)
 
@@ -149,34 +158,51 @@ def _setup(ctx, inputs, output) -> None:
     ctx.k = k
 
 
-def _gradients(ctx, grad: torch.Tensor, backward=spline_term_backward) -> tuple:
+def _gradients(ctx, grad: torch.Tensor) -> tuple:
     x, knots, coef, scale_spline = ctx.saved_tensors
     need_x, _, need_coef, need_scale = ctx.needs_input_grad[:4]
-    gx, g_coef, g_scale = backward(grad.contiguous(), x, knots, coef, scale_spline, ctx.k, need_x,
-                                   need_coef or need_scale)
+    gx, g_coef, g_scale = spline_term_backward(grad.contiguous(), x, knots, coef, scale_spline, ctx.k, need_x,
+                                               need_coef or need_scale)
     return (gx if need_x else None), None, (g_coef if need_coef else None), (g_scale if need_scale else None), None
 
 
 spline_term.register_autograd(_gradients, setup_context=_setup)
 
 
-class SplineTerm(torch.autograd.Function):
-    """spline_term's function and gradients for eager calls, the kernels called directly."""
+class FusedLayer(torch.autograd.Function):
+    """The whole layer, its SiLU base path with the spline term, in one C++ call each way
+    (csrc/layer.cpp), for eager steps on CPUs. The registered op, with the base path around it in
+    PyTorch, serves torch.compile (which cannot trace a call into C++ from here) and CUDA. The
+    study's eager step took 1.28 ms that way (the op's Python dispatch, the base path's three
+    autograd nodes) and 0.86 ms this way."""
 
     @staticmethod
-    def forward(ctx, x, knots, coef, scale_spline, k):  # ctx here: a separate setup_context binds the
-        _setup(ctx, (x, knots, coef, scale_spline, k), None)  # arguments by inspect.signature on every call
-        return spline_forward(x, knots, coef, scale_spline, k)
+    def forward(ctx, x, knots, coef, scale_spline, scale_base, k):
+        ctx.save_for_backward(x, knots, coef, scale_spline, scale_base)  # the inputs only: the bases are recomputed
+        ctx.k = k
+        xw, knots, coef, scale_spline, scale_base = wide(x, knots, coef, scale_spline, scale_base)
+        ops = extension()
+        w = ops.spline_weight(coef, scale_spline)
+        return cast(ops.layer_forward(xw, knots, w, scale_base, k, *_rows(k)), x.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        return _gradients(ctx, grad, spline_backward)
+        saved = ctx.saved_tensors
+        need_x, _, need_coef, need_scale, need_base = ctx.needs_input_grad[:5]
+        grad, x, knots, coef, scale_spline, scale_base = wide(grad.contiguous(), *saved)
+        ops = extension()
+        gx, gw, g_base = ops.layer_backward(grad, x, knots, ops.spline_weight(coef, scale_spline), scale_base, ctx.k,
+                                            *_rows(ctx.k), need_x, need_coef or need_scale, need_base)
+        g_coef, g_scale = ops.coefficient_grads(gw, coef, scale_spline) if need_coef or need_scale else (None, None)
+        grads, needs = (gx, None, g_coef, g_scale, g_base), (need_x, False, need_coef, need_scale, need_base)
+        return *(cast(g, like.dtype) if need else None for g, like, need in zip(grads, saved, needs)), None
 
 
 class FusedBSplineKANLayer(FastBSplineKANLayer):
     """The fast layer's function (the same closed-form bases on its uniform grid, the same
-    parameters, buffers, state dict and grid update) computed by the fused op: the SiLU base path
-    is one GEMM, the spline term the op, whose backward recomputes the bases from the inputs.
+    parameters, buffers, state dict and grid update) computed by the fused op, whose backward
+    recomputes the bases from the inputs: in eager steps on CPUs with the SiLU base path in one
+    C++ call (FusedLayer); compiled, and on GPUs, the base path one GEMM beside the op.
 
     ``fused_on`` names the device types that take the op; on others the layer is the fast layer
     (``model.impl: auto`` fuses on CPUs only, where the op is measured faster). None, for
@@ -194,9 +220,10 @@ class FusedBSplineKANLayer(FastBSplineKANLayer):
         device = x.device.type
         # one dtype for every operand, as the fast layer: autocast's where it is on, else the parameters'
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.coef.dtype
-        x = x.to(dtype)
+        x = x.to(dtype).contiguous()
+        # the knots as stored (float32 under every backend): rounded to bf16 they would no longer be uniform
+        coef, scale_spline, scale_base = (p.to(dtype) for p in (self.coef, self.scale_spline, self.scale_base))
         with torch.autocast(device, enabled=False):
-            base = F.linear(F.silu(x), self.scale_base.to(dtype))
-            # the knots as stored (float32 under every backend): rounded to bf16 they would no longer be uniform
-            term = spline_term if torch.compiler.is_compiling() else SplineTerm.apply
-            return base + term(x.contiguous(), self.knots, self.coef.to(dtype), self.scale_spline.to(dtype), self.k)
+            if device == "cpu" and not torch.compiler.is_compiling():
+                return FusedLayer.apply(x, self.knots, coef, scale_spline, scale_base, self.k)
+            return F.linear(F.silu(x), scale_base) + spline_term(x, self.knots, coef, scale_spline, self.k)

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "bases.h"
-#include "layout.h"
+#include "kernels.h"
 #include "memory.h"
 #include "narrow.h"
 
@@ -298,11 +298,4 @@ std::vector<torch::Tensor> fused_backward(torch::Tensor grad_out, torch::Tensor 
     });
   });
   return {grad_x, grad_w};
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("forward", &fused_forward, "fused B-spline KAN layer: the spline term");
-  m.def("backward", &fused_backward, "fused B-spline KAN layer: gradients of the spline term");
-  m.def("spline_weight", &spline_weight, "the spline weight coef * scale_spline as (in, G + k, out)");
-  m.def("coefficient_grads", &coefficient_grads, "grad_w (in, G + k, out) to the gradients of coef and scale_spline");
 }
