@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from kan_models import build_model, parse_model_config
 from kan_models.bspline import BSplineKANLayer, uniform_knots
 from kan_models.bspline_fast import FastBSplineKANLayer
-from kan_models.fused import FusedBSplineKANLayer, spline_term
+from kan_models.fused import FusedBSplineKANLayer, FusedLayer, spline_term
 from tests.helpers.launch import run_here, run_jobs
 from tests.test_bspline_fast import HIGH, LOW, outputs_and_grads, probe_points, reference_layer
 
@@ -66,6 +66,28 @@ def test_odd_widths_and_a_batch_of_one(k):
         assert max(errors.values()) <= 1e-12, errors
 
 
+@pytest.mark.parametrize("n_in,n_out,dtype", [
+    (37, 70, torch.float64),  # tiles of 32 float64 outputs, 6 outputs past them for the rows
+    (9, 45, torch.float64),  # the input gradient's vectors (8) reach past the tiles: two splits
+    (5, 83, torch.float32),  # tiles of 64 float32 outputs, 3 vectors of 16 and 3 outputs past them
+])
+def test_wide_layers_tiles_and_the_rows_past_them_match_the_reference(n_in, n_out, dtype):
+    """Outputs enough for the kernels' register tiles, and some past them for narrow.h's rows,
+    which add their share of the input gradient to the tiles'. float64 within 1e-12 of the
+    largest value; float32 within 1e-5 (its own rounding over up to 83 outputs)."""
+    torch.manual_seed(n_out)
+    ref = BSplineKANLayer(n_in, n_out, 10, 3, (LOW, HIGH)).double()
+    with torch.no_grad():
+        ref.knots.copy_(uniform_knots(10, 3, LOW, HIGH, n_in))
+        for p in ref.parameters():
+            p.copy_(torch.randn_like(p))
+    x = torch.rand(50, n_in, dtype=torch.float64) * 5 - 2.5  # inside and outside the grid
+    truth = outputs_and_grads(ref, ref, x)
+    fused = fused_like(copy.deepcopy(ref).to(dtype))
+    errors = relative_errors(outputs_and_grads(fused, fused, x.to(dtype)), truth)
+    assert max(errors.values()) <= (1e-12 if dtype == torch.float64 else 1e-5), errors
+
+
 @pytest.mark.parametrize("k", [2, 3])
 def test_bfloat16_is_closer_to_the_float32_function_than_the_fast_layer(k):
     """bf16 parameters (the knots float32, as every backend keeps buffers), against the float32
@@ -97,6 +119,23 @@ def test_the_ops_backward_passes_gradcheck(k):
     scale = torch.randn(n_out, n_in, dtype=torch.float64, requires_grad=True)
     # k = 1 has kinks at the knots: keep the points off them for finite differences
     assert torch.autograd.gradcheck(lambda *a: spline_term(*a[:1], knots, *a[1:], k), (x, coef, scale))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_whole_layer_passes_gradcheck_and_is_what_eager_cpu_steps_run(k):
+    """FusedLayer: the layer, SiLU base path included, in one C++ call each way (csrc/layer.cpp),
+    with gradients for x, the coefficients and both scales; the layer takes it in an eager step on
+    a CPU (one autograd node), and the op with the base path beside it when compiled (below)."""
+    torch.manual_seed(0)
+    n_in, n_out, grid = 3, 5, 4  # more outputs than inputs: scale_base's gradient the other way round
+    knots = uniform_knots(grid, k, LOW, HIGH, n_in).double()
+    x = (torch.rand(6, n_in, dtype=torch.float64) * 3.5 - 1.2).requires_grad_()
+    coef = torch.randn(n_out, n_in, grid + k, dtype=torch.float64, requires_grad=True)
+    scale_spline, scale_base = (torch.randn(n_out, n_in, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    assert torch.autograd.gradcheck(lambda x, c, s, b: FusedLayer.apply(x, knots, c, s, b, k),
+                                    (x, coef, scale_spline, scale_base))
+    layer = FusedBSplineKANLayer(n_in, n_out, grid, k, (LOW, HIGH)).double()
+    assert type(layer(x).grad_fn).__name__ == "FusedLayerBackward"
 
 
 def test_a_compiled_model_runs_the_op_as_one_graph_and_matches_eager():
