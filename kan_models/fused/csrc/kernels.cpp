@@ -250,7 +250,7 @@ void with_order(int64_t k, F&& f) {
   }
 }
 
-void check(const torch::Tensor& x, const torch::Tensor& knots, const torch::Tensor& w, int64_t k) {
+void check(const at::Tensor& x, const at::Tensor& knots, const at::Tensor& w, int64_t k) {
   TORCH_CHECK(x.dim() == 2 && knots.dim() == 2 && w.dim() == 3, "fused B-spline: x (batch, in), knots (in, n), "
               "w (in, G + k, out) expected");
   TORCH_CHECK(w.size(1) >= k + 1, "fused B-spline: G + k bases must be at least k + 1 (grid >= 1)");
@@ -261,11 +261,11 @@ void check(const torch::Tensor& x, const torch::Tensor& knots, const torch::Tens
 }  // namespace
 
 // out (batch, out): the spline term of the layer.
-torch::Tensor fused_forward(torch::Tensor x, torch::Tensor knots, torch::Tensor w, int64_t k,
-                            torch::Tensor value_rows, torch::Tensor slope_rows) {
+at::Tensor fused_forward(at::Tensor x, at::Tensor knots, at::Tensor w, int64_t k,
+                            at::Tensor value_rows, at::Tensor slope_rows) {
   check(x, knots, w, k);
   x = x.contiguous(); knots = knots.contiguous(); w = kanscale::rows_along_out(w);
-  auto out = torch::empty({x.size(0), w.size(2)}, x.options());
+  auto out = at::empty({x.size(0), w.size(2)}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "fused_bspline_forward", [&] {
     with_order(k, [&](auto order) {
       forward_k<decltype(order)::value, scalar_t>(
@@ -278,15 +278,15 @@ torch::Tensor fused_forward(torch::Tensor x, torch::Tensor knots, torch::Tensor 
 }
 
 // (grad_x of the spline term (batch, in) or an empty tensor, grad_w (in, G + k, out) or empty).
-std::vector<torch::Tensor> fused_backward(torch::Tensor grad_out, torch::Tensor x, torch::Tensor knots,
-                                          torch::Tensor w, int64_t k, torch::Tensor value_rows,
-                                          torch::Tensor slope_rows, bool need_x, bool need_w) {
+std::vector<at::Tensor> fused_backward(at::Tensor grad_out, at::Tensor x, at::Tensor knots,
+                                          at::Tensor w, int64_t k, at::Tensor value_rows,
+                                          at::Tensor slope_rows, bool need_x, bool need_w) {
   check(x, knots, w, k);
   grad_out = grad_out.contiguous(); x = x.contiguous(); knots = knots.contiguous(); w = kanscale::rows_along_out(w);
-  auto grad_x = need_x ? torch::empty_like(x) : torch::Tensor();
+  auto grad_x = need_x ? at::empty_like(x) : at::Tensor();
   // grad_w's rows as far apart as w's: the kernels take one row stride
-  auto grad_w = need_w ? torch::zeros({w.size(0), w.size(1), w.stride(1)}, w.options()).narrow(2, 0, w.size(2))
-                       : torch::Tensor();
+  auto grad_w = need_w ? at::zeros({w.size(0), w.size(1), w.stride(1)}, w.options()).narrow(2, 0, w.size(2))
+                       : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "fused_bspline_backward", [&] {
     with_order(k, [&](auto order) {
       backward_k<decltype(order)::value, scalar_t>(

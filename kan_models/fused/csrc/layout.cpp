@@ -36,7 +36,7 @@ void transposing_tiles(int64_t n_in, int64_t n_out, int64_t n_bases, F&& f) {
 
 // w (in, G + k, out) = coef (out, in, G + k) * scale_spline (out, in), laid out along out as the
 // kernels read it.
-torch::Tensor spline_weight(torch::Tensor coef, torch::Tensor scale_spline) {
+at::Tensor spline_weight(at::Tensor coef, at::Tensor scale_spline) {
   coef = coef.contiguous(); scale_spline = scale_spline.contiguous();
   const int64_t n_out = coef.size(0), n_in = coef.size(1), n_bases = coef.size(2);
   auto w = padded_weight(n_in, n_bases, n_out, coef.options());
@@ -62,11 +62,11 @@ torch::Tensor spline_weight(torch::Tensor coef, torch::Tensor scale_spline) {
 
 // (d loss / d coef (out, in, G + k), d loss / d scale_spline (out, in)) from grad_w (in, G + k, out),
 // the gradient of w = coef * scale_spline.
-std::vector<torch::Tensor> coefficient_grads(torch::Tensor grad_w, torch::Tensor coef, torch::Tensor scale_spline) {
+std::vector<at::Tensor> coefficient_grads(at::Tensor grad_w, at::Tensor coef, at::Tensor scale_spline) {
   grad_w = rows_along_out(grad_w); coef = coef.contiguous(); scale_spline = scale_spline.contiguous();
   const int64_t n_out = coef.size(0), n_in = coef.size(1), n_bases = coef.size(2), ld = grad_w.stride(1);
-  auto g_coef = torch::empty_like(coef);
-  auto g_scale = torch::empty_like(scale_spline);
+  auto g_coef = at::empty_like(coef);
+  auto g_scale = at::empty_like(scale_spline);
   AT_DISPATCH_FLOATING_TYPES(coef.scalar_type(), "fused_bspline_coefficient_grads", [&] {
     const scalar_t* gw = grad_w.data_ptr<scalar_t>();
     const scalar_t* c = coef.data_ptr<scalar_t>();

@@ -3,7 +3,7 @@
 // weight, w[in][G + k][out] with its rows a row_stride apart.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 
 #include <cstring>
 #include <memory>
@@ -45,13 +45,13 @@ inline int64_t row_stride(int64_t width, int64_t element_size) {
 }
 
 // An uninitialised (in, G + k, out) tensor with that row stride (a view of a wider one).
-inline torch::Tensor padded_weight(int64_t n_in, int64_t n_bases, int64_t n_out, const torch::TensorOptions& options) {
+inline at::Tensor padded_weight(int64_t n_in, int64_t n_bases, int64_t n_out, const at::TensorOptions& options) {
   const int64_t ld = row_stride(n_out, c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
-  return torch::empty({n_in, n_bases, ld}, options).narrow(2, 0, n_out);
+  return at::empty({n_in, n_bases, ld}, options).narrow(2, 0, n_out);
 }
 
 // w as the kernels read it: along out contiguous, rows at any stride (spline_weight's are padded).
-inline torch::Tensor rows_along_out(const torch::Tensor& w) {
+inline at::Tensor rows_along_out(const at::Tensor& w) {
   return w.stride(2) == 1 && w.stride(0) == w.size(1) * w.stride(1) ? w : w.contiguous();
 }
 

@@ -1,4 +1,6 @@
-// The fused op's Python entry points (kan_models/fused/__init__.py).
+// The fused op's Python entry points (kan_models/fused/__init__.py). The one file that includes
+// torch/extension.h (pybind11 and torch's whole C++ API, about 20 s of compiling a file here): the
+// others take ATen alone, so the op builds in a fraction of the time on a user's first run.
 #include <torch/extension.h>
 
 #include "kernels.h"
