@@ -16,7 +16,7 @@
 // CPU has it, narrower vectors elsewhere), over blocks of rows that share one pass of the weight
 // through the caches and chunks of inputs whose bases stay in L2; the weight's rows are padded off
 // multiples of 1 KiB (row_stride). Outputs past the last whole tile, and layers with few outputs,
-// take narrow.h's loops, a row at a time and vectorised over inputs instead.
+// take narrow.h's loops, a row at a time with each input's window one short vector.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -262,7 +262,7 @@ void check(const at::Tensor& x, const at::Tensor& knots, const at::Tensor& w, in
 
 // out (batch, out): the spline term of the layer.
 at::Tensor fused_forward(at::Tensor x, at::Tensor knots, at::Tensor w, int64_t k,
-                            at::Tensor value_rows, at::Tensor slope_rows) {
+                         at::Tensor value_rows, at::Tensor slope_rows) {
   check(x, knots, w, k);
   x = x.contiguous(); knots = knots.contiguous(); w = kanscale::rows_along_out(w);
   auto out = at::empty({x.size(0), w.size(2)}, x.options());
@@ -279,8 +279,8 @@ at::Tensor fused_forward(at::Tensor x, at::Tensor knots, at::Tensor w, int64_t k
 
 // (grad_x of the spline term (batch, in) or an empty tensor, grad_w (in, G + k, out) or empty).
 std::vector<at::Tensor> fused_backward(at::Tensor grad_out, at::Tensor x, at::Tensor knots,
-                                          at::Tensor w, int64_t k, at::Tensor value_rows,
-                                          at::Tensor slope_rows, bool need_x, bool need_w) {
+                                       at::Tensor w, int64_t k, at::Tensor value_rows,
+                                       at::Tensor slope_rows, bool need_x, bool need_w) {
   check(x, knots, w, k);
   grad_out = grad_out.contiguous(); x = x.contiguous(); knots = knots.contiguous(); w = kanscale::rows_along_out(w);
   auto grad_x = need_x ? at::empty_like(x) : at::Tensor();

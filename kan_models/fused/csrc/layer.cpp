@@ -8,14 +8,14 @@
 
 // silu(x) scale_base^T + the spline term, (batch, out).
 at::Tensor layer_forward(at::Tensor x, at::Tensor knots, at::Tensor w, at::Tensor scale_base, int64_t k,
-                            at::Tensor value_rows, at::Tensor slope_rows) {
+                         at::Tensor value_rows, at::Tensor slope_rows) {
   return fused_forward(x, knots, w, k, value_rows, slope_rows).addmm_(at::silu(x), scale_base.t());
 }
 
 // (grad_x or empty, grad_w (in, G + k, out) or empty, grad_scale_base or empty).
 std::vector<at::Tensor> layer_backward(at::Tensor grad_out, at::Tensor x, at::Tensor knots, at::Tensor w,
-                                          at::Tensor scale_base, int64_t k, at::Tensor value_rows,
-                                          at::Tensor slope_rows, bool need_x, bool need_w, bool need_base) {
+                                       at::Tensor scale_base, int64_t k, at::Tensor value_rows,
+                                       at::Tensor slope_rows, bool need_x, bool need_w, bool need_base) {
   auto grads = fused_backward(grad_out, x, knots, w, k, value_rows, slope_rows, need_x, need_w);
   if (need_x) grads[0].add_(at::silu_backward(at::mm(grad_out, scale_base), x));
   if (!need_base) {
