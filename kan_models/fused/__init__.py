@@ -1,8 +1,8 @@
 """The fused B-spline KAN layer (``model.impl: fused``): the k + 1 non-zero bases of every input
 evaluated in registers and contracted at once with the coefficients they select, in one C++ op
 with OpenMP (``csrc/``: the kernels, the bases, the weight's layout), so the (batch, in, G + k)
-basis tensor is never formed and autograd saves nothing but the layer's inputs. On CUDA GPUs the same op runs Triton kernels
-(``triton_kernels.py``, :func:`kernels` chooses by the tensors' device).
+basis tensor is never formed and autograd saves nothing but the layer's inputs. On CUDA GPUs the
+same op runs Triton kernels (``triton_kernels.py``, :func:`kernels` chooses by the tensors' device).
 
 The op is built once per environment, the way DeepSpeed builds its CPU ops: compiled by
 ``torch.utils.cpp_extension`` on first use into ``$KANSCALE_CACHE_DIR/ops`` (default
@@ -56,7 +56,8 @@ def fused_unavailable() -> str | None:
 
 @functools.cache
 def extension() -> ModuleType:
-    """The compiled op (built on first use, 46 s on the 2-core machine of 2026-12-04; then loaded from the cache)."""
+    """The compiled op: built on first use (about 30 s on the 2-core machine of 2026-12-04), then
+    loaded from the cache."""
     from torch.utils.cpp_extension import load
 
     reason = fused_unavailable()

@@ -1,5 +1,5 @@
 """The fused B-spline op's GPU kernels, in Triton: the same three computations as the C++ op
-(``csrc/kernels.cpp``) with the same arguments and results, so :func:`forward` and
+(``csrc/forward.cpp``, ``csrc/backward.cpp``) with the same arguments and results, so :func:`forward` and
 :func:`backward` are drop-in replacements for ``extension().forward`` / ``.backward`` on CUDA
 tensors (``kan_models/fused/__init__.py`` chooses between them by the tensors' device).
 

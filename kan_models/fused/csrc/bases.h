@@ -1,4 +1,4 @@
-// The non-zero bases of a block of inputs, for the fused B-spline op's CPU kernels (kernels.cpp): the
+// The non-zero bases of a block of inputs, for the fused B-spline op's CPU kernels (tiles.h): the
 // uniform-grid polynomials of bspline_fast.py (basis_matrix), evaluated by Horner's rule in the local
 // coordinate of each input's cell, with the fast layer's clamping and, for k = 1, the reference's
 // choice of cell at a knot.

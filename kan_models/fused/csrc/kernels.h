@@ -1,7 +1,7 @@
-// The fused op's spline term on the CPU and its gradients (kernels.cpp).
+// The fused op's spline term on the CPU and its gradients (forward.cpp, backward.cpp).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <vector>
 

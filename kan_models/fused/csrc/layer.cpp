@@ -4,6 +4,10 @@
 // four (the base path's three took 0.28 of the study's 0.95 ms step).
 #include "layer.h"
 
+#include <ATen/ops/mm.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/silu_backward.h>
+
 #include "kernels.h"
 
 // silu(x) scale_base^T + the spline term, (batch, out).

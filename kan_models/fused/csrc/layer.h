@@ -1,7 +1,7 @@
 // The whole fused layer, its SiLU base path with the spline term (layer.cpp).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <vector>
 

@@ -3,7 +3,9 @@
 // gradients of coef and scale_spline.
 #include "layout.h"
 
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty_like.h>
 
 #include <algorithm>
 

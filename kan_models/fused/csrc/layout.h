@@ -1,7 +1,7 @@
 // The spline weight's layout for the kernels and its gradients back (layout.cpp).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <vector>
 

@@ -1,9 +1,10 @@
-// Memory the fused B-spline op's CPU code shares (kernels.cpp, layout.cpp): vector registers through
-// GCC/Clang vector extensions, working memory kept per thread, and the padded layout of the spline
-// weight, w[in][G + k][out] with its rows a row_stride apart.
+// Memory the fused B-spline op's CPU code shares (forward.cpp, backward.cpp, layout.cpp): vector
+// registers through GCC/Clang vector extensions, working memory kept per thread, and the padded
+// layout of the spline weight, w[in][G + k][out] with its rows a row_stride apart.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <cstring>
 #include <memory>

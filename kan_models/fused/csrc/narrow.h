@@ -1,4 +1,4 @@
-// The fused op's loops over outputs past the last whole tile of kernels.cpp: every output of a narrow
+// The fused op's loops over outputs past the last whole tile of tiles.h: every output of a narrow
 // layer (the study's last, [64 -> 1]) and the rest of a wide one. A row at a time, vectorised over
 // inputs: one pass evaluates the row's bases into a structure of arrays (a vector per basis, in L1),
 // and each output gathers its inputs' windows of the weight from tables padded with zeros on both

@@ -1,65 +1,31 @@
-// The fused B-spline KAN layer's three kernels on the CPU (kan_models/fused/__init__.py): for every
-// input only its k + 1 non-zero bases are evaluated, and contracted straight away with the window of
-// coefficients they select; the (batch, in, G + k) basis tensor is never formed.
-//
-// Layout: the spline weight is handed over as w[in][G + k][out] (contiguous along out), so every
-// (input, basis) pair contributes one axpy along out:
-//   forward      out[b, :]   += B_m(x[b, i]) * w[i, j(b, i) + m, :]
-//   weight grad  gw[i, j, :] += B_m(x[b, i]) * grad_out[b, :]
-//   input grad   gx[b, i]     = sum_m B'_m(x[b, i]) * <w[i, j(b, i) + m, :], grad_out[b, :]>
-// The bases are evaluated by bases.h; the weight is laid out by layout.cpp.
-//
-// Speed (docs/performance.md, "The fused layer"): k is a template parameter (the Horner loops unroll),
-// the cell search is vectorised over inputs, and every window is shifted to lie inside [0, G + k)
-// with zero bases where it overhangs, so the inner loops carry no branch. The wide loops hold tiles
-// of kLanes x kVectors outputs in vector registers (GCC/Clang vector extensions: AVX-512 where the
-// CPU has it, narrower vectors elsewhere), over blocks of rows that share one pass of the weight
-// through the caches and chunks of inputs whose bases stay in L2; the weight's rows are padded off
-// multiples of 1 KiB (row_stride). Outputs past the last whole tile, and layers with few outputs,
-// take narrow.h's loops, a row at a time with each input's window one short vector.
+// The fused layer's backward on the CPU: the gradients of its spline term for the weight and the
+// inputs, a tile of outputs at a time (tiles.h).
+#include "kernels.h"
+
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <vector>
 
-#include "bases.h"
-#include "kernels.h"
-#include "memory.h"
 #include "narrow.h"
+#include "tiles.h"
 
 namespace {
 
 using kanscale::Bases;
+using kanscale::check;
 using kanscale::Grid;
+using kanscale::input_chunk;
+using kanscale::kInputBlock;
+using kanscale::kVectors;
+using kanscale::row_block;
 using kanscale::scratch;
 using kanscale::Simd;
-
-constexpr int64_t kVectors = 4;     // vectors of outputs per tile: 64 float32 outputs, 32 float64
-constexpr int64_t kInputBlock = 8;  // inputs whose weight windows stay in L1 while every row uses them
-constexpr int64_t kChunk = 16;      // vectors of outputs per dot-product chunk in the input gradient
-
-// acc[r * tile + :] for a block's rows, accumulated over the chunk's inputs [l0, l1) (numbered
-// from the chunk's first input c0) for one tile of outputs. acc is packed: the rows of out lie 4 KiB
-// apart at 1024 outputs.
-template <int K, typename T>
-void forward_tile(const Bases<K, T>& bs, const T* w, T* acc, int64_t rows, int64_t n_bases, int64_t ld, int64_t o0,
-                  int64_t c0, int64_t l0, int64_t l1) {
-  using S = Simd<T>;
-  for (int64_t r = 0; r < rows; ++r) {
-    T* a = acc + r * kVectors * S::kLanes;
-    typename S::vec sum[kVectors];
-    for (int64_t v = 0; v < kVectors; ++v) sum[v] = S::load(a + v * S::kLanes);
-    const T* b = bs.basis(r);
-    const int32_t* s = bs.start(r);
-    for (int64_t l = l0; l < l1; ++l) {
-      const T* wr = w + ((c0 + l) * n_bases + s[l]) * ld + o0;
-      for (int m = 0; m <= K; ++m)
-        for (int64_t v = 0; v < kVectors; ++v) sum[v] += b[l * (K + 1) + m] * S::load(wr + m * ld + v * S::kLanes);
-    }
-    for (int64_t v = 0; v < kVectors; ++v) S::store(a + v * S::kLanes, sum[v]);
-  }
-}
+using kanscale::with_order;
+using kanscale::kChunk;
 
 // Scratch of one thread's weight gradient: each input's rows grouped by window (a counting sort), so
 // a group's sums stay in registers and reach gw once, and a packed tile of grad_out.
@@ -146,53 +112,6 @@ void input_grad_block(const Bases<K, T>& bs, const T* grad, const T* w, T* gx, i
     for (int64_t l = 0; l < width; ++l) gx[(b0 + r) * n_in + c0 + l] = T(acc[r * width + l]);
 }
 
-// Rows per block: up to most, as many as share the weight while it streams through the cache once
-// per block (at 128 rows the forward streamed the wide layer's 54 MB weight 8 times, 86 ms at this
-// machine's 5 GB/s), and at least one block per thread. The input gradient takes at most 128: it
-// reads the block's rows of grad_out once per input, and 512 of them no longer stay in L2.
-int64_t row_block(int64_t batch, int64_t most) {
-  const int64_t per_thread = (batch + at::get_num_threads() - 1) / at::get_num_threads();
-  return std::min<int64_t>(most, std::max<int64_t>(16, (per_thread + 15) / 16 * 16));
-}
-
-// Inputs per chunk: a block's bases for them (and their window starts) about 512 KiB, in L2 while
-// every tile of outputs reads them; whole blocks of kInputBlock.
-template <int K, typename T>
-int64_t input_chunk(int64_t n_in, int64_t row_block) {
-  const int64_t fit = (int64_t(512) << 10) / (row_block * int64_t((K + 1) * sizeof(T) + sizeof(int32_t)));
-  return std::min(n_in, std::max(kInputBlock, fit / kInputBlock * kInputBlock));
-}
-
-template <int K, typename T>
-void forward_k(const T* x, const T* kp, const T* w, T* out, int64_t batch, int64_t n_in, int64_t n_knots,
-               int64_t n_bases, int64_t n_out, int64_t ld, const double* vr, const double* sr) {
-  const Grid<T> grid(kp, n_in, n_knots, n_bases);
-  const int64_t tile = kVectors * Simd<T>::kLanes, whole = n_out / tile * tile;
-  if (whole < n_out) kanscale::forward_rows<K>(x, grid, w, out, batch, n_in, n_out, ld, whole, vr);
-  if (whole == 0) return;
-  const int64_t rb = row_block(batch, 512), blocks = (batch + rb - 1) / rb, chunk = input_chunk<K, T>(n_in, rb);
-  for (int64_t b = 0; b < batch; ++b) std::fill(out + b * n_out, out + b * n_out + whole, T(0));
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    Bases<K, T> bs(rb, chunk);
-    T* acc = scratch<T, 8>(rb * tile);
-    for (int64_t blk = begin; blk < end; ++blk) {
-      const int64_t b0 = blk * rb, rows = std::min(rb, batch - b0);
-      for (int64_t c0 = 0; c0 < n_in; c0 += chunk) {
-        const int64_t width = std::min(chunk, n_in - c0);
-        bs.compute(x, n_in, c0, c0 + width, b0, rows, grid, vr, sr, false);
-        for (int64_t o0 = 0; o0 < whole; o0 += tile) {
-          for (int64_t r = 0; r < rows; ++r)
-            std::copy(out + (b0 + r) * n_out + o0, out + (b0 + r) * n_out + o0 + tile, acc + r * tile);
-          for (int64_t l0 = 0; l0 < width; l0 += kInputBlock)
-            forward_tile(bs, w, acc, rows, n_bases, ld, o0, c0, l0, std::min(l0 + kInputBlock, width));
-          for (int64_t r = 0; r < rows; ++r)
-            std::copy(acc + r * tile, acc + (r + 1) * tile, out + (b0 + r) * n_out + o0);
-        }
-      }
-    }
-  });
-}
-
 template <int K, typename T>
 void backward_k(const T* grad, const T* x, const T* kp, const T* w, T* gx, T* gw, int64_t batch, int64_t n_in,
                 int64_t n_knots, int64_t n_bases, int64_t n_out, int64_t ld, const double* vr, const double* sr) {
@@ -235,47 +154,7 @@ void backward_k(const T* grad, const T* x, const T* kp, const T* w, T* gx, T* gw
     kanscale::input_grad_rows<K>(grad, x, grid, w, gx, batch, n_in, n_out, ld, vectors, sr, vectors > 0);
 }
 
-// Calls f with k as a template parameter (std::integral_constant).
-template <typename F>
-void with_order(int64_t k, F&& f) {
-  switch (k) {
-    case 1: f(std::integral_constant<int, 1>{}); break;
-    case 2: f(std::integral_constant<int, 2>{}); break;
-    case 3: f(std::integral_constant<int, 3>{}); break;
-    case 4: f(std::integral_constant<int, 4>{}); break;
-    case 5: f(std::integral_constant<int, 5>{}); break;
-    case 6: f(std::integral_constant<int, 6>{}); break;
-    case 7: f(std::integral_constant<int, 7>{}); break;
-    default: TORCH_CHECK(false, "fused B-spline: k must be 1-7, got ", k);
-  }
-}
-
-void check(const at::Tensor& x, const at::Tensor& knots, const at::Tensor& w, int64_t k) {
-  TORCH_CHECK(x.dim() == 2 && knots.dim() == 2 && w.dim() == 3, "fused B-spline: x (batch, in), knots (in, n), "
-              "w (in, G + k, out) expected");
-  TORCH_CHECK(w.size(1) >= k + 1, "fused B-spline: G + k bases must be at least k + 1 (grid >= 1)");
-  TORCH_CHECK(x.scalar_type() == knots.scalar_type() && x.scalar_type() == w.scalar_type(),
-              "fused B-spline: one dtype for x, knots and w");
-}
-
 }  // namespace
-
-// out (batch, out): the spline term of the layer.
-at::Tensor fused_forward(at::Tensor x, at::Tensor knots, at::Tensor w, int64_t k,
-                         at::Tensor value_rows, at::Tensor slope_rows) {
-  check(x, knots, w, k);
-  x = x.contiguous(); knots = knots.contiguous(); w = kanscale::rows_along_out(w);
-  auto out = at::empty({x.size(0), w.size(2)}, x.options());
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "fused_bspline_forward", [&] {
-    with_order(k, [&](auto order) {
-      forward_k<decltype(order)::value, scalar_t>(
-          x.data_ptr<scalar_t>(), knots.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-          x.size(0), x.size(1), knots.size(1), w.size(1), w.size(2), w.stride(1), value_rows.data_ptr<double>(),
-          slope_rows.data_ptr<double>());
-    });
-  });
-  return out;
-}
 
 // (grad_x of the spline term (batch, in) or an empty tensor, grad_w (in, G + k, out) or empty).
 std::vector<at::Tensor> fused_backward(at::Tensor grad_out, at::Tensor x, at::Tensor knots,
