@@ -45,6 +45,19 @@ def test_regression_metrics_have_their_textbook_values():
     assert metrics["r2"] == pytest.approx(sum(r2) / 2)
 
 
+@pytest.mark.parametrize("width", [1, 3])
+def test_the_regression_loss_and_its_gradient_are_the_squared_error_averaged_over_outputs(width):
+    """One output and several: each sample's mean squared error, summed; its gradient 2 (p - t) / width."""
+    generator = torch.Generator().manual_seed(width)
+    prediction = torch.randn(5, width, dtype=torch.float64, generator=generator, requires_grad=True)
+    target = torch.randn(5, width, dtype=torch.float64, generator=generator)
+    loss = OBJECTIVES["regression"].loss_sum(prediction, target)
+    loss.backward()
+    squared = (prediction.detach() - target) ** 2
+    assert loss.item() == pytest.approx(float(squared.sum()) / width, rel=1e-12)
+    assert torch.allclose(prediction.grad, 2 * (prediction.detach() - target) / width, rtol=1e-12, atol=0)
+
+
 def test_classification_metrics_have_their_textbook_values():
     goal = OBJECTIVES["classification"]
     logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 3.0, 0.0], [1.0, 0.0, 0.0]])

@@ -80,12 +80,12 @@ class StepTimer:
         self.cuda = env.device.type == "cuda"
         self._steps: list[dict] = []
 
-    def _stamp(self) -> dict:
+    def _stamp(self, thread: bool = True) -> dict:
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return {"event": event}
-        return {"wall": time.perf_counter(), "thread": thread_clock()}
+        return {"wall": time.perf_counter(), "thread": thread_clock() if thread else None}
 
     def start_window(self) -> None:
         self._steps = []
@@ -98,7 +98,7 @@ class StepTimer:
         self._steps.append({"start": self._stamp()})
 
     def data_ready(self) -> None:
-        self._steps[-1]["data"] = self._stamp()
+        self._steps[-1]["data"] = self._stamp(thread=False)  # the data's time is wall time alone
 
     def end_step(self, loss_share: torch.Tensor, samples: int) -> None:
         if self.per_step:
