@@ -62,6 +62,29 @@ def test_the_blocked_clock_does_not_count_sleeping_as_running():
     assert elapsed - ran - waited == pytest.approx(0.05, abs=0.01)
 
 
+def test_a_cpu_windows_wall_ends_with_its_last_step_not_with_the_closing_synchronize():
+    """What follows the last step (on a CPU: the closing barrier, waiting for the slowest rank) is
+    the clock's own: the window's wall is its steps' time."""
+    import time
+
+    import torch
+
+    from strategies.distributed import DistEnv
+    from strategies.measure.timing import StepTimer
+
+    timer = StepTimer(DistEnv.from_environ("cpu"), per_step=False)
+    timer.start_window()
+    for _ in range(2):
+        timer.start_step()
+        timer.data_ready()
+        time.sleep(0.02)
+        timer.end_step(torch.zeros(()), 8)
+    time.sleep(0.2)  # after the last step, before the window closes
+    samples, wall = timer.end_window()
+    assert len(samples) == 2 and 0.04 <= wall < 0.15
+    assert sum(s.time_s for s in samples) == pytest.approx(wall, abs=0.01)
+
+
 @pytest.mark.parametrize("timing", ["windowed", "per_step"])
 def test_both_timing_modes_record_what_they_did(tmp_path, timing):
     cfg = load_experiment(ROOT / "configs/experiments/quickstart.yaml",

@@ -24,7 +24,8 @@ class Window:
     timed: bool
     steps: int
     samples: int  # global
-    wall_s: float  # from the opening synchronize to the closing one, slowest rank
+    # from the opening synchronize to the last step's end (CPU) or the closing synchronize (GPU), slowest rank
+    wall_s: float
     times: WindowTimes
 
 
