@@ -15,17 +15,7 @@
 
 namespace {
 
-using kanscale::Bases;
-using kanscale::check;
-using kanscale::Grid;
-using kanscale::input_chunk;
-using kanscale::kInputBlock;
-using kanscale::kVectors;
-using kanscale::row_block;
-using kanscale::scratch;
-using kanscale::Simd;
-using kanscale::with_order;
-using kanscale::kChunk;
+using namespace kanscale;  // the tiles' sizes and helpers (tiles.h), the bases, the memory
 
 // Scratch of one thread's weight gradient: each input's rows grouped by window (a counting sort), so
 // a group's sums stay in registers and reach gw once, and a packed tile of grad_out.

@@ -12,16 +12,7 @@
 
 namespace {
 
-using kanscale::Bases;
-using kanscale::check;
-using kanscale::Grid;
-using kanscale::input_chunk;
-using kanscale::kInputBlock;
-using kanscale::kVectors;
-using kanscale::row_block;
-using kanscale::scratch;
-using kanscale::Simd;
-using kanscale::with_order;
+using namespace kanscale;  // the tiles' sizes and helpers (tiles.h), the bases, the memory
 
 // acc[r * tile + :] for a block's rows, accumulated over the chunk's inputs [l0, l1) (numbered
 // from the chunk's first input c0) for one tile of outputs. acc is packed: the rows of out lie 4 KiB
