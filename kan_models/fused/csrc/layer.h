@@ -5,8 +5,9 @@
 
 #include <vector>
 
-at::Tensor layer_forward(at::Tensor x, at::Tensor knots, at::Tensor w, at::Tensor scale_base, int64_t k,
-                         at::Tensor value_rows, at::Tensor slope_rows);
-std::vector<at::Tensor> layer_backward(at::Tensor grad_out, at::Tensor x, at::Tensor knots, at::Tensor w,
-                                       at::Tensor scale_base, int64_t k, at::Tensor value_rows,
-                                       at::Tensor slope_rows, bool need_x, bool need_w, bool need_base);
+at::Tensor layer_forward(at::Tensor x, at::Tensor knots, at::Tensor coef, at::Tensor scale_spline,
+                         at::Tensor scale_base, int64_t k, at::Tensor value_rows, at::Tensor slope_rows);
+std::vector<at::Tensor> layer_backward(at::Tensor grad_out, at::Tensor x, at::Tensor knots, at::Tensor coef,
+                                       at::Tensor scale_spline, at::Tensor scale_base, int64_t k,
+                                       at::Tensor value_rows, at::Tensor slope_rows, bool need_x, bool need_weight,
+                                       bool need_base);
