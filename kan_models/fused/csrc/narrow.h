@@ -117,10 +117,20 @@ void forward_rows(const T* x, const Grid<T>& g, const T* w, T* out, int64_t batc
       bases.template compute<false>(x + b * n_in, g, tables, 0, n_in, value_rows);
       for (int64_t o = o0; o < n_out; ++o) {
         const T* t = tables.table(o - o0);
-        typename V::vec sum[2] = {};  // two chains: one waits on the other's latency
-        for (int64_t i = 0; i < n_in; ++i)
-          sum[i & 1] += V::load(bases.value + i * V::kLanes) * V::load(t + bases.at[i]);
-        out[b * n_out + o] = V::sum(sum[0] + sum[1]);
+        // four chains in four registers, so that one product's latency does not hold up the next;
+        // indexed sum[i & 1], GCC kept the sums on the stack, a store and a reload each input (the
+        // study's narrow layer forward: 92 us that way, 55 so)
+        typename V::vec s0 = {}, s1 = {}, s2 = {}, s3 = {};
+        auto product = [&](int64_t i) { return V::load(bases.value + i * V::kLanes) * V::load(t + bases.at[i]); };
+        int64_t i = 0;
+        for (; i + 4 <= n_in; i += 4) {
+          s0 += product(i);
+          s1 += product(i + 1);
+          s2 += product(i + 2);
+          s3 += product(i + 3);
+        }
+        for (; i < n_in; ++i) s0 += product(i);
+        out[b * n_out + o] = V::sum((s0 + s1) + (s2 + s3));
       }
     }
   });
