@@ -147,6 +147,7 @@ void input_grad_rows(const T* grad, const T* x, const Grid<T>& g, const T* w, T*
   at::parallel_for(0, batch, 16, [&](int64_t begin, int64_t end) {
     RowBases<K, T> bases(n_in);
     double* acc = scratch<double, 14>(n_in);
+    T* products = scratch<T, 15>(n_in * V::kLanes);
     for (int64_t b = begin; b < end; ++b) {
       bases.template compute<true>(x + b * n_in, g, tables, 0, n_in, slope_rows);
       std::fill(acc, acc + n_in, 0.0);
@@ -154,7 +155,15 @@ void input_grad_rows(const T* grad, const T* x, const Grid<T>& g, const T* w, T*
         const T* t = tables.table(o - o0);
         const T go = grad[b * n_out + o];
         for (int64_t i = 0; i < n_in; ++i)
-          acc[i] += double(V::sum(V::load(bases.value + i * V::kLanes) * V::load(t + bases.at[i])) * go);
+          V::store(products + i * V::kLanes, V::load(bases.value + i * V::kLanes) * V::load(t + bases.at[i]));
+        // each window's sum apart, in a loop GCC vectorises across inputs: a window's lanes summed one
+        // input at a time (shuffles, then a chain into acc), the study's narrow input gradient took 95 us, 80 so
+        _Pragma("omp simd")
+        for (int64_t i = 0; i < n_in; ++i) {
+          T dot = 0;
+          for (int64_t m = 0; m < V::kLanes; ++m) dot += products[i * V::kLanes + m];
+          acc[i] += double(dot * go);
+        }
       }
       T* row = gx + b * n_in;
       for (int64_t i = 0; i < n_in; ++i) row[i] = T(acc[i]) + (add ? row[i] : T(0));
