@@ -51,13 +51,12 @@ class Workload:
     repeats: int
     about: str
     skip: dict[str, str] = field(default_factory=dict)  # implementation family -> why
-    # untimed steps that open each implementation's round: a model whose working set fits in the
-    # caches would otherwise be timed cold, after the other implementations' steps evicted it
+    # untimed steps that open each implementation's round: a model whose working set fits in the caches is
+    # otherwise timed cold (the study's fused step: 0.927 ms after 1 untimed step, 0.785 after 3, 0.777 after 8)
     settle: int = 0
 
 
 WORKLOADS: dict[str, Workload] = {
-    # settle 3: the fused step timed after 1 untimed step measured 0.927 ms, after 3 0.785, after 8 0.777
     "study": Workload([2, 64, 1], 10, 3, 512, warmup=10, repeats=50, about="the published study's pykan model", settle=3),
     "wide": Workload([256, 1024, 1024, 1], 10, 3, 1024, warmup=1, repeats=5, about="a wide model",
                      skip={"pykan": PYKAN_TOO_BIG}),

@@ -1,6 +1,7 @@
 // The SiLU base path's backward for the whole layer (layer.cpp): silu(x) for scale_base's gradient and
 // silu'(x) for the input's, from one exp per element. ATen's silu and silu_backward take one each, and
-// the product joins the input's gradient in a third pass: 38 us of the study's 0.80 ms step, 12 so.
+// the product joins the input's gradient in a third pass. The study's second layer's base path
+// backward, its two GEMMs included: 48 us as ATen's ops called from Python, 29 us this way.
 #pragma once
 
 #include <ATen/Parallel.h>
