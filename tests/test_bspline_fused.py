@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from kan_models import build_model, parse_model_config
 from kan_models.bspline import BSplineKANLayer, uniform_knots
 from kan_models.bspline_fast import FastBSplineKANLayer
-from kan_models.fused import FusedBSplineKANLayer, FusedLayer, spline_term
+from kan_models.fused import FusedBSplineKANLayer, fused_layer, spline_term
 from tests.helpers.launch import run_here, run_jobs
 from tests.test_bspline_fast import HIGH, LOW, outputs_and_grads, probe_points, reference_layer
 
@@ -124,7 +124,7 @@ def test_the_ops_backward_passes_gradcheck(k):
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_the_whole_layer_passes_gradcheck_and_is_what_eager_cpu_steps_run(k):
-    """FusedLayer: the layer, SiLU base path included, in one C++ call each way (csrc/layer.cpp),
+    """fused_layer: the layer, SiLU base path included, in one C++ call each way (csrc/function.cpp),
     with gradients for x, the coefficients and both scales; the layer takes it in an eager step on
     a CPU (one autograd node), and the op with the base path beside it when compiled (below)."""
     torch.manual_seed(0)
@@ -133,10 +133,10 @@ def test_the_whole_layer_passes_gradcheck_and_is_what_eager_cpu_steps_run(k):
     x = (torch.rand(6, n_in, dtype=torch.float64) * 3.5 - 1.2).requires_grad_()
     coef = torch.randn(n_out, n_in, grid + k, dtype=torch.float64, requires_grad=True)
     scale_spline, scale_base = (torch.randn(n_out, n_in, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    assert torch.autograd.gradcheck(lambda x, c, s, b: FusedLayer.apply(x, knots, c, s, b, k),
+    assert torch.autograd.gradcheck(lambda x, c, s, b: fused_layer(x, knots, c, s, b, k),
                                     (x, coef, scale_spline, scale_base))
     layer = FusedBSplineKANLayer(n_in, n_out, grid, k, (LOW, HIGH)).double()
-    assert type(layer(x).grad_fn).__name__ == "FusedLayerBackward"
+    assert layer(x).grad_fn.name() == "torch::autograd::CppNode<kanscale::FusedLayer>"  # no Python in backward
 
 
 def test_the_base_paths_float32_gradients_are_as_close_as_torchs_own_silu_at_any_input():
@@ -158,7 +158,7 @@ def test_the_base_paths_float32_gradients_are_as_close_as_torchs_own_silu_at_any
 
     truth = gradients(lambda x, b: F.silu(x) @ b.t(), torch.float64)
     torch32 = gradients(lambda x, b: F.silu(x) @ b.t(), torch.float32)
-    fused = gradients(lambda x, b: FusedLayer.apply(x, knots, coef, scale_spline, b, 3), torch.float32)
+    fused = gradients(lambda x, b: fused_layer(x, knots, coef, scale_spline, b, 3), torch.float32)
     for got, own, want in zip(fused, torch32, truth):
         assert (got - want).abs().max() <= 2 * (own - want).abs().max() + 1e-6 * want.abs().max()
 

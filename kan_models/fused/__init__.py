@@ -14,7 +14,7 @@ at once wait for one another (cpp_extension's lock in the build directory).
 The two ops are registered with ``torch.library`` as ``kanscale::bspline_spline`` and its
 backward, so torch.compile and the backends see one opaque op with a shape function. Eager steps on
 CPUs skip the registration's Python dispatch and run the whole layer, base path included, in one
-C++ call each way (:class:`FusedLayer`, ``csrc/layer.cpp``)."""
+C++ call each way (:func:`fused_layer`, ``csrc/function.cpp``)."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def spline_backward(grad: torch.Tensor, x: torch.Tensor, knots: torch.Tensor, co
 
 
 # The same two functions as torch.library ops, which torch.compile and the backends see as one opaque
-# op with a shape function (eager steps on CPUs take FusedLayer instead).
+# op with a shape function (eager steps on CPUs take fused_layer instead).
 spline_term = torch.library.custom_op("kanscale::bspline_spline", mutates_args=())(spline_forward)
 spline_term_backward = torch.library.custom_op("kanscale::bspline_spline_backward", mutates_args=())(spline_backward)
 
@@ -171,37 +171,22 @@ def _gradients(ctx, grad: torch.Tensor) -> tuple:
 spline_term.register_autograd(_gradients, setup_context=_setup)
 
 
-class FusedLayer(torch.autograd.Function):
-    """The whole layer, its SiLU base path with the spline term, in one C++ call each way
-    (csrc/layer.cpp), for eager steps on CPUs. The registered op, with the base path around it in
-    PyTorch, serves torch.compile (which cannot trace a call into C++ from here) and CUDA. The
-    study's eager step took 1.28 ms that way (the op's Python dispatch, the base path's three
-    autograd nodes) and 0.86 ms this way."""
-
-    @staticmethod
-    def forward(ctx, x, knots, coef, scale_spline, scale_base, k):
-        ctx.save_for_backward(x, knots, coef, scale_spline, scale_base)  # the inputs only: the bases are recomputed
-        ctx.k = k
-        return cast(extension().layer_forward(*wide(x, knots, coef, scale_spline, scale_base), k, *_rows(k)), x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad):
-        saved = ctx.saved_tensors
-        need_x, _, need_coef, need_scale, need_base = ctx.needs_input_grad[:5]
-        grad, x, knots, coef, scale_spline, scale_base = wide(grad.contiguous(), *saved)
-        grads = extension().layer_backward(grad, x, knots, coef, scale_spline, scale_base, ctx.k, *_rows(ctx.k),
-                                           need_x, need_coef or need_scale, need_base)
-        needs = (need_x, need_coef, need_scale, need_base)
-        gx, g_coef, g_scale, g_base = (cast(g, like.dtype) if need else None
-                                       for g, like, need in zip(grads, saved[:1] + saved[2:], needs))
-        return gx, None, g_coef, g_scale, g_base, None
+def fused_layer(x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, scale_spline: torch.Tensor,
+                scale_base: torch.Tensor, k: int) -> torch.Tensor:
+    """The whole layer, its SiLU base path with the spline term, in one C++ call each way, for eager
+    steps on CPUs: a C++ autograd function (csrc/function.cpp), whose backward the engine runs
+    without Python. The registered op, with the base path around it in PyTorch, serves torch.compile
+    (which cannot trace a call into C++ from here) and CUDA. The study's eager step took 1.28 ms
+    that way (the op's Python dispatch, the base path's three autograd nodes), 0.86 ms with the
+    layer a torch.autograd.Function, and less as this (docs/performance.md)."""
+    return extension().layer(x, knots, coef, scale_spline, scale_base, k, *_rows(k))
 
 
 class FusedBSplineKANLayer(FastBSplineKANLayer):
     """The fast layer's function (the same closed-form bases on its uniform grid, the same
     parameters, buffers, state dict and grid update) computed by the fused op, whose backward
     recomputes the bases from the inputs: in eager steps on CPUs with the SiLU base path in one
-    C++ call (FusedLayer); compiled, and on GPUs, the base path one GEMM beside the op.
+    C++ call (fused_layer); compiled, and on GPUs, the base path one GEMM beside the op.
 
     ``fused_on`` names the device types that take the op; on others the layer is the fast layer
     (``model.impl: auto`` fuses on CPUs only, where the op is measured faster). None, for
@@ -227,5 +212,5 @@ class FusedBSplineKANLayer(FastBSplineKANLayer):
         # off, the context cost 3 us a layer of the study's 0.8 ms step)
         with torch.autocast(device, enabled=False) if autocast else contextlib.nullcontext():
             if device == "cpu" and not torch.compiler.is_compiling():
-                return FusedLayer.apply(x, self.knots, coef, scale_spline, scale_base, self.k)
+                return fused_layer(x, self.knots, coef, scale_spline, scale_base, self.k)
             return F.linear(F.silu(x), scale_base) + spline_term(x, self.knots, coef, scale_spline, self.k)
