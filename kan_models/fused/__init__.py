@@ -57,7 +57,7 @@ def fused_unavailable() -> str | None:
 
 @functools.cache
 def extension() -> ModuleType:
-    """The compiled op: built on first use (about 30 s on the 2-core machine of 2026-12-04), then
+    """The compiled op: built on first use (about 38 s on the 2-core machine of 2026-12-05), then
     loaded from the cache."""
     from torch.utils.cpp_extension import load
 
