@@ -80,9 +80,36 @@ def test_a_cpu_windows_wall_ends_with_its_last_step_not_with_the_closing_synchro
         time.sleep(0.02)
         timer.end_step(torch.zeros(()), 8)
     time.sleep(0.2)  # after the last step, before the window closes
-    samples, wall = timer.end_window()
-    assert len(samples) == 2 and 0.04 <= wall < 0.15
-    assert sum(s.time_s for s in samples) == pytest.approx(wall, abs=0.01)
+    window = timer.end_window()
+    assert len(window.steps) == 2 and 0.04 <= window.wall_s < 0.15
+    assert sum(s.time_s for s in window.steps) == pytest.approx(window.wall_s, abs=0.01)
+
+
+@pytest.mark.parametrize("per_step", [False, True])
+def test_a_windows_blocked_time_is_its_steps_sleeping_not_their_running(per_step):
+    """The thread's clocks, read at each end of the window (or of every step, per_step): steps
+    that sleep 30 ms and compute 30 ms were blocked 30 ms each, whichever way they are read."""
+    import time
+
+    import torch
+
+    from strategies.distributed import DistEnv
+    from strategies.measure.timing import StepTimer
+
+    if thread_clock() is None:
+        pytest.skip("this kernel keeps no scheduler statistics (/proc/thread-self/schedstat)")
+    timer = StepTimer(DistEnv.from_environ("cpu"), per_step=per_step)
+    timer.start_window()
+    for _ in range(3):
+        timer.start_step()
+        timer.data_ready()
+        time.sleep(0.03)
+        busy_until = time.perf_counter() + 0.03
+        while time.perf_counter() < busy_until:
+            pass
+        timer.end_step(torch.zeros(()), 8)
+    window = timer.end_window()
+    assert window.blocked_s == pytest.approx(0.03, abs=0.01)
 
 
 def test_the_loop_benchmark_says_when_its_median_is_within_noise_of_the_target():

@@ -249,13 +249,13 @@ class Trainer:
             timer.start_window()
             for step in range(first, end):
                 self._step(step, timer)
-            samples, wall_s = timer.end_window()
+            sample = timer.end_window()
             # Between windows: the training's memory peaks, then the baseline on the window's last
             # micro-batches (its own step's memory never counts), then the one combining collective.
             self.peaks.read()
             compute_s = self.baseline.sample(*self.last_batches, self.cfg.task.loss_sum) if self.baseline else None
             self.peaks.reset()
-            steps, window = combine_window(env, index, first, samples, compute_s, wall_s, t.warmup_steps)
+            steps, window = combine_window(env, index, first, sample, compute_s, t.warmup_steps)
             steps = [s.model_copy(update={"lr": self.step_lrs.pop(s.step - 1)}) for s in steps]
             finite = [s for s in steps if math.isfinite(s.loss)]
             self.combined += finite

@@ -13,7 +13,7 @@ from analysis.schema import Memory, ModelStateBytes, StepRecord
 from strategies.distributed import DistEnv
 from strategies.measure.comm_exposure import WindowTimes
 from strategies.measure.memory import TrainingPeaks
-from strategies.measure.timing import StepSample
+from strategies.measure.timing import WindowSample
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,8 @@ class Window:
     times: WindowTimes
 
 
-def combine_window(env: DistEnv, index: int, first_step: int, samples: list[StepSample], compute_s: float | None,
-                   wall_s: float, warmup_steps: int) -> tuple[list[StepRecord], Window]:
+def combine_window(env: DistEnv, index: int, first_step: int, window: WindowSample, compute_s: float | None,
+                   warmup_steps: int) -> tuple[list[StepRecord], Window]:
     """Step records and the window summary from every rank's samples of one window (two
     collectives for the whole window). A step's exposed communication on a rank is its time
     beyond data and the compute baseline sampled after the window. Losses and samples are summed
@@ -38,16 +38,16 @@ def combine_window(env: DistEnv, index: int, first_step: int, samples: list[Step
     ``compute_s`` None (no baseline): the steps have no exposed-communication figure."""
     measured = compute_s is not None
     compute_s = compute_s if measured else 0.0
+    samples = window.steps
     losses = torch.stack([s.loss_share.double() for s in samples]).cpu().tolist()
-    rows = [[loss, s.time_s, s.time_s - s.data_s - compute_s, s.samples, s.data_s, s.blocked_s or 0.0]
+    rows = [[loss, s.time_s, s.time_s - s.data_s - compute_s, s.samples, s.data_s]
             for loss, s in zip(losses, samples)]
-    has_check = all(s.blocked_s is not None for s in samples)
-    rows.append([compute_s, wall_s, float(has_check), 0.0, 0.0, 0.0])
+    rows.append([compute_s, window.wall_s, float(window.blocked_s is not None), window.blocked_s or 0.0, 0.0])
     table = torch.tensor(rows, dtype=torch.float64, device=env.device)
     summed = env.all_reduce(table.clone(), "sum").cpu().tolist()
     maxed = env.all_reduce(table, "max").cpu().tolist()
     world, per_replica = env.world_size, env.mesh.ranks_per_replica
-    (compute_sum, _, checked, *_), window_max = summed.pop(), maxed.pop()
+    (compute_sum, _, checked, blocked_sum, _), window_max = summed.pop(), maxed.pop()
     compute = compute_sum / world
     steps = [StepRecord(step=first_step + n + 1, loss=s[0] / per_replica, time_s_max=m[1], time_s_mean=s[1] / world,
                         comm_s_max=m[2] if measured else None, comm_s_mean=s[2] / world if measured else None,
@@ -57,7 +57,7 @@ def combine_window(env: DistEnv, index: int, first_step: int, samples: list[Step
     n = len(steps)
     times = WindowTimes(step_s=sum(s[1] for s in summed) / world / n, data_s=sum(s[4] for s in summed) / world / n,
                         compute_s=compute if measured else math.nan,
-                        blocked_s=sum(s[5] for s in summed) / world / n if checked == world else None)
+                        blocked_s=blocked_sum / world if checked == world else None)
     return steps, Window(first_step=first_step, timed=first_step >= warmup_steps, steps=n,
                          samples=sum(r.samples for r in steps), wall_s=window_max[1], times=times)
 
