@@ -1,14 +1,18 @@
 """The timing windows and the verdict on exposed communication; both timing modes in real runs."""
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from analysis.records import read_steps
+from strategies.distributed import DistEnv
 from strategies.experiment import load_experiment
 from strategies.loop.trainer import train
 from strategies.measure.comm_exposure import NOISE_FLOOR, WindowTimes, exposure
-from strategies.measure.timing import thread_clock, window_bounds
+from strategies.measure.timing import StepTimer, WindowSample, thread_clock, window_bounds
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +57,6 @@ def test_without_a_check_the_record_says_there_was_none():
 
 @pytest.mark.skipif(thread_clock() is None, reason="this kernel keeps no scheduler statistics")
 def test_the_blocked_clock_does_not_count_sleeping_as_running():
-    import time
     ran0, waited0 = thread_clock()
     start = time.perf_counter()
     time.sleep(0.05)
@@ -62,25 +65,24 @@ def test_the_blocked_clock_does_not_count_sleeping_as_running():
     assert elapsed - ran - waited == pytest.approx(0.05, abs=0.01)
 
 
+def timed_window(steps: int, step: Callable[[], None], per_step: bool = False, after: float = 0.0) -> WindowSample:
+    """One window of ``steps`` steps on a CPU, each running ``step``; ``after`` seconds of sleep
+    after the last step, before the window closes."""
+    timer = StepTimer(DistEnv.from_environ("cpu"), per_step=per_step)
+    timer.start_window()
+    for _ in range(steps):
+        timer.start_step()
+        timer.data_ready()
+        step()
+        timer.end_step(torch.zeros(()), 8)
+    time.sleep(after)
+    return timer.end_window()
+
+
 def test_a_cpu_windows_wall_ends_with_its_last_step_not_with_the_closing_synchronize():
     """What follows the last step (on a CPU: the closing barrier, waiting for the slowest rank) is
     the clock's own: the window's wall is its steps' time."""
-    import time
-
-    import torch
-
-    from strategies.distributed import DistEnv
-    from strategies.measure.timing import StepTimer
-
-    timer = StepTimer(DistEnv.from_environ("cpu"), per_step=False)
-    timer.start_window()
-    for _ in range(2):
-        timer.start_step()
-        timer.data_ready()
-        time.sleep(0.02)
-        timer.end_step(torch.zeros(()), 8)
-    time.sleep(0.2)  # after the last step, before the window closes
-    window = timer.end_window()
+    window = timed_window(2, lambda: time.sleep(0.02), after=0.2)
     assert len(window.steps) == 2 and 0.04 <= window.wall_s < 0.15
     assert sum(s.time_s for s in window.steps) == pytest.approx(window.wall_s, abs=0.01)
 
@@ -89,26 +91,16 @@ def test_a_cpu_windows_wall_ends_with_its_last_step_not_with_the_closing_synchro
 def test_a_windows_blocked_time_is_its_steps_sleeping_not_their_running(per_step):
     """The thread's clocks, read at each end of the window (or of every step, per_step): steps
     that sleep 30 ms and compute 30 ms were blocked 30 ms each, whichever way they are read."""
-    import time
-
-    import torch
-
-    from strategies.distributed import DistEnv
-    from strategies.measure.timing import StepTimer
-
     if thread_clock() is None:
         pytest.skip("this kernel keeps no scheduler statistics (/proc/thread-self/schedstat)")
-    timer = StepTimer(DistEnv.from_environ("cpu"), per_step=per_step)
-    timer.start_window()
-    for _ in range(3):
-        timer.start_step()
-        timer.data_ready()
+
+    def sleep_then_compute() -> None:
         time.sleep(0.03)
         busy_until = time.perf_counter() + 0.03
         while time.perf_counter() < busy_until:
             pass
-        timer.end_step(torch.zeros(()), 8)
-    window = timer.end_window()
+
+    window = timed_window(3, sleep_then_compute, per_step=per_step)
     assert window.blocked_s == pytest.approx(0.03, abs=0.01)
 
 

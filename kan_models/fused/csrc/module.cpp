@@ -12,8 +12,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward", &fused_forward, "fused B-spline KAN layer: the spline term");
   m.def("backward", &fused_backward, "fused B-spline KAN layer: gradients of the spline term");
   m.def("layer", &fused_layer, "the whole layer with autograd: its backward runs layer_backward, no Python");
-  m.def("layer_forward", &layer_forward, "the whole layer: the SiLU base path and the spline term");
-  m.def("layer_backward", &layer_backward, "the whole layer's gradients: x, coef, scale_spline, scale_base");
   m.def("spline_weight", &spline_weight, "the spline weight coef * scale_spline as (in, G + k, out)");
   m.def("coefficient_grads", &coefficient_grads, "grad_w (in, G + k, out) to the gradients of coef and scale_spline");
 }
