@@ -25,7 +25,7 @@ import datetime
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -35,74 +35,9 @@ from torch import nn
 from kanscale.machine import cpu_model
 from kan_models import build_model, parse_model_config
 from kan_models.compile import compile_model
+from launchers.bench_catalog import (DEFAULT_IMPLS, DEFAULT_WORKLOADS, IMPLEMENTATIONS, WORKLOADS, implementation_config,
+                                     split_impl)
 from strategies.compiled_step import StepCompilation
-
-PYKAN_TOO_BIG = ("pykan keeps (batch, out, in) activations per layer (4 GiB each here) and its symbolic "
-                 "branch loops over every edge in Python: minutes per step")
-
-
-@dataclass(frozen=True)
-class Workload:
-    widths: list[int]
-    grid: int
-    k: int
-    batch: int
-    warmup: int
-    repeats: int
-    about: str
-    skip: dict[str, str] = field(default_factory=dict)  # implementation family -> why
-    # untimed steps that open each implementation's round: a model whose working set fits in the caches is
-    # otherwise timed cold (the study's fused step: 0.927 ms after 1 untimed step, 0.785 after 3, 0.777 after 8)
-    settle: int = 0
-
-
-WORKLOADS: dict[str, Workload] = {
-    "study": Workload([2, 64, 1], 10, 3, 512, warmup=10, repeats=50, about="the published study's pykan model", settle=3),
-    "wide": Workload([256, 1024, 1024, 1], 10, 3, 1024, warmup=1, repeats=5, about="a wide model",
-                     skip={"pykan": PYKAN_TOO_BIG}),
-    "fine": Workload([256, 1024, 1], 160, 3, 1024, warmup=1, repeats=3,
-                     about="a fine grid, as pykan's grid extension reaches (41 bases per non-zero one)",
-                     skip={"pykan": PYKAN_TOO_BIG}),
-    "tiny": Workload([2, 8, 1], 3, 3, 64, warmup=1, repeats=3, about="a smoke test", settle=1),
-}
-
-
-def implementation_config(name: str, w: Workload) -> dict[str, Any]:
-    """The model config of an implementation (without ``+compile``/``+step``) at a workload's size. rbf
-    and chebyshev get as many basis functions per edge as the B-spline's G + k, the MLP as many
-    trainable parameters as the B-spline KAN."""
-    spline = {"grid": w.grid, "k": w.k}
-    configs = {
-        "pykan": {"family": "pykan", **spline},
-        "pykan-lean": {"family": "pykan", **spline, "symbolic_enabled": False, "save_act": False},
-        "reference": {"family": "bspline", **spline, "impl": "reference"},
-        "fast": {"family": "bspline", **spline, "impl": "fast"},
-        "fast-dense": {"family": "bspline", **spline, "impl": "fast", "product": "dense"},
-        "fast-sparse": {"family": "bspline", **spline, "impl": "fast", "product": "sparse"},
-        "fused": {"family": "bspline", **spline, "impl": "fused"},
-        "rbf": {"family": "rbf", "grid": w.grid + w.k},
-        "chebyshev": {"family": "chebyshev", "degree": w.grid + w.k - 1},
-        "mlp": {"family": "mlp", "match": {"family": "bspline", **spline}},
-    }
-    return {**configs[name], "widths": w.widths}
-
-
-IMPLEMENTATIONS = ["pykan", "pykan-lean", "reference", "fast", "fast-dense", "fast-sparse", "fused", "rbf", "chebyshev",
-                   "mlp"]
-# +compile: torch.compile the model (training.compile: model); +step: compile the whole train
-# step as training.compile: step does (strategies/compiled_step.py).
-MODES = ("+compile", "+step")
-
-
-def split_impl(impl: str) -> tuple[str, str]:
-    """An implementation name as (model implementation, mode suffix or "")."""
-    for mode in MODES:
-        if impl.endswith(mode):
-            return impl.removesuffix(mode), mode
-    return impl, ""
-DEFAULT_IMPLS = ["pykan", "pykan+compile", "reference", "reference+compile", "fast", "fast+compile", "fused",
-                 "rbf", "chebyshev", "mlp"]
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -125,7 +60,7 @@ def make_plan(models: str | None, impls: str | None, threads: int, repeats: int 
             raise ValueError(f"{flag}: give at least one name, e.g. {known[0]}")
         return chosen
 
-    workloads = names(models, list(WORKLOADS), ["study", "wide"], "--models")
+    workloads = names(models, list(WORKLOADS), DEFAULT_WORKLOADS, "--models")
     chosen = names(impls, IMPLEMENTATIONS, DEFAULT_IMPLS, "--impl", suffixes=True)
     if threads < 1:
         raise ValueError(f"--threads: must be at least 1, got {threads}")

@@ -15,7 +15,7 @@ from analysis.projection import ModelShape
 from kan_models import build_model, parse_model_config
 from kan_models.base import ModelConfig
 from kan_models.wrap import wrap_units
-from launchers.bench import implementation_config, split_impl
+from launchers.bench_catalog import implementation_config, split_impl
 
 
 def model_shape(config: dict[str, Any]) -> ModelShape:

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from launchers.bench import WORKLOADS, make_plan, measure_workload, saved_bytes
+from launchers.bench import make_plan, measure_workload, saved_bytes
+from launchers.bench_catalog import DEFAULT_IMPLS, IMPLEMENTATIONS, WORKLOADS
 from launchers.cli import main
 
 
@@ -81,3 +82,15 @@ def test_the_implementations_of_a_workload_take_their_rounds_in_turn():
     order = [impl for _, impl in sorted((t, impl) for impl in ("fast", "mlp") for t in measured[impl].starts)]
     assert order == (["fast"] * 2 + ["mlp"] * 2) * (w.warmup + 3)
     assert len(measured["fast"].phases["step_ms"]) == 3  # only the timed steps count
+
+
+def test_help_names_every_workload_and_implementation_the_bench_accepts(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for name in [*WORKLOADS, *IMPLEMENTATIONS]:
+        assert f"{name}," in shown or f"{name} (" in shown or f"{name})" in shown, name
+    assert "(default: " + ", ".join(DEFAULT_IMPLS) + ")" in shown
+    assert f"{next(iter(WORKLOADS))} {next(iter(WORKLOADS.values())).repeats}" in shown
+    for name in IMPLEMENTATIONS:  # and accepts what it names
+        assert make_plan("tiny", name, 1, None, "cpu").impls == [name]

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from kanscale.errors import ConfigError
+from launchers.bench_catalog import DEFAULT_IMPLS, DEFAULT_WORKLOADS, IMPLEMENTATIONS, WORKLOADS
 from launchers.cli.common import common_options
 
 
@@ -14,13 +15,16 @@ def register(subcommands: argparse._SubParsersAction) -> None:
                            description="Measure forward, backward and train-step time, samples/s and memory of each "
                                        "implementation in one run on this machine; writes JSON and a Markdown table "
                                        "(see docs/performance.md).")
-    bench.add_argument("--models", help="comma-separated workloads: study, wide, tiny (default: study,wide)")
-    bench.add_argument("--impl", help="comma-separated implementations: pykan, pykan-lean, reference, fast, rbf, "
-                                      "chebyshev, mlp, each optionally with +compile (the model compiled) or +step (the whole "
-                                      "train step compiled: forward and loss, compiled autograd, the optimizer) (default: pykan, pykan+compile, "
-                                      "reference, reference+compile, fast, fast+compile, rbf, chebyshev, mlp)")
+    workloads = ", ".join(f"{name} ({w.about})" for name, w in WORKLOADS.items())
+    bench.add_argument("--models",
+                       help=f"comma-separated workloads: {workloads} (default: {','.join(DEFAULT_WORKLOADS)})")
+    bench.add_argument("--impl", help=f"comma-separated implementations: {', '.join(IMPLEMENTATIONS)}, each optionally "
+                                      "with +compile (the model compiled) or +step (the whole train step compiled: "
+                                      "forward and loss, compiled autograd, the optimizer) (default: "
+                                      f"{', '.join(DEFAULT_IMPLS)})")
     bench.add_argument("--threads", type=int, default=1, help="intra-op CPU threads (default 1, as in the study)")
-    bench.add_argument("--repeats", type=int, help="timed train steps per measurement (default: study 50, wide 5)")
+    bench.add_argument("--repeats", type=int, help="timed train steps per measurement (default: "
+                       + ", ".join(f"{name} {w.repeats}" for name, w in WORKLOADS.items()) + ")")
     bench.add_argument("--device", default="auto", help="auto (CUDA if available), cpu or cuda")
     bench.add_argument("--out", default="runs/bench.json", help="JSON results; the Markdown table goes next to it "
                                                                "with .md (default runs/bench.json)")
