@@ -23,7 +23,7 @@ import sys
 import pytest
 import torch
 
-from kan_models.fused import FusedBSplineKANLayer, device_unavailable
+from kan_models.fused import FusedBSplineKANLayer, device_unavailable, triton_installed
 
 GRIDS = [3, 10, 50]
 ORDERS = [1, 2, 3, 4, 5]
@@ -149,9 +149,20 @@ def test_the_layer_names_the_fix_on_devices_it_has_no_kernel_for(monkeypatch):
     with pytest.raises(RuntimeError, match="set model.impl=fast"):
         layer(torch.empty(4, 3, device="meta"))
     assert device_unavailable(torch.device("cpu")) is None
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)  # CUDA without triton
-    assert "pip install triton" in device_unavailable(torch.device("cuda"))
-    assert "model.impl=fast" in device_unavailable(torch.device("cuda"))
+    lookups = []
+
+    def no_triton(name, *args):  # CUDA without triton
+        lookups.append(name)
+        return None
+
+    monkeypatch.setattr(importlib.util, "find_spec", no_triton)
+    triton_installed.cache_clear()
+    try:
+        assert "pip install triton" in device_unavailable(torch.device("cuda"))
+        assert "model.impl=fast" in device_unavailable(torch.device("cuda"))
+        assert lookups == ["triton"]  # asked once a process, not on every forward
+    finally:
+        triton_installed.cache_clear()
 
 
 def test_the_package_imports_without_triton():

@@ -83,9 +83,16 @@ def kernels(device: torch.device) -> ModuleType:
     return extension()
 
 
+@functools.cache
+def triton_installed() -> bool:
+    """Looked up once a process: the layer asks on every forward on CUDA, and find_spec searches
+    sys.path each time."""
+    return importlib.util.find_spec("triton") is not None
+
+
 def device_unavailable(device: torch.device) -> str | None:
     """Why the layer cannot run on a device, naming the fix (after "model.impl: fused "), or None."""
-    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+    if device.type == "cuda" and not triton_installed():
         return ("runs on CUDA GPUs as a Triton kernel, and triton is not installed: pip install triton, or set "
                 "model.impl=fast")
     if device.type not in ("cpu", "cuda"):
