@@ -92,13 +92,14 @@ struct RowBases {
   void compute(const T* xr, const Grid<T>& g, const Tables<K, T>& tables, int64_t i0, int64_t i1,
                const double* rows) {
     const double lowest = -double(K) - 1.0, highest = double(g.n_knots - 1) + 1.0;
+    const Rows<K, T> rows_t(rows, Slopes);
     for (int64_t i = i0; i < i1; ++i) {
       const double x = double(xr[i]), place = grid_place(x, g.t0[i], g.inv_h[i], lowest, highest);
       double cell = std::floor(place);
       if (K == 1) cell = knot_cell(g.knots + i * g.n_knots, g.n_knots, x, cell);
       const double local = place - cell;
       T* v = value + (i - i0) * kLanes;
-      for (int m = 0; m < kLanes; ++m) v[m] = m <= K ? T(own_basis<K>(m, local, g.inv_h[i], rows, rows, Slopes)) : T(0);
+      for (int m = 0; m < kLanes; ++m) v[m] = m <= K ? own_basis<K, T>(m, T(local), T(g.inv_h[i]), rows_t, Slopes) : T(0);
       at[i - i0] = tables.window(i, cell);
     }
   }
