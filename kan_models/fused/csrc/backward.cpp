@@ -43,10 +43,12 @@ void weight_grad_block(const Bases<K, T>& bs, const T* grad, T* gw, int64_t b0, 
     int32_t* next = std::copy(offsets, offsets + n_bases, scratch.next) - n_bases;
     for (int64_t r = 0; r < rows; ++r) order[next[bs.start(r)[i]]++] = int32_t(r);
   }
-  T* packed = scratch.grad_tile;
+  // one tile of outputs: grad_out's rows are already the packed tile (as forward_k's out)
+  const bool in_place = n_out == tile;
+  const T* packed = in_place ? grad + b0 * n_out : scratch.grad_tile;
   for (int64_t o0 = 0; o0 < whole; o0 += tile) {
-    for (int64_t r = 0; r < rows; ++r)
-      std::copy(grad + (b0 + r) * n_out + o0, grad + (b0 + r) * n_out + o0 + tile, packed + r * tile);
+    for (int64_t r = 0; r < rows && !in_place; ++r)
+      std::copy(grad + (b0 + r) * n_out + o0, grad + (b0 + r) * n_out + o0 + tile, scratch.grad_tile + r * tile);
     for (int64_t i = 0; i < width; ++i) {
       const int32_t* offsets = scratch.offsets + i * (n_bases + 1);
       const int32_t* order = scratch.order + i * rows;

@@ -45,20 +45,24 @@ void forward_k(const T* x, const T* kp, const T* w, T* out, int64_t batch, int64
   if (whole == 0) return;
   const int64_t rb = row_block(batch, 512), blocks = (batch + rb - 1) / rb, chunk = input_chunk<K, T>(n_in, rb);
   for (int64_t b = 0; b < batch; ++b) std::fill(out + b * n_out, out + b * n_out + whole, T(0));
+  // one tile of outputs (the study's first layer, [2 -> 64]): out's rows are the tile's packed rows, so
+  // the tile accumulates there, not in a copy (a second 128 KiB of the study's working set)
+  const bool in_place = n_out == tile;
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     Bases<K, T> bs(rb, chunk);
-    T* acc = scratch<T, 8>(rb * tile);
+    T* acc = in_place ? nullptr : scratch<T, 8>(rb * tile);
     for (int64_t blk = begin; blk < end; ++blk) {
       const int64_t b0 = blk * rb, rows = std::min(rb, batch - b0);
+      T* a = in_place ? out + b0 * n_out : acc;
       for (int64_t c0 = 0; c0 < n_in; c0 += chunk) {
         const int64_t width = std::min(chunk, n_in - c0);
         bs.compute(x, n_in, c0, c0 + width, b0, rows, grid, vr, sr, false);
         for (int64_t o0 = 0; o0 < whole; o0 += tile) {
-          for (int64_t r = 0; r < rows; ++r)
+          for (int64_t r = 0; r < rows && !in_place; ++r)
             std::copy(out + (b0 + r) * n_out + o0, out + (b0 + r) * n_out + o0 + tile, acc + r * tile);
           for (int64_t l0 = 0; l0 < width; l0 += kInputBlock)
-            forward_tile(bs, w, acc, rows, n_bases, ld, o0, c0, l0, std::min(l0 + kInputBlock, width));
-          for (int64_t r = 0; r < rows; ++r)
+            forward_tile(bs, w, a, rows, n_bases, ld, o0, c0, l0, std::min(l0 + kInputBlock, width));
+          for (int64_t r = 0; r < rows && !in_place; ++r)
             std::copy(acc + r * tile, acc + (r + 1) * tile, out + (b0 + r) * n_out + o0);
         }
       }
