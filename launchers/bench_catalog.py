@@ -27,7 +27,8 @@ class Workload:
 
 
 WORKLOADS: dict[str, Workload] = {
-    "study": Workload([2, 64, 1], 10, 3, 512, warmup=10, repeats=50, about="the published study's pykan model", settle=3),
+    "study": Workload([2, 64, 1], 10, 3, 512, warmup=10, repeats=50, about="the published study's pykan model",
+                      settle=3),
     "wide": Workload([256, 1024, 1024, 1], 10, 3, 1024, warmup=1, repeats=5, about="a wide model",
                      skip={"pykan": PYKAN_TOO_BIG}),
     "fine": Workload([256, 1024, 1], 160, 3, 1024, warmup=1, repeats=3,

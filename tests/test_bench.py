@@ -14,8 +14,8 @@ from launchers.cli import main
 @pytest.mark.slow  # the slow tier (make test-slow)
 def test_quick_bench_writes_json_and_a_markdown_table_with_ratios(tmp_path, capsys):
     out = tmp_path / "bench" / "tiny.json"
-    code = main(["bench", "--models", "tiny", "--impl", "pykan,reference,fast,fast-sparse,fast+step,mlp", "--repeats", "2",
-                 "--out", str(out)])
+    code = main(["bench", "--models", "tiny", "--impl", "pykan,reference,fast,fast-sparse,fast+step,mlp",
+                 "--repeats", "2", "--out", str(out)])
     assert code == 0
     doc = json.loads(out.read_text())
     rows = {r["impl"]: r for r in doc["results"]}

@@ -11,10 +11,11 @@ from launchers.cli.common import common_options
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
-    bench = subcommands.add_parser("bench", parents=[common_options()], help="time and memory of the zoo's implementations on standard workloads",
-                           description="Measure forward, backward and train-step time, samples/s and memory of each "
-                                       "implementation in one run on this machine; writes JSON and a Markdown table "
-                                       "(see docs/performance.md).")
+    bench = subcommands.add_parser("bench", parents=[common_options()],
+                                   help="time and memory of the zoo's implementations on standard workloads",
+                                   description="Measure forward, backward and train-step time, samples/s and "
+                                               "memory of each implementation in one run on this machine; writes "
+                                               "JSON and a Markdown table (see docs/performance.md).")
     workloads = ", ".join(f"{name} ({w.about})" for name, w in WORKLOADS.items())
     bench.add_argument("--models",
                        help=f"comma-separated workloads: {workloads} (default: {','.join(DEFAULT_WORKLOADS)})")

@@ -124,7 +124,8 @@ void backward_k(const T* grad, const T* x, const T* kp, const T* w, T* gx, T* gw
       }
     });
   }
-  if (gw != nullptr && whole < n_out) kanscale::weight_grad_rows<K>(grad, x, grid, gw, batch, n_in, n_out, ld, whole, vr);
+  if (gw != nullptr && whole < n_out)
+    kanscale::weight_grad_rows<K>(grad, x, grid, gw, batch, n_in, n_out, ld, whole, vr);
   // the input gradient's dot products take whole vectors of outputs, not tiles
   const int64_t vectors = n_out / Simd<T>::kLanes * Simd<T>::kLanes;
   if (gx != nullptr && vectors > 0) {  // threads own rows

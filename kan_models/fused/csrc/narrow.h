@@ -99,7 +99,8 @@ struct RowBases {
       if (K == 1) cell = knot_cell(g.knots + i * g.n_knots, g.n_knots, x, cell);
       const double local = place - cell;
       T* v = value + (i - i0) * kLanes;
-      for (int m = 0; m < kLanes; ++m) v[m] = m <= K ? own_basis<K, T>(m, T(local), T(g.inv_h[i]), rows_t, Slopes) : T(0);
+      for (int m = 0; m < kLanes; ++m)
+        v[m] = m <= K ? own_basis<K, T>(m, T(local), T(g.inv_h[i]), rows_t, Slopes) : T(0);
       at[i - i0] = tables.window(i, cell);
     }
   }
