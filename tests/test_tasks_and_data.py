@@ -50,6 +50,19 @@ def test_every_sample_once_per_epoch_across_ranks(n, micro, accum, world):
     assert sorted(seen) == list(range(n))
 
 
+def test_rank_shards_are_tensor_splits_parts():
+    """The shards are cut by arithmetic, and must stay the parts tensor_split made before: a run
+    resumed across the change, or compared with an older run, would see other samples."""
+    for length in (1, 7, 64, 100, 511):
+        indices = torch.randperm(length)
+        for accum in (1, 2, 3):
+            for world in (1, 2, 3, 4):
+                for rank in range(world):
+                    expected = [part.tensor_split(world)[rank] for part in indices.tensor_split(accum)]
+                    got = rank_micro_batches(indices, accum, world, rank)
+                    assert [p.tolist() for p in got] == [p.tolist() for p in expected], (length, accum, world, rank)
+
+
 def test_the_global_batch_does_not_depend_on_how_it_is_split():
     # single (micro 64) and two ranks x micro 16 x accum 2 train on the same global batches
     one = BatchPlan(n_samples=500, global_batch=64, seed=9, epochs=2)
