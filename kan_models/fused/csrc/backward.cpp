@@ -124,10 +124,12 @@ void backward_k(const T* grad, const T* x, const T* kp, const T* w, T* gx, T* gw
       }
     });
   }
-  if (gw != nullptr && whole < n_out)
-    kanscale::weight_grad_rows<K>(grad, x, grid, gw, batch, n_in, n_out, ld, whole, vr);
   // the input gradient's dot products take whole vectors of outputs, not tiles
   const int64_t vectors = n_out / Simd<T>::kLanes * Simd<T>::kLanes;
+  // the narrow rest in one pass for both, where both start past the same output (the study's last layer)
+  const bool both_narrow = gw != nullptr && gx != nullptr && whole == vectors && whole < n_out;
+  if (gw != nullptr && whole < n_out && !both_narrow)
+    kanscale::weight_grad_rows<K>(grad, x, grid, gw, batch, n_in, n_out, ld, whole, vr, sr);
   if (gx != nullptr && vectors > 0) {  // threads own rows
     const int64_t rb = row_block(batch, 128), blocks = (batch + rb - 1) / rb, chunk = input_chunk<K, T>(n_in, rb);
     at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
@@ -143,8 +145,10 @@ void backward_k(const T* grad, const T* x, const T* kp, const T* w, T* gx, T* gw
       }
     });
   }
-  if (gx != nullptr && vectors < n_out)
-    kanscale::input_grad_rows<K>(grad, x, grid, w, gx, batch, n_in, n_out, ld, vectors, sr, vectors > 0);
+  if (both_narrow)
+    kanscale::grad_rows<K>(grad, x, grid, w, gx, gw, batch, n_in, n_out, ld, vectors, vr, sr, vectors > 0);
+  else if (gx != nullptr && vectors < n_out)
+    kanscale::input_grad_rows<K>(grad, x, grid, w, gx, batch, n_in, n_out, ld, vectors, vr, sr, vectors > 0);
 }
 
 }  // namespace

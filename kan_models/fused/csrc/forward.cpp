@@ -41,7 +41,7 @@ void forward_k(const T* x, const T* kp, const T* w, T* out, int64_t batch, int64
                int64_t n_bases, int64_t n_out, int64_t ld, const double* vr, const double* sr) {
   const Grid<T> grid(kp, n_in, n_knots, n_bases);
   const int64_t tile = kVectors * Simd<T>::kLanes, whole = n_out / tile * tile;
-  if (whole < n_out) kanscale::forward_rows<K>(x, grid, w, out, batch, n_in, n_out, ld, whole, vr);
+  if (whole < n_out) kanscale::forward_rows<K>(x, grid, w, out, batch, n_in, n_out, ld, whole, vr, sr);
   if (whole == 0) return;
   const int64_t rb = row_block(batch, 512), blocks = (batch + rb - 1) / rb, chunk = input_chunk<K, T>(n_in, rb);
   for (int64_t b = 0; b < batch; ++b) std::fill(out + b * n_out, out + b * n_out + whole, T(0));
