@@ -212,7 +212,7 @@ class FusedBSplineKANLayer(FastBSplineKANLayer):
         autocast = torch.is_autocast_enabled(device)
         dtype = torch.get_autocast_dtype(device) if autocast else self.coef.dtype
         eager_cpu = device == "cpu" and not torch.compiler.is_compiling()
-        if not autocast:  # the common case, without a context to enter: 7 us of the study's two layers' 50
+        if not autocast:  # the common case, no context entered: 4.5 of the study's two layers' 50 us at batch 8
             return self._layer(x, dtype, eager_cpu)
         # autocast off inside: the op and the base path compute in dtype
         with torch.autocast(device, enabled=False):
