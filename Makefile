@@ -8,7 +8,8 @@
 #   make test-cluster   tests against real SLURM (munge, slurmctld, 2 slurmd) and sshd + pdsh
 #               daemons they start on 127.0.0.1, and the report in headless Chromium; installs
 #               the Debian packages when root, else skips
-#   .ci/run runs all three.
+#   make check  lint (ruff check), format check (ruff format --check) and types (mypy)
+#   .ci/run runs all four.
 #
 # TORCH_SPEC picks the torch build. The default is the CPU wheel that lies on this project's
 # machines; on a GPU machine install your own CUDA build, e.g. `make test TORCH_SPEC=torch`.
@@ -24,7 +25,7 @@ TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 export TORCH_EXTENSIONS_DIR
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test test-slow test-cluster install clean
+.PHONY: demo test test-slow test-cluster check install clean
 
 install: $(STAMP)
 
@@ -42,6 +43,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 -m "not slow" tests --ignore=tests/cluster
+
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q --durations=15 -m slow tests --ignore=tests/cluster

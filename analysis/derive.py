@@ -47,20 +47,29 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
     # rate or grid is another point, never this run's baseline (repeat_key: analysis/load.py).
     group = GROUP + (["repeat_key"] if "repeat_key" in ok else [])
     own = one_rank.groupby(group, dropna=False)["samples_per_s"].median().rename("own_baseline")
-    single = (one_rank[one_rank["strategy.reference"].astype(bool)].groupby(SINGLE_GROUP, dropna=False)["samples_per_s"]
-              .median().rename("single_baseline"))
+    single = (
+        one_rank[one_rank["strategy.reference"].astype(bool)]
+        .groupby(SINGLE_GROUP, dropna=False)["samples_per_s"]
+        .median()
+        .rename("single_baseline")
+    )
     ok = ok.join(own, on=group).join(single, on=SINGLE_GROUP)
-    ok["baseline"] = np.where(ok["own_baseline"].notna(), "own 1-rank",
-                              np.where(ok["single_baseline"].notna(), "single process", None))
+    ok["baseline"] = np.where(
+        ok["own_baseline"].notna(), "own 1-rank", np.where(ok["single_baseline"].notna(), "single process", None)
+    )
     ok["baseline_samples_per_s"] = ok["own_baseline"].fillna(ok["single_baseline"])
     ok = ok.drop(columns=["own_baseline", "single_baseline"])
     ok["speedup"] = ok["samples_per_s"] / ok["baseline_samples_per_s"]
     ok["efficiency"] = ok["speedup"] / ok["world_size"]
     ok["retention"] = ok["samples_per_s_per_rank"] / ok["baseline_samples_per_s"]
     ok["comm_overhead_pct"] = 100 * ok["comm_overhead"]
-    for column, source in (("step_ms", "timings.step_mean_s"), ("data_ms", "timings.data_s"),
-                           ("compute_ms", "timings.compute_s"), ("comm_ms", "timings.comm_exposed_s"),
-                           ("comm_check_ms", "comm.check.median_s")):
+    for column, source in (
+        ("step_ms", "timings.step_mean_s"),
+        ("data_ms", "timings.data_s"),
+        ("compute_ms", "timings.compute_s"),
+        ("comm_ms", "timings.comm_exposed_s"),
+        ("comm_check_ms", "comm.check.median_s"),
+    ):
         ok[column] = 1e3 * optional(ok, source).astype(float)
     device_peak = optional(ok, "memory.peak_device_bytes")
     ok["peak_memory_bytes"] = device_peak.fillna(ok["memory.peak_rss_bytes"])
@@ -68,8 +77,10 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
     ok["params_per_byte"] = ok["model.params_total"] / ok["peak_memory_bytes"]
     ok["state_share_of_peak"] = ok["model_state_bytes"] / ok["peak_memory_bytes"]
     # The spread of a run's rate over its timing windows (schema v3; a v2 record has none).
-    for column, source in (("samples_per_s_low", "throughput.samples_per_s_low"),
-                           ("samples_per_s_high", "throughput.samples_per_s_high")):
+    for column, source in (
+        ("samples_per_s_low", "throughput.samples_per_s_low"),
+        ("samples_per_s_high", "throughput.samples_per_s_high"),
+    ):
         ok[column] = optional(ok, source).fillna(ok["samples_per_s"])
     ok["outside_cores"] = optional(ok, "measurement.outside_load.cores_busy")
     ok["comm_agree"] = optional(ok, "comm.agree")
@@ -78,8 +89,11 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
     # compete with the communication threads and everything else for cores; above 1, with each
     # other too.
     workers = optional(ok, "batch.loader_workers").fillna(0)
-    ok["core_load"] = ok["topology.procs_per_node"] * (optional(ok, "topology.threads_per_rank") + workers) / optional(
-        ok, "environment.cpu_count")
+    ok["core_load"] = (
+        ok["topology.procs_per_node"]
+        * (optional(ok, "topology.threads_per_rank") + workers)
+        / optional(ok, "environment.cpu_count")
+    )
     return ok
 
 
@@ -91,14 +105,17 @@ def optional(runs: pd.DataFrame, column: str) -> pd.Series:
 def summarize(derived: pd.DataFrame, keys: list[str], metrics: list[str]) -> pd.DataFrame:
     """One row per distinct ``keys``: each metric's median, min and max, and the repeat count."""
     grouped = derived.groupby(keys, dropna=False)[metrics]
-    table = pd.concat([grouped.median().add_suffix("_median"), grouped.min().add_suffix("_min"),
-                       grouped.max().add_suffix("_max")], axis=1)
+    table = pd.concat(
+        [grouped.median().add_suffix("_median"), grouped.min().add_suffix("_min"), grouped.max().add_suffix("_max")],
+        axis=1,
+    )
     table["repeats"] = derived.groupby(keys, dropna=False).size()
     return table.reset_index()
 
 
-def with_spread(summary: pd.DataFrame, metric: str, fmt: Callable[[float], str],
-                window: tuple[str, str] | None = None) -> pd.Series:
+def with_spread(
+    summary: pd.DataFrame, metric: str, fmt: Callable[[float], str], window: tuple[str, str] | None = None
+) -> pd.Series:
     """``median [min-max]`` for repeats; for one run ``median`` alone, or, where the metric has a
     within-run spread (``window``: the columns of its slowest and fastest timing window, which
     ``summary`` must hold too), ``median [slowest-fastest]``; blank where undefined."""

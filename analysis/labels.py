@@ -14,10 +14,13 @@ def strategy_label(record: RunRecord) -> str:
     ``ddp+dataloader_2workers``; and ``+compiled``/``+compiled_step`` for ``training.compile``."""
     probe = record.measurement.comm_probe if record.measurement is not None else "none"
     precision = record.precision.setting
-    return (record.strategy.label + ("" if probe == "none" else f"+{probe}_probe")
-            + ("" if precision == "fp32" else f"+{precision}")
-            + ("" if record.batch.loader == "memory" else f"+dataloader_{record.batch.loader_workers}workers")
-            + {"none": "", "model": "+compiled", "step": "+compiled_step"}[record.compile.setting])
+    return (
+        record.strategy.label
+        + ("" if probe == "none" else f"+{probe}_probe")
+        + ("" if precision == "fp32" else f"+{precision}")
+        + ("" if record.batch.loader == "memory" else f"+dataloader_{record.batch.loader_workers}workers")
+        + {"none": "", "model": "+compiled", "step": "+compiled_step"}[record.compile.setting]
+    )
 
 
 def topology_label(record: RunRecord) -> str:

@@ -20,6 +20,7 @@ from kanscale.errors import ConfigError
 from kanscale.files import read_mapping
 from kanscale.identity import digest, identity
 
+
 # What reading one record may raise besides RecordError: an I/O error (a failing disk, a
 # permission), bytes that are not text, JSON nested deeper than the decoder recurses.
 @dataclass(frozen=True)
@@ -45,15 +46,20 @@ def record_row(record: RunRecord, run_dir: Path) -> dict:
     row = pd.json_normalize(record.model_dump(mode="json"), sep=".").iloc[0].to_dict()
     repeat = repeat_identity(record, run_dir)
     state = record.memory.model_state if record.memory else None
-    row.update({
-        "run_dir": str(run_dir),
-        "strategy_label": strategy_label(record),
-        "topology_label": topology_label(record),
-        "model_label": f"{record.model.family} {record.model.widths}",
-        "task_label": record.task.label or record.task.name,
-        "model_state_bytes": (state.params + state.grads + state.optimizer + state.master_params) if state else None,
-        "repeat_key": digest(repeat), "repeat_config": repeat,
-    })
+    row.update(
+        {
+            "run_dir": str(run_dir),
+            "strategy_label": strategy_label(record),
+            "topology_label": topology_label(record),
+            "model_label": f"{record.model.family} {record.model.widths}",
+            "task_label": record.task.label or record.task.name,
+            "model_state_bytes": (state.params + state.grads + state.optimizer + state.master_params)
+            if state
+            else None,
+            "repeat_key": digest(repeat),
+            "repeat_config": repeat,
+        }
+    )
     return row
 
 
@@ -70,6 +76,11 @@ def load_runs(directory: str | Path) -> tuple[pd.DataFrame, list[Problem]]:
             problems.append(Problem(summary, str(err)))
     for leftover in sorted({p.parent for name in (STEPS_FILE, CONFIG_FILE) for p in directory.rglob(name)}):
         if not (leftover / SUMMARY_FILE).exists():
-            problems.append(Problem(leftover, f"{leftover}: has {STEPS_FILE} or {CONFIG_FILE} but no {SUMMARY_FILE}; "
-                                              "the run left no record to analyse"))
+            problems.append(
+                Problem(
+                    leftover,
+                    f"{leftover}: has {STEPS_FILE} or {CONFIG_FILE} but no {SUMMARY_FILE}; "
+                    "the run left no record to analyse",
+                )
+            )
     return pd.DataFrame(rows), problems

@@ -33,10 +33,16 @@ from typing import Any
 from analysis.schema import SCHEMA_VERSION
 
 READABLE_VERSIONS = (1, 2, 3, 4, 5, SCHEMA_VERSION)
-V2_COMM_NOTE = ("recorded by schema v2: compute timed once before training on a replica, with a barrier around every "
-                "step; the difference was clamped at 0, so 0 may stand for a negative one")
-_FSDP1_LABELS = {"FULL_SHARD": "fsdp1", "SHARD_GRAD_OP": "fsdp1_grad_op", "NO_SHARD": "fsdp1_no_shard",
-                 "HYBRID_SHARD": "fsdp1_hybrid"}
+V2_COMM_NOTE = (
+    "recorded by schema v2: compute timed once before training on a replica, with a barrier around every "
+    "step; the difference was clamped at 0, so 0 may stand for a negative one"
+)
+_FSDP1_LABELS = {
+    "FULL_SHARD": "fsdp1",
+    "SHARD_GRAD_OP": "fsdp1_grad_op",
+    "NO_SHARD": "fsdp1_no_shard",
+    "HYBRID_SHARD": "fsdp1_hybrid",
+}
 
 
 def migrate(data: dict[str, Any]) -> dict[str, Any]:
@@ -45,7 +51,7 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     if version == SCHEMA_VERSION:
         return data
     later = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6]
-    steps = {v: later[v - 1:] for v in (1, 2, 3, 4, 5)}
+    steps = {v: later[v - 1 :] for v in (1, 2, 3, 4, 5)}
     if version in steps:
         for step in steps[version]:
             data = step(data)
@@ -72,9 +78,11 @@ def _v2_to_v3(v2: dict[str, Any]) -> dict[str, Any]:
         return record
     check = timings.pop("comm_exposed_check_s", None)
     record["comm"] = {
-        "replica": _one_value(timings["comm_exposed_s"]), "check": None if check is None else _one_value(check),
+        "replica": _one_value(timings["comm_exposed_s"]),
+        "check": None if check is None else _one_value(check),
         "difference_s": None if check is None else timings["comm_exposed_s"] - check,
-        "trusted": "replica", "note": V2_COMM_NOTE,
+        "trusted": "replica",
+        "note": V2_COMM_NOTE,
     }
     measurement.update(timing="per_step", window_steps=1, windows=(record.get("batch") or {}).get("timed_steps", 0))
     return record
@@ -93,8 +101,11 @@ def _v4_to_v5(v4: dict[str, Any]) -> dict[str, Any]:
     record = copy.deepcopy(v4)
     record["schema_version"] = 5
     compiled = (record.get("timings") or {}).get("compile_s") is not None
-    record["compile"] = ({"setting": "model", "mechanism": "torch.compile(model) (schema v4)"} if compiled else
-                         {"setting": "none", "mechanism": "eager (schema v4)"})
+    record["compile"] = (
+        {"setting": "model", "mechanism": "torch.compile(model) (schema v4)"}
+        if compiled
+        else {"setting": "none", "mechanism": "eager (schema v4)"}
+    )
     return record
 
 
@@ -114,7 +125,9 @@ def _v1_label(strategy: dict[str, Any]) -> str:
     name, options = strategy.get("name", "?"), strategy.get("options") or {}
     zero = (strategy.get("backend_config") or {}).get("zero_optimization")
     if zero is not None:  # DeepSpeed, directly or under Accelerate: v1 recorded the stage only here
-        offloaded = any((zero.get(k) or {}).get("device", "none") != "none" for k in ("offload_optimizer", "offload_param"))
+        offloaded = any(
+            (zero.get(k) or {}).get("device", "none") != "none" for k in ("offload_optimizer", "offload_param")
+        )
         label = f"zero{zero.get('stage', 0)}" + ("_offload" if offloaded else "")
         return label if name == "deepspeed" else f"accelerate_{label}"
     if name == "fsdp1":
@@ -123,6 +136,10 @@ def _v1_label(strategy: dict[str, Any]) -> str:
         return "fsdp2" if options.get("reshard_after_forward", True) else "fsdp2_keep"
     if name == "accelerate":
         kind = (strategy.get("distributed_type") or "").upper()
-        return {"MULTI_CPU": "accelerate_ddp", "MULTI_GPU": "accelerate_ddp", "NO": "accelerate_single",
-                "FSDP": "accelerate_fsdp"}.get(kind, "accelerate")
+        return {
+            "MULTI_CPU": "accelerate_ddp",
+            "MULTI_GPU": "accelerate_ddp",
+            "NO": "accelerate_single",
+            "FSDP": "accelerate_fsdp",
+        }.get(kind, "accelerate")
     return name

@@ -28,8 +28,12 @@ from analysis.tables import hardware
 
 # The marker for a baseline that is another run, not a point of the strategy's line.
 BASELINE_LABEL = "1-process baseline (another run: single)"
-STATE_PARTS = [("memory.model_state.params", "parameters"), ("memory.model_state.grads", "gradients"),
-               ("memory.model_state.optimizer", "optimizer state"), ("memory.model_state.master_params", "fp32 master copy")]
+STATE_PARTS = [
+    ("memory.model_state.params", "parameters"),
+    ("memory.model_state.grads", "gradients"),
+    ("memory.model_state.optimizer", "optimizer state"),
+    ("memory.model_state.master_params", "fp32 master copy"),
+]
 
 
 def colours(strategies: list[str]) -> dict[str, tuple]:
@@ -77,8 +81,9 @@ def main_model(runs: pd.DataFrame) -> pd.DataFrame:
     return runs[runs["model_label"] == model]
 
 
-def scaling_plot(runs: pd.DataFrame, metric: str, ylabel: str, title: str, ideal: Callable | None = None,
-                 percent: bool = False) -> Figure:
+def scaling_plot(
+    runs: pd.DataFrame, metric: str, ylabel: str, title: str, ideal: Callable | None = None, percent: bool = False
+) -> Figure:
     """One line per strategy over the world sizes it ran. For a metric relative to 1 rank (``ideal``
     given) whose baseline is the one-process run for some strategy, that run is a hollow star at
     (1, ideal(1)), in the legend as another run."""
@@ -91,14 +96,31 @@ def scaling_plot(runs: pd.DataFrame, metric: str, ylabel: str, title: str, ideal
         rows = rows.dropna(subset=[f"{metric}_median"]).sort_values("world_size")
         if rows.empty:
             continue
-        ax.plot(rows["world_size"], rows[f"{metric}_median"] * scale, marker="o", label=strategy, color=palette[strategy])
+        ax.plot(
+            rows["world_size"], rows[f"{metric}_median"] * scale, marker="o", label=strategy, color=palette[strategy]
+        )
         if (rows["repeats"] > 1).any():
-            ax.fill_between(rows["world_size"], rows[f"{metric}_min"] * scale, rows[f"{metric}_max"] * scale,
-                            color=palette[strategy], alpha=0.15)
+            ax.fill_between(
+                rows["world_size"],
+                rows[f"{metric}_min"] * scale,
+                rows[f"{metric}_max"] * scale,
+                color=palette[strategy],
+                alpha=0.15,
+            )
     sizes = sorted(summary["world_size"].unique())
     if ideal is not None and (runs["baseline"] == "single process").any():
-        ax.plot([1], [ideal(1)], linestyle="none", marker="*", markersize=14, markerfacecolor="none",
-                markeredgecolor="black", markeredgewidth=1.2, label=BASELINE_LABEL, zorder=5)
+        ax.plot(
+            [1],
+            [ideal(1)],
+            linestyle="none",
+            marker="*",
+            markersize=14,
+            markerfacecolor="none",
+            markeredgecolor="black",
+            markeredgewidth=1.2,
+            label=BASELINE_LABEL,
+            zorder=5,
+        )
         sizes = sorted({1, *sizes})
     if ideal is not None:
         ax.plot(sizes, [ideal(p) for p in sizes], "k--", linewidth=1, label="ideal")
@@ -114,39 +136,63 @@ def speedup_plot(runs: pd.DataFrame) -> Figure:
 
 
 def efficiency_plot(runs: pd.DataFrame) -> Figure:
-    return scaling_plot(runs, "efficiency", "parallel efficiency (%)", "Parallel efficiency", ideal=lambda p: 100,
-                        percent=True)
+    return scaling_plot(
+        runs, "efficiency", "parallel efficiency (%)", "Parallel efficiency", ideal=lambda p: 100, percent=True
+    )
 
 
 def weak_throughput_plot(runs: pd.DataFrame) -> Figure:
     return scaling_plot(runs, "samples_per_s_per_rank", "samples/s per rank", "Weak scaling: throughput per rank")
 
 
-def bar_plot(runs: pd.DataFrame, metric: str, ylabel: str, title: str, scale: float = 1.0,
-             window_spread: tuple[str, str] | None = None) -> Figure:
+def bar_plot(
+    runs: pd.DataFrame,
+    metric: str,
+    ylabel: str,
+    title: str,
+    scale: float = 1.0,
+    window_spread: tuple[str, str] | None = None,
+) -> Figure:
     """One bar per strategy, grouped by model and nodes x ranks (a median over different models
     would describe none of them); a group holds only the strategies that ran there, so a lone
     1-rank reference does not leave a row of empty slots. Error bars: the min-max of repeated
     runs, or for a point run once the ``window_spread`` columns (its slowest and fastest window)."""
     extra = list(window_spread or ())
-    summary = summarize(runs, ["strategy_label", "model.params_trainable", "model_label", "topology_label"],
-                        [metric, *extra]).dropna(subset=[f"{metric}_median"])
+    summary = summarize(
+        runs, ["strategy_label", "model.params_trainable", "model_label", "topology_label"], [metric, *extra]
+    ).dropna(subset=[f"{metric}_median"])
     palette = colours(list(summary["strategy_label"].unique()))
     fig, ax = figure(title, runs)
     several_models = summary["model_label"].nunique() > 1
     ticks, tick_labels, start = [], [], 0.0
-    for (_, model, topology), rows in summary.groupby(["model.params_trainable", "model_label", "topology_label"], sort=True):
+    for (_, model, topology), rows in summary.groupby(
+        ["model.params_trainable", "model_label", "topology_label"], sort=True
+    ):
         rows = rows.sort_values("strategy_label")
         x = start + np.arange(len(rows))
         for xi, (_, row) in zip(x, rows.iterrows()):
             strategy, median = row["strategy_label"], row[f"{metric}_median"]
-            low, high = ((row[f"{metric}_min"], row[f"{metric}_max"]) if row["repeats"] > 1 or not extra else
-                         (row[f"{extra[0]}_min"], row[f"{extra[1]}_max"]))
-            ax.bar(xi, median * scale, 0.8, color=palette[strategy],
-                   label=strategy if strategy not in ax.get_legend_handles_labels()[1] else None)
+            low, high = (
+                (row[f"{metric}_min"], row[f"{metric}_max"])
+                if row["repeats"] > 1 or not extra
+                else (row[f"{extra[0]}_min"], row[f"{extra[1]}_max"])
+            )
+            ax.bar(
+                xi,
+                median * scale,
+                0.8,
+                color=palette[strategy],
+                label=strategy if strategy not in ax.get_legend_handles_labels()[1] else None,
+            )
             if high > low:
-                ax.errorbar(xi, median * scale, yerr=[[(median - low) * scale], [(high - median) * scale]], color="0.2",
-                            capsize=3, linewidth=1)
+                ax.errorbar(
+                    xi,
+                    median * scale,
+                    yerr=[[(median - low) * scale], [(high - median) * scale]],
+                    color="0.2",
+                    capsize=3,
+                    linewidth=1,
+                )
         ticks.append(x.mean())
         tick_labels.append(f"{topology} (nodes x ranks)" + (f"\n{model}" if several_models else ""))
         start += len(rows) + 1  # one empty slot between groups
@@ -163,8 +209,13 @@ def comm_overhead_plot(runs: pd.DataFrame) -> Figure:
 
 
 def throughput_plot(runs: pd.DataFrame) -> Figure:
-    return bar_plot(runs, "samples_per_s", "samples/s (all ranks)", "Throughput",
-                    window_spread=("samples_per_s_low", "samples_per_s_high"))
+    return bar_plot(
+        runs,
+        "samples_per_s",
+        "samples/s (all ranks)",
+        "Throughput",
+        window_spread=("samples_per_s_low", "samples_per_s_high"),
+    )
 
 
 def peak_kind(runs: pd.DataFrame) -> str:
@@ -178,27 +229,48 @@ def memory_vs_size_plot(runs: pd.DataFrame) -> Figure:
     summary = summarize(runs, ["strategy_label", "model.params_trainable"], ["peak_memory_bytes", "model_state_bytes"])
     palette = colours(list(summary["strategy_label"].unique()))
     kind = peak_kind(runs)
-    unit, divisor = byte_unit(float(np.nanmax(summary[["peak_memory_bytes_median", "model_state_bytes_median"]].to_numpy())))
+    unit, divisor = byte_unit(
+        float(np.nanmax(summary[["peak_memory_bytes_median", "model_state_bytes_median"]].to_numpy()))
+    )
     fig = Figure(figsize=(11, 4.6), dpi=110)
     axes = fig.subplots(1, 2, sharey=True)
     fig.suptitle(f"Memory per rank vs model size ({hardware(runs)})", fontsize=12, fontweight="bold")
-    panels = [("model_state_bytes", "model state (params, grads, optimizer, master)"),
-              ("peak_memory_bytes", f"peak {kind}")]
+    panels = [
+        ("model_state_bytes", "model state (params, grads, optimizer, master)"),
+        ("peak_memory_bytes", f"peak {kind}"),
+    ]
     for ax, (metric, title) in zip(axes, panels):
         for strategy, rows in summary.groupby("strategy_label"):
             rows = rows.sort_values("model.params_trainable")
-            ax.plot(rows["model.params_trainable"], rows[f"{metric}_median"] / divisor, marker="o", color=palette[strategy],
-                    label=strategy)
+            ax.plot(
+                rows["model.params_trainable"],
+                rows[f"{metric}_median"] / divisor,
+                marker="o",
+                color=palette[strategy],
+                label=strategy,
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("trainable parameters")
         ax.grid(True, alpha=0.3, which="both")
-    at_largest = summary.sort_values("model.params_trainable").groupby("strategy_label").tail(1).sort_values("strategy_label")
-    shares = [f"{row['strategy_label']}: {share_text(row['model_state_bytes_median'], row['peak_memory_bytes_median'])}"
-              for _, row in at_largest.iterrows()]
-    axes[1].text(0.98, 0.03, "model state / peak, largest model:\n" + "\n".join(shares), transform=axes[1].transAxes,
-                 ha="right", va="bottom", fontsize=7, bbox={"facecolor": "white", "edgecolor": "0.8"})
+    at_largest = (
+        summary.sort_values("model.params_trainable").groupby("strategy_label").tail(1).sort_values("strategy_label")
+    )
+    shares = [
+        f"{row['strategy_label']}: {share_text(row['model_state_bytes_median'], row['peak_memory_bytes_median'])}"
+        for _, row in at_largest.iterrows()
+    ]
+    axes[1].text(
+        0.98,
+        0.03,
+        "model state / peak, largest model:\n" + "\n".join(shares),
+        transform=axes[1].transAxes,
+        ha="right",
+        va="bottom",
+        fontsize=7,
+        bbox={"facecolor": "white", "edgecolor": "0.8"},
+    )
     axes[0].set_ylabel(f"{unit} per rank (both panels)")
     axes[1].legend(fontsize=8)
     return fig
@@ -210,12 +282,18 @@ def state_stack_plot(runs: pd.DataFrame) -> Figure:
     with the model state's share of it (``model state = 0.0011% of peak RSS``)."""
     largest = runs[runs["model.params_trainable"] == runs["model.params_trainable"].max()]
     largest = largest[largest["world_size"] == largest["world_size"].max()]
-    summary = summarize(largest, ["strategy_label"], [p for p, _ in STATE_PARTS] + ["model_state_bytes", "peak_memory_bytes"])
+    summary = summarize(
+        largest, ["strategy_label"], [p for p, _ in STATE_PARTS] + ["model_state_bytes", "peak_memory_bytes"]
+    )
     summary = summary.sort_values("strategy_label")
     fig = Figure(figsize=(12, 4.8), dpi=110)
     ax, peak_ax = fig.subplots(1, 2)
-    fig.suptitle(f"Model state per rank and the peak memory it is part of: {largest['model_label'].iloc[0]}, "
-                 f"{largest['world_size'].iloc[0]} ranks", fontsize=12, fontweight="bold")
+    fig.suptitle(
+        f"Model state per rank and the peak memory it is part of: {largest['model_label'].iloc[0]}, "
+        f"{largest['world_size'].iloc[0]} ranks",
+        fontsize=12,
+        fontweight="bold",
+    )
     parts = summary[[f"{column}_median" for column, _ in STATE_PARTS]].to_numpy(dtype=float)
     unit, divisor = byte_unit(float(np.nansum(parts, axis=1).max()))
     bottom = np.zeros(len(summary))
@@ -245,12 +323,23 @@ def peak_panel(ax: Axes, summary: pd.DataFrame, kind: str) -> None:
         return
     unit, divisor = byte_unit(float(np.nanmax(peaks)))
     ax.bar(summary["strategy_label"], peaks / divisor, color="0.75", label=kind)
-    ax.bar(summary["strategy_label"], summary["model_state_bytes_median"].to_numpy(dtype=float) / divisor,
-           color="tab:blue", label="model state (same scale)")
+    ax.bar(
+        summary["strategy_label"],
+        summary["model_state_bytes_median"].to_numpy(dtype=float) / divisor,
+        color="tab:blue",
+        label="model state (same scale)",
+    )
     for x, (state, peak) in enumerate(zip(summary["model_state_bytes_median"], peaks)):
         # upright inside the bar: nine strategies' labels side by side stay apart
-        ax.text(x, np.nan_to_num(peak) / divisor / 2, f"model state = {share_text(state, peak)} of {kind}", rotation=90,
-                ha="center", va="center", fontsize=7)
+        ax.text(
+            x,
+            np.nan_to_num(peak) / divisor / 2,
+            f"model state = {share_text(state, peak)} of {kind}",
+            rotation=90,
+            ha="center",
+            va="center",
+            fontsize=7,
+        )
     ax.set_ylabel(f"{unit} per rank")
     ax.set_ylim(0, 1.25 * np.nanmax(peaks) / divisor)  # headroom: the legend above the bars
     ax.legend(fontsize=8, loc="upper right")
@@ -258,8 +347,12 @@ def peak_panel(ax: Axes, summary: pd.DataFrame, kind: str) -> None:
 
 # Which plots each study gets (others get DEFAULT_PLOTS); name -> function.
 PLOTS: dict[str, Callable[[pd.DataFrame], Figure]] = {
-    "speedup": speedup_plot, "efficiency": efficiency_plot, "weak_throughput": weak_throughput_plot,
-    "comm_overhead": comm_overhead_plot, "throughput": throughput_plot, "memory_vs_size": memory_vs_size_plot,
+    "speedup": speedup_plot,
+    "efficiency": efficiency_plot,
+    "weak_throughput": weak_throughput_plot,
+    "comm_overhead": comm_overhead_plot,
+    "throughput": throughput_plot,
+    "memory_vs_size": memory_vs_size_plot,
     "model_state": state_stack_plot,
 }
 STUDY_PLOTS = {

@@ -90,10 +90,12 @@ class RunWriter:
             try:
                 data = memoryview(lines.encode())
                 while data:  # a raw write may write part and return its length; the next one raises
-                    data = data[f.write(data):]
+                    data = data[f.write(data) :]
                 os.fsync(f.fileno())
             except OSError:
-                f.truncate(start)  # a part written before the disk filled would be a torn line mid-file once appended to
+                f.truncate(
+                    start
+                )  # a part written before the disk filled would be a torn line mid-file once appended to
                 raise
 
 

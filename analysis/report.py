@@ -106,45 +106,59 @@ def verdict_html(result: Verdict) -> list[str]:
         parts.append(f"<h3>{text_html(scale.title)}</h3><ul class='verdict'>")
         parts += [f"<li><b>{html.escape(what)}</b>: {text_html(text)}</li>" for what, text in scale.findings]
         parts += [f"<li class='caveat'><i>Caveat</i>: {text_html(c)}</li>" for c in scale.caveats]
-        parts.append("</ul>" + scale.table.to_html(index=False, escape=True) + f'<p class="caption">{text_html(scale.spread)}</p>')
+        parts.append(
+            "</ul>"
+            + scale.table.to_html(index=False, escape=True)
+            + f'<p class="caption">{text_html(scale.spread)}</p>'
+        )
     return parts
 
 
 def summary_line(report: Report, runs_dir: Path) -> str:
     """How many records were found, finished and analysed, in words; an empty result says so."""
     if report.records == 0:
-        return (f"No run records under {runs_dir} (no readable {SUMMARY_FILE} in it or below it), so there is nothing "
-                "to analyse" + (": see the files listed below." if report.problems else "."))
+        return (
+            f"No run records under {runs_dir} (no readable {SUMMARY_FILE} in it or below it), so there is nothing "
+            "to analyse" + (": see the files listed below." if report.problems else ".")
+        )
     if report.finished == 0:
         return f"{report.records} run record(s) under {runs_dir}, none finished (status ok), so there is nothing to compare."
     return f"{report.records} run record(s) under {runs_dir}, {report.finished} finished and analysed."
 
 
 def write_html(report: Report, runs_dir: Path) -> Path:
-    parts = [f"<h1>kanscale report: {html.escape(str(runs_dir))}</h1>",
-             f"<p>{html.escape(summary_line(report, runs_dir))} "
-             f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')}.</p>"]
+    parts = [
+        f"<h1>kanscale report: {html.escape(str(runs_dir))}</h1>",
+        f"<p>{html.escape(summary_line(report, runs_dir))} "
+        f"Generated {datetime.now(timezone.utc).isoformat(timespec='seconds')}.</p>",
+    ]
     if report.problems or not report.unfinished.empty:
         parts.append("<h2>Not analysed</h2><ul>")
         parts += [f'<li class="problem">{html.escape(p.message)}</li>' for p in report.problems]
         for _, row in report.unfinished.iterrows():
             error = row.get("error.message") if isinstance(row.get("error.message"), str) else "no error recorded"
-            parts.append(f'<li class="problem">{html.escape(row["run_id"])}: status {row["status"]}: {html.escape(error)}</li>')
+            parts.append(
+                f'<li class="problem">{html.escape(row["run_id"])}: status {row["status"]}: {html.escape(error)}</li>'
+            )
         parts.append("</ul>")
     if report.verdict is not None:
         parts += verdict_html(report.verdict)
     by_name = {t.name: t for t in report.tables}
     for study, plots in report.plots.items():
-        parts += [f"<h2>Study: {html.escape(study)}</h2>", table_html(by_name[study])] + [embedded_png(p) for p in plots]
+        parts += [f"<h2>Study: {html.escape(study)}</h2>", table_html(by_name[study])] + [
+            embedded_png(p) for p in plots
+        ]
     if "paper" in by_name:
         parts += ["<h2>The published study side by side</h2>", table_html(by_name["paper"])]
     if "recommend" in by_name:
         parts += ["<h2>Predicted by kanscale recommend, and measured</h2>", table_html(by_name["recommend"])]
     if "paper_probe" in by_name:
         parts += ["<h2>What the published study's probe costs</h2>", table_html(by_name["paper_probe"])]
-    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'>"
-            f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\"><title>kanscale report</title>"
-            f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n")
+    page = (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<meta http-equiv='Content-Security-Policy' content=\"{CSP}\"><title>kanscale report</title>"
+        f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n"
+    )
     path = report.out / "report.html"
     path.write_text(page, encoding="utf-8")  # what the meta tag declares, whatever the locale
     return path

@@ -92,16 +92,23 @@ def study_table(derived: pd.DataFrame, study: str) -> Table:
     runs = derived[derived["study"] == study]
     metrics = [c.metric for c in columns] + [w for c in columns for w in c.window or ()]
     summary = summarize(runs, ROW_KEYS, metrics).sort_values(
-        ["model.params_trainable", "strategy_label", "topology.world_size", "topology_label"])
+        ["model.params_trainable", "strategy_label", "topology.world_size", "topology_label"]
+    )
     text = summary[ROW_KEYS[:3]].rename(columns=ROW_HEADERS)
     text["params"] = text["params"].map(count)
     for column in columns:
         text[column.header] = with_spread(summary, column.metric, column.fmt, column.window).values
     if (summary["repeats"] > 1).any():
         text["runs"] = summary["repeats"].values
-    windowed = " and [slowest-fastest timing window] of samples/s for a point run once" if any(c.window for c in columns) else ""
-    caption = (f"Study `{study}`: {len(runs)} run(s) on {hardware(runs)}. Speedup and efficiency are against the "
-               f"{baseline_phrase(runs)}; medians, with [min-max] where a point was repeated{windowed}.")
+    windowed = (
+        " and [slowest-fastest timing window] of samples/s for a point run once"
+        if any(c.window for c in columns)
+        else ""
+    )
+    caption = (
+        f"Study `{study}`: {len(runs)} run(s) on {hardware(runs)}. Speedup and efficiency are against the "
+        f"{baseline_phrase(runs)}; medians, with [min-max] where a point was repeated{windowed}."
+    )
     return Table(study, caption, summary.reset_index(drop=True), text.reset_index(drop=True))
 
 
@@ -137,14 +144,21 @@ QUICK_COLUMNS = {
 def quick_comparison(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per finished run: samples/s, exposed-communication share, model-state bytes per
     rank and final loss; smallest model first, then fastest first."""
-    ok = runs[runs["status"] == "ok"].sort_values(["model.params_trainable", "throughput.samples_per_s"], ascending=[True, False])
+    ok = runs[runs["status"] == "ok"].sort_values(
+        ["model.params_trainable", "throughput.samples_per_s"], ascending=[True, False]
+    )
     table = ok[list(QUICK_COLUMNS)].rename(columns=QUICK_COLUMNS)
     table["params"] = table["params"].map(count)
     table["samples/s"] = table["samples/s"].map(count)
     one_process = ok["topology.world_size"].to_numpy() == 1
-    table["comm overhead"] = [f"{'not measured' if pd.isna(v) else percent(v)} beyond compute (1 process)" if single
-                              else "not measured" if pd.isna(v) else percent(v)
-                              for v, single in zip(table["comm overhead"], one_process)]
+    table["comm overhead"] = [
+        f"{'not measured' if pd.isna(v) else percent(v)} beyond compute (1 process)"
+        if single
+        else "not measured"
+        if pd.isna(v)
+        else percent(v)
+        for v, single in zip(table["comm overhead"], one_process)
+    ]
     table["model state / rank"] = table["model state / rank"].map(human_bytes)
     table["final loss"] = table["final loss"].map(general)
     return table.reset_index(drop=True)

@@ -84,7 +84,9 @@ def point_names(runs: pd.DataFrame) -> dict[tuple, str]:
         differ = sorted({key for other in configs for key in differences(configs.iloc[0], other)})
         for key, config in configs.items():
             flat = dotted(config)
-            names[(*point, key)] = point[0] + (f" ({', '.join(f'{k}={flat.get(k)}' for k in differ)})" if differ else "")
+            names[(*point, key)] = point[0] + (
+                f" ({', '.join(f'{k}={flat.get(k)}' for k in differ)})" if differ else ""
+            )
     return names
 
 
@@ -96,20 +98,35 @@ def points(runs: pd.DataFrame) -> pd.DataFrame:
     for point, at in runs.groupby([*POINT, "repeat_key"]):
         _, world, topology, _ = point
         low, high, kind = interval(at)
-        rows.append({
-            "strategy": names[point], "world_size": world, "topology": topology, "runs": len(at),
-            "samples_per_s": at["samples_per_s"].median(), "low": low, "high": high, "interval": kind,
-            "speedup": at["speedup"].median(), "baseline": at["baseline"].iloc[0],
-            "comm_overhead": at["comm_overhead"].median(), "comm_agree": at["comm_agree"].iloc[0],
-            "comm_trusted": at["comm_trusted"].iloc[0], "compute_ms": at["compute_ms"].median(),
-            "step_ms": at["step_ms"].median(), "peak_memory_bytes": at["peak_memory_bytes"].median(),
-            "peak_memory_kind": at["peak_memory_kind"].iloc[0], "model_state_bytes": at["model_state_bytes"].median(),
-            "reference": bool(at["strategy.reference"].iloc[0]), "core_load": at["core_load"].max(),
-            "outside_cores": at["outside_cores"].max(),
-            "precision": at["precision.setting"].iloc[0], "workers": at["batch.loader_workers"].iloc[0],
-            "threads": at["topology.threads_per_rank"].iloc[0] if "topology.threads_per_rank" in at else None,
-            "cores": at["environment.cpu_count"].iloc[0] if "environment.cpu_count" in at else None,
-        })
+        rows.append(
+            {
+                "strategy": names[point],
+                "world_size": world,
+                "topology": topology,
+                "runs": len(at),
+                "samples_per_s": at["samples_per_s"].median(),
+                "low": low,
+                "high": high,
+                "interval": kind,
+                "speedup": at["speedup"].median(),
+                "baseline": at["baseline"].iloc[0],
+                "comm_overhead": at["comm_overhead"].median(),
+                "comm_agree": at["comm_agree"].iloc[0],
+                "comm_trusted": at["comm_trusted"].iloc[0],
+                "compute_ms": at["compute_ms"].median(),
+                "step_ms": at["step_ms"].median(),
+                "peak_memory_bytes": at["peak_memory_bytes"].median(),
+                "peak_memory_kind": at["peak_memory_kind"].iloc[0],
+                "model_state_bytes": at["model_state_bytes"].median(),
+                "reference": bool(at["strategy.reference"].iloc[0]),
+                "core_load": at["core_load"].max(),
+                "outside_cores": at["outside_cores"].max(),
+                "precision": at["precision.setting"].iloc[0],
+                "workers": at["batch.loader_workers"].iloc[0],
+                "threads": at["topology.threads_per_rank"].iloc[0] if "topology.threads_per_rank" in at else None,
+                "cores": at["environment.cpu_count"].iloc[0] if "environment.cpu_count" in at else None,
+            }
+        )
     table = pd.DataFrame(rows).sort_values("samples_per_s", ascending=False).reset_index(drop=True)
     table["rank"] = tie_ranks(table)
     return table
@@ -144,8 +161,11 @@ def fastest(table: pd.DataFrame) -> str:
         best, runner = table.iloc[0], table.iloc[1] if len(table) > 1 else None
         ahead = f", ahead of {where(runner)} ({rate(runner)})" if runner is not None else ""
         return f"{where(best)}, {rate(best)}{ahead}"
-    return ("a tie, the intervals overlap: " + "; ".join(f"{where(r)} {rate(r)}" for _, r in tied.iterrows())
-            + " (run more repeats or longer to separate them)")
+    return (
+        "a tie, the intervals overlap: "
+        + "; ".join(f"{where(r)} {rate(r)}" for _, r in tied.iterrows())
+        + " (run more repeats or longer to separate them)"
+    )
 
 
 def least_memory(table: pd.DataFrame) -> str:
@@ -153,11 +173,15 @@ def least_memory(table: pd.DataFrame) -> str:
     lowest = table["peak_memory_bytes"].min()
     tied = table[table["peak_memory_bytes"] <= lowest * (1 + MEMORY_NOISE)].sort_values("peak_memory_bytes")
     names = ", ".join(f"{where(r)} ({human_bytes(r['peak_memory_bytes'])})" for _, r in tied.iterrows())
-    peak = f"least peak {kind} per rank: {names}" + (f" (within {MEMORY_NOISE:.0%} of each other: a tie)" if len(tied) > 1 else "")
+    peak = f"least peak {kind} per rank: {names}" + (
+        f" (within {MEMORY_NOISE:.0%} of each other: a tie)" if len(tied) > 1 else ""
+    )
     state = table.sort_values("model_state_bytes").iloc[0]
     most = table["model_state_bytes"].max()
-    return (f"{peak}; least model state per rank: {where(state)}, {human_bytes(state['model_state_bytes'])} "
-            f"(the most: {human_bytes(most)})")
+    return (
+        f"{peak}; least model state per rank: {where(state)}, {human_bytes(state['model_state_bytes'])} "
+        f"(the most: {human_bytes(most)})"
+    )
 
 
 def not_scaling(table: pd.DataFrame) -> str | None:
@@ -178,8 +202,9 @@ def not_scaling(table: pd.DataFrame) -> str | None:
     if not slower:
         within = "of its precision " if several else f"({rate(one)}) "
         return f"none: every strategy at more than one rank reaches the one-process rate {within}within its spread"
-    return ("slower than one process of the same precision: " if several
-            else f"slower than one process ({rate(one)}): ") + "; ".join(slower)
+    return (
+        "slower than one process of the same precision: " if several else f"slower than one process ({rate(one)}): "
+    ) + "; ".join(slower)
 
 
 def unfinished(runs: pd.DataFrame) -> str | None:
@@ -188,9 +213,15 @@ def unfinished(runs: pd.DataFrame) -> str | None:
     lines = []
     for _, run in runs.iterrows():
         message = str(run.get("error.message") or "no error recorded")
-        kind = "does not fit" if any(e in (message + str(run.get("error.type"))).lower() for e in MEMORY_ERRORS) else run["status"]
-        lines.append(f"{run['strategy_label']} at {run['topology.world_size']} ranks: {kind} "
-                     f"({run.get('error.type') or run['status']}: {message[:160]})")
+        kind = (
+            "does not fit"
+            if any(e in (message + str(run.get("error.type"))).lower() for e in MEMORY_ERRORS)
+            else run["status"]
+        )
+        lines.append(
+            f"{run['strategy_label']} at {run['topology.world_size']} ranks: {kind} "
+            f"({run.get('error.type') or run['status']}: {message[:160]})"
+        )
     return "; ".join(lines)
 
 
@@ -200,49 +231,66 @@ def caveats(table: pd.DataFrame) -> list[str]:
     heavy = distributed[distributed["comm_overhead"] > OVERHEAD_CAVEAT]
     if not heavy.empty:
         low, high = percent(heavy["comm_overhead"].min()), percent(heavy["comm_overhead"].max())
-        notes.append(f"communication and backend overhead are {low if low == high else f'{low}-{high}'} of a step for "
-                     f"{', '.join(heavy['strategy'])} (compute "
-                     f"{fixed(2)(heavy['compute_ms'].median())} ms per rank): at this size a step is mostly overhead, so "
-                     "the ranking says how each backend's overhead compares, not how it trains a larger model")
+        notes.append(
+            f"communication and backend overhead are {low if low == high else f'{low}-{high}'} of a step for "
+            f"{', '.join(heavy['strategy'])} (compute "
+            f"{fixed(2)(heavy['compute_ms'].median())} ms per rank): at this size a step is mostly overhead, so "
+            "the ranking says how each backend's overhead compares, not how it trains a larger model"
+        )
     share = (table["model_state_bytes"] / table["peak_memory_bytes"]).max()
     if share < STATE_CAVEAT:
-        notes.append(f"model state is at most {share:.3%} of peak memory: the peak is the interpreter, libraries, data "
-                     "and activations, so sharding model state barely moves it at this size")
+        notes.append(
+            f"model state is at most {share:.3%} of peak memory: the peak is the interpreter, libraries, data "
+            "and activations, so sharding model state barely moves it at this size"
+        )
     loaded = table[table["world_size"] > 1].sort_values("core_load")
     if not loaded.empty and loaded["core_load"].iloc[-1] >= 1:
         row = loaded.iloc[-1]
         ranks = f"{row['world_size'] // int(row['topology'].split('x')[0])} ranks x {row['threads']:.0f} thread(s)"
         ranks += f" and {row['workers']:.0f} DataLoader worker(s) each" if row["workers"] else ""
-        notes.append(f"{ranks} per machine on its {row['cores']:.0f} core(s): "
-                     + ("more threads than cores, so the ranks took turns on the cores" if row["core_load"] > 1 else
-                        "the ranks took every core, so communication threads and everything else on the machine competed "
-                        "with them")
-                     + "; a speedup near the rank count was not possible here, and the ranking may differ on "
-                       "machines with a core (or a GPU) to spare per rank")
+        notes.append(
+            f"{ranks} per machine on its {row['cores']:.0f} core(s): "
+            + (
+                "more threads than cores, so the ranks took turns on the cores"
+                if row["core_load"] > 1
+                else "the ranks took every core, so communication threads and everything else on the machine competed "
+                "with them"
+            )
+            + "; a speedup near the rank count was not possible here, and the ranking may differ on "
+            "machines with a core (or a GPU) to spare per rank"
+        )
     shared = table[table["outside_cores"] > OUTSIDE_CAVEAT].sort_values("outside_cores", ascending=False)
     if not shared.empty:
         worst = shared.iloc[0]
         of = f" of its {worst['cores']:.0f}" if pd.notna(worst["cores"]) else ""
-        notes.append(f"the machine was shared: other processes kept up to {worst['outside_cores']:.2f} core(s){of} busy while "
-                     f"{', '.join(shared['strategy'])} {'was' if len(shared) == 1 else 'were'} timed (measured from "
-                     "/proc/stat against the runs' own CPU time), so those rates are lower than on a quiet machine and the "
-                     "ranking may differ there; rerun them when it is idle")
+        notes.append(
+            f"the machine was shared: other processes kept up to {worst['outside_cores']:.2f} core(s){of} busy while "
+            f"{', '.join(shared['strategy'])} {'was' if len(shared) == 1 else 'were'} timed (measured from "
+            "/proc/stat against the runs' own CPU time), so those rates are lower than on a quiet machine and the "
+            "ranking may differ there; rerun them when it is idle"
+        )
     differ = table[table["comm_agree"].eq(False)]
     if not differ.empty:
-        notes.append("the two exposed-communication methods disagree beyond noise for "
-                     + ", ".join(f"{r['strategy']} (trust the {r['comm_trusted']})" for _, r in differ.iterrows())
-                     + "; the comm column uses the trusted one, and docs/metrics.md explains both")
+        notes.append(
+            "the two exposed-communication methods disagree beyond noise for "
+            + ", ".join(f"{r['strategy']} (trust the {r['comm_trusted']})" for _, r in differ.iterrows())
+            + "; the comm column uses the trusted one, and docs/metrics.md explains both"
+        )
     singles = table[table["reference"] & (table["world_size"] == 1)].set_index("precision")
     for low in ("bf16", "fp16"):
         if low in singles.index and "fp32" in singles.index:
             ratio = singles.loc[low, "samples_per_s"] / singles.loc["fp32", "samples_per_s"]
             if singles.loc[low, "high"] < singles.loc["fp32", "low"]:
-                notes.append(f"{low} is slower than fp32 here ({ratio:.2f}x in one process, the intervals apart): on this "
-                             f"machine and model its casts and kernels cost more than they save; the ranking of "
-                             "precisions may differ on GPUs, whose low-precision arithmetic is several times faster")
+                notes.append(
+                    f"{low} is slower than fp32 here ({ratio:.2f}x in one process, the intervals apart): on this "
+                    f"machine and model its casts and kernels cost more than they save; the ranking of "
+                    "precisions may differ on GPUs, whose low-precision arithmetic is several times faster"
+                )
     if (table["runs"] == 1).all():
-        notes.append("each point ran once: intervals are the spread of its rate over its timing windows, not over "
-                     "repeats (set `repeats: N` in the study for that)")
+        notes.append(
+            "each point ran once: intervals are the spread of its rate over its timing windows, not over "
+            "repeats (set `repeats: N` in the study for that)"
+        )
     return notes
 
 
@@ -253,18 +301,30 @@ def text_table(table: pd.DataFrame) -> pd.DataFrame:
             return f"{measured} beyond compute (1 process: no comm)"
         if pd.isna(row["comm_overhead"]):
             return "not measured"
-        methods = {True: "methods agree", False: f"methods differ: {row['comm_trusted']}"}.get(row["comm_agree"], "one method")
+        methods = {True: "methods agree", False: f"methods differ: {row['comm_trusted']}"}.get(
+            row["comm_agree"], "one method"
+        )
         return f"{percent(row['comm_overhead'])} ({methods})"
 
-    return pd.DataFrame({
-        "rank": table["rank"], "strategy": table["strategy"], "nodes x ranks": table["topology"],
-        "samples/s [interval]": table.apply(lambda r: f"{count(r['samples_per_s'])} [{count(r['low'])}-{count(r['high'])}]", axis=1),
-        "speedup vs 1 process": table["speedup"].map(lambda v: "" if pd.isna(v) else fixed(2)(v)),
-        "exposed comm": table.apply(comm, axis=1),
-        "peak memory / rank": table["peak_memory_bytes"].map(human_bytes),
-        "model state / rank (share of peak)": table.apply(
-            lambda r: f"{human_bytes(r['model_state_bytes'])} ({r['model_state_bytes'] / r['peak_memory_bytes']:.2%})", axis=1),
-    })
+    return pd.DataFrame(
+        {
+            "rank": table["rank"],
+            "strategy": table["strategy"],
+            "nodes x ranks": table["topology"],
+            "samples/s [interval]": table.apply(
+                lambda r: f"{count(r['samples_per_s'])} [{count(r['low'])}-{count(r['high'])}]", axis=1
+            ),
+            "speedup vs 1 process": table["speedup"].map(lambda v: "" if pd.isna(v) else fixed(2)(v)),
+            "exposed comm": table.apply(comm, axis=1),
+            "peak memory / rank": table["peak_memory_bytes"].map(human_bytes),
+            "model state / rank (share of peak)": table.apply(
+                lambda r: (
+                    f"{human_bytes(r['model_state_bytes'])} ({r['model_state_bytes'] / r['peak_memory_bytes']:.2%})"
+                ),
+                axis=1,
+            ),
+        }
+    )
 
 
 def verdict(derived: pd.DataFrame, unfinished_runs: pd.DataFrame | None = None) -> Verdict:
@@ -284,11 +344,23 @@ def verdict(derived: pd.DataFrame, unfinished_runs: pd.DataFrame | None = None) 
             if text is not None:
                 findings.append((what, text))
         kinds = set(table["interval"])
-        spread = ("Intervals: " + {"repeats": "min-max over repeated runs", "windows": "min-max of the rate over the "
-                                   "run's timing windows"}.get(kinds.pop(), "") if len(kinds) == 1 else
-                  "Intervals: min-max over repeated runs where a point was repeated, else over its timing windows")
-        result.scales.append(ScaleVerdict(
-            title=f"{model} ({count(params)} parameters) on {task}, study `{study}`: {hardware(runs)}",
-            findings=findings, caveats=caveats(table), points=table, table=text_table(table),
-            spread=spread + "; strategies whose intervals overlap share a rank (=N)."))
+        spread = (
+            "Intervals: "
+            + {
+                "repeats": "min-max over repeated runs",
+                "windows": "min-max of the rate over the run's timing windows",
+            }.get(kinds.pop(), "")
+            if len(kinds) == 1
+            else "Intervals: min-max over repeated runs where a point was repeated, else over its timing windows"
+        )
+        result.scales.append(
+            ScaleVerdict(
+                title=f"{model} ({count(params)} parameters) on {task}, study `{study}`: {hardware(runs)}",
+                findings=findings,
+                caveats=caveats(table),
+                points=table,
+                table=text_table(table),
+                spread=spread + "; strategies whose intervals overlap share a rank (=N).",
+            )
+        )
     return result

@@ -19,15 +19,16 @@ class SplineLinear(nn.Module):
         self.register_buffer("knots", knots)  # grid + 2 * order + 1 knots, uniform
         self.order = order
         self.base = nn.Linear(inputs, outputs, bias=False)
-        self.spline = nn.Parameter(torch.randn(outputs, inputs, grid + order) * 0.1 / grid ** 0.5)
+        self.spline = nn.Parameter(torch.randn(outputs, inputs, grid + order) * 0.1 / grid**0.5)
 
     def bases(self, x: torch.Tensor) -> torch.Tensor:
         """(batch, inputs) -> (batch, inputs, grid + order): Cox-de Boor's recursion."""
         t, x = self.knots, x.unsqueeze(-1)
         b = ((x >= t[:-1]) & (x < t[1:])).to(x.dtype)
         for k in range(1, self.order + 1):
-            b = ((x - t[: -(k + 1)]) / (t[k:-1] - t[: -(k + 1)]) * b[..., :-1]
-                 + (t[k + 1:] - x) / (t[k + 1:] - t[1:-k]) * b[..., 1:])
+            b = (x - t[: -(k + 1)]) / (t[k:-1] - t[: -(k + 1)]) * b[..., :-1] + (t[k + 1 :] - x) / (
+                t[k + 1 :] - t[1:-k]
+            ) * b[..., 1:]
         return b
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

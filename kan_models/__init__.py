@@ -5,6 +5,16 @@ from kan_models.registry import FAMILIES, AnyModelConfig, build_model, parse_mod
 from kan_models.tasks import TASKS, AnyTaskConfig, TaskConfig, TaskData
 
 __all__ = [
-    "FAMILIES", "TASKS", "AnyModelConfig", "AnyTaskConfig", "LayerStack", "ModelConfig", "ParamCount",
-    "TaskConfig", "TaskData", "build_model", "count_parameters", "parse_model_config",
+    "FAMILIES",
+    "TASKS",
+    "AnyModelConfig",
+    "AnyTaskConfig",
+    "LayerStack",
+    "ModelConfig",
+    "ParamCount",
+    "TaskConfig",
+    "TaskData",
+    "build_model",
+    "count_parameters",
+    "parse_model_config",
 ]

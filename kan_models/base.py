@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import itertools
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Iterator, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -85,11 +86,20 @@ class NumbersNotBooleans(BaseModel):
     def _no_boolean_numbers(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        errors = [{"type": PydanticCustomError("bool_as_number", "{given} is a boolean, not a number; give {wanted}",
-                                               {"given": str(flag).lower(), "wanted": wanted}),
-                   "loc": (name, *where), "input": flag}
-                  for name, field in cls.model_fields.items() if name in data
-                  for where, flag, wanted in booleans_as_numbers(data[name], field.annotation)]
+        errors = [
+            {
+                "type": PydanticCustomError(
+                    "bool_as_number",
+                    "{given} is a boolean, not a number; give {wanted}",
+                    {"given": str(flag).lower(), "wanted": wanted},
+                ),
+                "loc": (name, *where),
+                "input": flag,
+            }
+            for name, field in cls.model_fields.items()
+            if name in data
+            for where, flag, wanted in booleans_as_numbers(data[name], field.annotation)
+        ]
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
         return data
@@ -101,8 +111,12 @@ class WrapPolicy(NumbersNotBooleans):
     model_config = ConfigDict(extra="forbid")
 
     classes: list[str] | None = Field(None, description="every submodule of these class names is a unit")
-    min_params: int = Field(1, ge=1, description="without classes: each child module (inside containers) holding at "
-                                                 "least this many parameters is a unit")
+    min_params: int = Field(
+        1,
+        ge=1,
+        description="without classes: each child module (inside containers) holding at "
+        "least this many parameters is a unit",
+    )
 
 
 class ModelConfig(NumbersNotBooleans):
@@ -121,8 +135,11 @@ class ModelConfig(NumbersNotBooleans):
 
     family: str
     widths: list[int] = Field(description="layer widths including input and output, e.g. [2, 64, 1]")
-    wrap: WrapPolicy | None = Field(None, description="the FSDP units; default: one per KAN layer for the zoo's families, "
-                                                      "each child module with parameters for a custom model")
+    wrap: WrapPolicy | None = Field(
+        None,
+        description="the FSDP units; default: one per KAN layer for the zoo's families, "
+        "each child module with parameters for a custom model",
+    )
 
     @field_validator("widths")
     @classmethod

@@ -25,8 +25,9 @@ from torch import nn
 from kan_models.base import Interval, LayerSplit, LayerStack, ModelConfig
 
 
-def uniform_knots(grid: int, k: int, low: float | torch.Tensor, high: float | torch.Tensor,
-                  in_features: int) -> torch.Tensor:
+def uniform_knots(
+    grid: int, k: int, low: float | torch.Tensor, high: float | torch.Tensor, in_features: int
+) -> torch.Tensor:
     """Knots t_0 .. t_{G+2k} of a uniform grid over [low, high] extended by k knots per side,
     one row per input feature: shape (in_features, G + 2k + 1). ``low`` and ``high`` are numbers
     (one grid for all features) or tensors of shape (in_features,) (one grid per feature); the
@@ -106,8 +107,10 @@ class BSplineKANLayer(nn.Module):
 
     def layer_split(self) -> LayerSplit:
         # Every parameter is (out, in[, G + k]); the knots are one row per input.
-        return LayerSplit(outputs={"coef": 0, "scale_base": 0, "scale_spline": 0},
-                          inputs={"coef": 1, "scale_base": 1, "scale_spline": 1, "knots": 0})
+        return LayerSplit(
+            outputs={"coef": 0, "scale_base": 0, "scale_spline": 0},
+            inputs={"coef": 1, "scale_base": 1, "scale_spline": 1, "knots": 0},
+        )
 
     def spline_weight(self) -> torch.Tensor:
         return self.coef * self.scale_spline.unsqueeze(-1)
@@ -175,18 +178,22 @@ class BSplineConfig(ModelConfig):
     grid_eps: float = Field(0.02, ge=0.0, le=1.0, description="grid update: 1 = uniform, 0 = quantiles")
     noise_scale: float = Field(0.1, ge=0.0, description="std of the initial spline coefficients, times 1/sqrt(G)")
     impl: Literal["fast", "reference", "fused", "auto"] = Field(
-        "fast", description="fast: closed-form bases on the uniform grid, lean backward (grid update stays "
+        "fast",
+        description="fast: closed-form bases on the uniform grid, lean backward (grid update stays "
         "uniform, grid_eps unused); reference: Cox-de Boor over all bases, grid_eps grid updates; fused: the fast "
         "layer's function in one op that never forms the basis tensor (CPUs: C++, built once per machine, needs a C++ "
         "compiler; CUDA GPUs: Triton kernels, need triton); auto: fused on CPUs where a C++ compiler builds it "
-        "(measured faster there), fast elsewhere")
+        "(measured faster there), fast elsewhere",
+    )
     product: Literal["auto", "dense", "sparse"] = Field(
-        "auto", description="how the fast layer multiplies its bases with the coefficients: dense (one GEMM over all "
+        "auto",
+        description="how the fast layer multiplies its bases with the coefficients: dense (one GEMM over all "
         "G + k bases), sparse (CSR over the k + 1 non-zero ones), auto: sparse on CPUs from this CPU's measured crossover "
-        "in bases per non-zero one (scripts/bench_sparse_crossover.py --save; 20 where none is measured)")
+        "in bases per non-zero one (scripts/bench_sparse_crossover.py --save; 20 where none is measured)",
+    )
 
     @model_validator(mode="after")
-    def _product_needs_fast(self) -> "BSplineConfig":
+    def _product_needs_fast(self) -> BSplineConfig:
         if self.product != "auto" and self.impl not in ("fast", "auto"):
             raise ValueError(f"product {self.product} is a choice of the fast layer; set impl=fast or product=auto")
         if self.impl == "fused":
@@ -204,8 +211,11 @@ class BSplineConfig(ModelConfig):
 
         bases = (self.grid + self.k) / (self.k + 1)
         chosen = "sparse" if use_sparse("auto", self.grid + self.k, self.k, torch.device(device_type)) else "dense"
-        why = (f"{bases:.1f} bases per non-zero against a crossover of {cpu_crossover().describe()}"
-               if device_type == "cpu" else f"no crossover is measured on {device_type}")
+        why = (
+            f"{bases:.1f} bases per non-zero against a crossover of {cpu_crossover().describe()}"
+            if device_type == "cpu"
+            else f"no crossover is measured on {device_type}"
+        )
         return {"product": f"{chosen}: {why}"}
 
     def build(self) -> LayerStack:
@@ -220,7 +230,9 @@ class BSplineConfig(ModelConfig):
             layer = functools.partial(FusedBSplineKANLayer, product=self.product, fused_on=fused_on)
         else:
             layer = BSplineKANLayer
-        return LayerStack([
-            layer(i, o, self.grid, self.k, self.grid_range, self.grid_eps, self.noise_scale)
-            for i, o in zip(self.widths[:-1], self.widths[1:])
-        ])
+        return LayerStack(
+            [
+                layer(i, o, self.grid, self.k, self.grid_range, self.grid_eps, self.noise_scale)
+                for i, o in zip(self.widths[:-1], self.widths[1:])
+            ]
+        )

@@ -128,8 +128,9 @@ def local_bases(x: torch.Tensor, knots: torch.Tensor, k: int, derivative: bool =
     value_rows, slope_rows = basis_matrix(k)
     values = torch.where(exists, _horner(value_rows, r), zero)
     slopes = torch.where(exists, _horner(slope_rows, r) * inv_h, zero) if derivative else None
-    return LocalBases(clamped.long().transpose(1, 2), values.transpose(1, 2),
-                      None if slopes is None else slopes.transpose(1, 2))
+    return LocalBases(
+        clamped.long().transpose(1, 2), values.transpose(1, 2), None if slopes is None else slopes.transpose(1, 2)
+    )
 
 
 def dense_bases(local: LocalBases, n_bases: int) -> torch.Tensor:
@@ -149,8 +150,9 @@ def sparse_bases(local: LocalBases, n_bases: int) -> torch.Tensor:
     with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state": the tests check it
         warnings.filterwarnings("ignore", "Sparse CSR tensor support", UserWarning)
         # Valid by construction (rows of equal length, columns in order): no invariant checks.
-        return torch.sparse_csr_tensor(rows, columns.reshape(-1), local.values.reshape(-1), size=(batch, n_in * n_bases),
-                                       check_invariants=False)
+        return torch.sparse_csr_tensor(
+            rows, columns.reshape(-1), local.values.reshape(-1), size=(batch, n_in * n_bases), check_invariants=False
+        )
 
 
 def use_sparse(product: str, n_bases: int, k: int, device: torch.device, crossover: float | None = None) -> bool:
@@ -189,7 +191,7 @@ class FastBSplineFunction(torch.autograd.Function):
     alive anyway) and recomputes the bases, block by block, in backward."""
 
     @staticmethod
-    def forward(x, knots, coef, scale_base, scale_spline, k, sparse=False):  # noqa: D102 (see the class)
+    def forward(x, knots, coef, scale_base, scale_spline, k, sparse=False):
         out = F.linear(F.silu(x), scale_base)
         n_out, n_in, n_bases = coef.shape
         for cols, row_blocks in blocks(len(x), n_in, n_out, n_bases):
@@ -256,8 +258,14 @@ def cardinal_terms(k: int) -> tuple[tuple[float, float], ...]:
     return tuple((half - l, (-1) ** l * math.comb(k + 1, l) / math.factorial(k)) for l in range(k + 1) if half - l > 0)
 
 
-def pointwise_forward(x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, scale_base: torch.Tensor,
-                      scale_spline: torch.Tensor, k: int) -> torch.Tensor:
+def pointwise_forward(
+    x: torch.Tensor,
+    knots: torch.Tensor,
+    coef: torch.Tensor,
+    scale_base: torch.Tensor,
+    scale_spline: torch.Tensor,
+    k: int,
+) -> torch.Tensor:
     """The layer's output with every basis evaluated in closed form, for torch.compile, whose
     autograd derives the backward (its partitioner chooses to recompute the bases from x or to
     save them). Basis axis in the middle, (batch, G + k, in), so the fused loop runs along ``in``."""
@@ -308,8 +316,14 @@ class FastBSplineKANLayer(BSplineKANLayer):
         # the knots, a buffer, still in float32). The casts are differentiable, as autocast's are.
         device = x.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else self.coef.dtype
-        args = (x.to(dtype), self.knots.to(dtype), self.coef.to(dtype), self.scale_base.to(dtype),
-                self.scale_spline.to(dtype), self.k)
+        args = (
+            x.to(dtype),
+            self.knots.to(dtype),
+            self.coef.to(dtype),
+            self.scale_base.to(dtype),
+            self.scale_spline.to(dtype),
+            self.k,
+        )
         sparse = use_sparse(self.product, self.coef.shape[-1], self.k, x.device, self.crossover)
         if torch.compiler.is_compiling() and not sparse:
             if len(x) * self.in_features * self.coef.shape[-1] > BLOCK_ELEMENTS:
@@ -326,17 +340,27 @@ class FastBSplineKANLayer(BSplineKANLayer):
 
 
 @torch.compiler.disable  # CSR products do not compile: under torch.compile a sparse layer runs eagerly
-def eager_layer(x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, scale_base: torch.Tensor,
-                scale_spline: torch.Tensor, k: int, sparse: bool) -> torch.Tensor:
+def eager_layer(
+    x: torch.Tensor,
+    knots: torch.Tensor,
+    coef: torch.Tensor,
+    scale_base: torch.Tensor,
+    scale_spline: torch.Tensor,
+    k: int,
+    sparse: bool,
+) -> torch.Tensor:
     with torch.autocast(x.device.type, enabled=False):
         return FastBSplineFunction.apply(x, knots, coef, scale_base, scale_spline, k, sparse)
 
 
-def _refuse_non_uniform_knots(module, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs) -> None:
+def _refuse_non_uniform_knots(
+    module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+) -> None:
     """A reference layer's knots after a grid update with grid_eps < 1 are not uniform; the fast
     layer would silently evaluate a different spline on them."""
     knots = state_dict.get(prefix + "knots")
     if knots is not None and not is_uniform(knots):
-        error_msgs.append(f"{prefix}knots are not uniform (a grid update with grid_eps < 1?); the fast "
-                          "B-spline layer needs uniform knots: load this state into model.impl=reference")
+        error_msgs.append(
+            f"{prefix}knots are not uniform (a grid update with grid_eps < 1?); the fast "
+            "B-spline layer needs uniform knots: load this state into model.impl=reference"
+        )

@@ -31,7 +31,9 @@ def graph_breaks(before: dict[str, int]) -> list[str]:
     each cut to its first line: empty where every region compiled since became one graph. Breaks
     asked for by name (``torch._dynamo.graph_break()``, which PyTorch's own optimizer step calls)
     are meant, not a model's surprise, and are left out."""
-    reasons = {reason.strip().splitlines()[0] for reason, n in graph_break_counts().items() if n > before.get(reason, 0)}
+    reasons = {
+        reason.strip().splitlines()[0] for reason, n in graph_break_counts().items() if n > before.get(reason, 0)
+    }
     return sorted(r for r in reasons if "torch._dynamo.graph_break()" not in r)
 
 

@@ -25,8 +25,9 @@ import importlib
 import importlib.util
 import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, ValidationInfo, field_validator
@@ -46,16 +47,21 @@ def load_factory(spec: str) -> Callable[..., nn.Module]:
     try:
         module = import_file(Path(where)) if where.endswith(".py") else importlib.import_module(where)
     except SystemExit as err:  # a script that runs itself on import: sys.exit(main())
-        raise ValueError(f"importing {where} called sys.exit({err.code!r}); run the script's own code only under "
-                         "`if __name__ == \"__main__\":`, so that importing it defines the factory") from None
+        raise ValueError(
+            f"importing {where} called sys.exit({err.code!r}); run the script's own code only under "
+            '`if __name__ == "__main__":`, so that importing it defines the factory'
+        ) from None
     except Exception as err:  # whatever the user's module raises while it is imported, not only ImportError
         raise ValueError(f"cannot import {where} ({type(err).__name__}: {err})") from None
     factory = getattr(module, name, None)
     if not callable(factory):
         found = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and v.__module__ == module.__name__)
         close = difflib.get_close_matches(name, found, n=1)
-        raise ValueError(f"{where} has no function {name!r}" + (f" (it has {', '.join(found)})" if found else "")
-                         + (f"; did you mean '{where}:{close[0]}'?" if close else ""))
+        raise ValueError(
+            f"{where} has no function {name!r}"
+            + (f" (it has {', '.join(found)})" if found else "")
+            + (f"; did you mean '{where}:{close[0]}'?" if close else "")
+        )
     return factory
 
 
@@ -103,8 +109,9 @@ class CustomConfig(ModelConfig):
     def _widths_given_once(cls, options: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         factory = info.data.get("factory")  # absent where it was refused
         if "widths" in options and factory and takes_widths(load_factory(factory)):
-            raise ValueError(f"{factory} is given model.widths as its widths; leave widths out of model.options "
-                             "(set model.widths)")
+            raise ValueError(
+                f"{factory} is given model.widths as its widths; leave widths out of model.options (set model.widths)"
+            )
         return options
 
     def build(self) -> nn.Module:
@@ -129,8 +136,10 @@ class CustomConfig(ModelConfig):
         if not any(p.requires_grad for p in model.parameters()):
             held = sum(1 for _ in model.parameters())
             why = f"all {held} of its parameters have requires_grad=False" if held else "it has no parameters"
-            raise ConfigError(f"model.factory: {self.factory} builds a model with no trainable parameter ({why}); "
-                              "make the factory's model hold at least one parameter that requires grad")
+            raise ConfigError(
+                f"model.factory: {self.factory} builds a model with no trainable parameter ({why}); "
+                "make the factory's model hold at least one parameter that requires grad"
+            )
         try:
             out = self._two_samples(model, task, inputs)
         except ConfigError:
@@ -141,19 +150,23 @@ class CustomConfig(ModelConfig):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else None
         if shape != (2, outputs):
             got = f"an output of shape {list(shape)}" if shape is not None else f"a {type(out).__name__}"
-            raise ConfigError(f"model.factory: {self.factory} builds a model that gives {got} for 2 samples, but "
-                              f"model.widths ends with {self.widths[-1]} and task {task} has {outputs} outputs, so "
-                              f"[2, {outputs}] was expected; make the factory's model output {outputs} values per "
-                              "sample (or change the task)")
+            raise ConfigError(
+                f"model.factory: {self.factory} builds a model that gives {got} for 2 samples, but "
+                f"model.widths ends with {self.widths[-1]} and task {task} has {outputs} outputs, so "
+                f"[2, {outputs}] was expected; make the factory's model output {outputs} values per "
+                "sample (or change the task)"
+            )
 
     def _two_samples(self, model: nn.Module, task: str, inputs: int) -> object:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
         try:
             with torch.no_grad():
                 return model(torch.zeros(2, inputs, device=device))
-        except Exception as err:  # noqa: BLE001 - whatever the user's forward raises on this input
-            raise ConfigError(f"model.factory: {self.factory} builds a model that does not take task {task}'s {inputs} "
-                              f"inputs (model.widths[0]): {type(err).__name__}: {err}") from None
+        except Exception as err:
+            raise ConfigError(
+                f"model.factory: {self.factory} builds a model that does not take task {task}'s {inputs} "
+                f"inputs (model.widths[0]): {type(err).__name__}: {err}"
+            ) from None
 
     def sketch(self) -> nn.Module:
         """On the meta device where the factory allows it; a factory that computes with its
@@ -162,6 +175,6 @@ class CustomConfig(ModelConfig):
             return super().sketch()
         except ConfigError:
             raise
-        except Exception:  # noqa: BLE001 - whatever the user's code does on meta tensors
+        except Exception:
             with torch.random.fork_rng(devices=[]):
                 return self.build()

@@ -47,7 +47,7 @@ class MLPConfig(ModelConfig):
     )
 
     @model_validator(mode="after")
-    def _match_is_a_kan(self) -> "MLPConfig":
+    def _match_is_a_kan(self) -> MLPConfig:
         if self.match is not None:
             self.matched_config()  # validates the nested model config now, not at build time
         return self
@@ -82,5 +82,7 @@ class MLPConfig(ModelConfig):
         layers: list[nn.Module] = []
         for n, (i, o) in enumerate(zip(widths[:-1], widths[1:])):
             is_last = n == len(widths) - 2
-            layers.append(nn.Linear(i, o) if is_last else nn.Sequential(nn.Linear(i, o), ACTIVATIONS[self.activation]()))
+            layers.append(
+                nn.Linear(i, o) if is_last else nn.Sequential(nn.Linear(i, o), ACTIVATIONS[self.activation]())
+            )
         return LayerStack(layers)

@@ -25,17 +25,33 @@ from kan_models.base import ModelConfig, ParamCount, Seed
 class PyKANModel(nn.Module):
     """Wraps a pykan ``MultKAN`` so it behaves like the rest of the zoo."""
 
-    def __init__(self, widths: list[int], grid: int, k: int, seed: int, grid_range: tuple[float, float],
-                 symbolic_enabled: bool, save_act: bool) -> None:
+    def __init__(
+        self,
+        widths: list[int],
+        grid: int,
+        k: int,
+        seed: int,
+        grid_range: tuple[float, float],
+        symbolic_enabled: bool,
+        save_act: bool,
+    ) -> None:
         super().__init__()
         from kan import KAN  # imported here: pykan's import pulls in sympy, sklearn and matplotlib
 
         self._ckpt_dir = tempfile.TemporaryDirectory(prefix="kanscale-pykan-")
         py_state, np_state = random.getstate(), np.random.get_state()
         with torch.random.fork_rng(devices=[]):
-            self.kan = KAN(width=list(widths), grid=grid, k=k, seed=seed, grid_range=list(grid_range),
-                           symbolic_enabled=symbolic_enabled, save_act=save_act, auto_save=False,
-                           ckpt_path=self._ckpt_dir.name)
+            self.kan = KAN(
+                width=list(widths),
+                grid=grid,
+                k=k,
+                seed=seed,
+                grid_range=list(grid_range),
+                symbolic_enabled=symbolic_enabled,
+                save_act=save_act,
+                auto_save=False,
+                ckpt_path=self._ckpt_dir.name,
+            )
         random.setstate(py_state)
         np.random.set_state(np_state)
 
@@ -61,7 +77,9 @@ class PyKANConfig(ModelConfig):
     resolution: ClassVar[dict[str, str]] = {"grid": "grid", "order": "k"}
     grid: int = Field(10, ge=1, le=1000, description="number of grid intervals")
     k: int = Field(3, ge=1, le=5, description="spline order")
-    seed: Seed | None = Field(None, description="pykan's seed (0 <= seed < 2^32); default: the experiment's training.seed")
+    seed: Seed | None = Field(
+        None, description="pykan's seed (0 <= seed < 2^32); default: the experiment's training.seed"
+    )
     grid_range: tuple[float, float] = (-1.0, 1.0)
     symbolic_enabled: bool = Field(True, description="pykan default; the symbolic branch costs time")
     save_act: bool = Field(True, description="pykan default; keeps activations for plotting")

@@ -37,7 +37,7 @@ class RBFKANLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = self.norm(x).unsqueeze(-1)
-        basis = torch.exp(-((z - self.centers) * self.inv_width) ** 2)
+        basis = torch.exp(-(((z - self.centers) * self.inv_width) ** 2))
         out = self.spline(basis.flatten(1))
         if self.base is not None:
             out = out + self.base(F.silu(x))
@@ -69,7 +69,9 @@ class RBFConfig(ModelConfig):
     init_scale: float = Field(0.1, ge=0.0, description="std of the initial RBF weights")
 
     def build(self) -> LayerStack:
-        return LayerStack([
-            RBFKANLayer(i, o, self.grid, self.grid_range, self.layernorm, self.base, self.init_scale)
-            for i, o in zip(self.widths[:-1], self.widths[1:])
-        ])
+        return LayerStack(
+            [
+                RBFKANLayer(i, o, self.grid, self.grid_range, self.layernorm, self.base, self.init_scale)
+                for i, o in zip(self.widths[:-1], self.widths[1:])
+            ]
+        )

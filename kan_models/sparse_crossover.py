@@ -34,8 +34,10 @@ class Crossover:
 
 # Where sparse clearly won on the Xeon (1.21x at 20.8 bases per non-zero; even at 10.8): a machine
 # that has not measured its own keeps the dense product until the work ratio is large.
-DEFAULT = Crossover(20.0, "default: measured on an Intel Xeon with AMX; measure this CPU's with "
-                          "scripts/bench_sparse_crossover.py --save")
+DEFAULT = Crossover(
+    20.0,
+    "default: measured on an Intel Xeon with AMX; measure this CPU's with scripts/bench_sparse_crossover.py --save",
+)
 
 
 def cache_dir() -> Path:
@@ -67,7 +69,9 @@ def cpu_crossover() -> Crossover:
     value = entry.get("bases_per_nonzero") if isinstance(entry, dict) else None
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 1 <= value < 1e6:
         return DEFAULT
-    return Crossover(float(value), f"measured on this CPU ({cpu_model()}) on {entry.get('measured_on', 'an unknown date')}")
+    return Crossover(
+        float(value), f"measured on this CPU ({cpu_model()}) on {entry.get('measured_on', 'an unknown date')}"
+    )
 
 
 def save_crossover(bases_per_nonzero: float, measured_on: str, table: list[dict]) -> Path:

@@ -22,20 +22,24 @@ def check_output_dir(path: str | Path, field: str, purpose: str) -> None:
     if existing == path and not path.is_dir():
         raise ConfigError(f"{field}: {path} is a file; give a directory {purpose}")
     if not existing.is_dir():
-        raise ConfigError(f"{field}: {path} cannot be created: {existing} is a file, not a directory; give a "
-                          f"directory {purpose}")
+        raise ConfigError(
+            f"{field}: {path} cannot be created: {existing} is a file, not a directory; give a directory {purpose}"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "it" if existing == path else f"{existing}, where it would be created,"
-        raise ConfigError(f"{field}: {path} cannot be written: {what} is not writable by this user (read-only); "
-                          f"give a directory you can write {purpose}, or change the permissions")
+        raise ConfigError(
+            f"{field}: {path} cannot be written: {what} is not writable by this user (read-only); "
+            f"give a directory you can write {purpose}, or change the permissions"
+        )
 
 
 def runs_directory(directory: str | Path) -> Path:
     """``directory`` as a Path, or a ConfigError naming it when it is not a directory."""
     directory = Path(directory)
     if not directory.exists():
-        raise ConfigError(f"{directory}: no such directory; give the directory a sweep or `kanscale train --out` wrote "
-                          "its runs to")
+        raise ConfigError(
+            f"{directory}: no such directory; give the directory a sweep or `kanscale train --out` wrote its runs to"
+        )
     if not directory.is_dir():
         raise ConfigError(f"{directory}: not a directory; give the directory that holds the run directories")
     return directory

@@ -58,8 +58,10 @@ def find_preset(name: str, kind: str, field: str) -> Path:
         return find_file(name, field, f"{PRESET_KINDS.get(kind, kind)} file")
     path = configs_dir() / kind / f"{name}.yaml"
     if not path.is_file():
-        raise ConfigError(f"{field}: no preset named {name!r}; presets: {', '.join(preset_names(kind))} "
-                          f"(the shipped configs/{kind}/), or give a YAML file")
+        raise ConfigError(
+            f"{field}: no preset named {name!r}; presets: {', '.join(preset_names(kind))} "
+            f"(the shipped configs/{kind}/), or give a YAML file"
+        )
     return path
 
 
@@ -106,8 +108,13 @@ class _StrictLoader(yaml.SafeLoader):
     def compose_document(self) -> yaml.Node:
         node = super().compose_document()
         if node is not None and expanded_size(node, {}) > MAX_YAML_VALUES:
-            raise AliasBombError(None, None, f"its aliases (*name) expand to more than {MAX_YAML_VALUES} values (an alias "
-                                 "bomb?); write the values out", node.start_mark)
+            raise AliasBombError(
+                None,
+                None,
+                f"its aliases (*name) expand to more than {MAX_YAML_VALUES} values (an alias "
+                "bomb?); write the values out",
+                node.start_mark,
+            )
         return node
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
@@ -122,9 +129,13 @@ class _StrictLoader(yaml.SafeLoader):
                 except TypeError:
                     continue  # unhashable: the base class refuses it with its own message
                 if first is not key_node.start_mark:
-                    raise DuplicateKeyError(None, None, f"duplicate key {key!r} ({_places(first, key_node.start_mark)}); "
-                                            "keep one: the second would silently replace the first",
-                                            key_node.start_mark)
+                    raise DuplicateKeyError(
+                        None,
+                        None,
+                        f"duplicate key {key!r} ({_places(first, key_node.start_mark)}); "
+                        "keep one: the second would silently replace the first",
+                        key_node.start_mark,
+                    )
         return super().construct_mapping(node, deep=deep)
 
 
@@ -137,7 +148,7 @@ def _places(first: yaml.Mark, second: yaml.Mark) -> str:
 def parse_yaml_text(text: str) -> Any:
     """YAML text as the suite reads every YAML: safe types only, duplicate keys refused
     (:class:`DuplicateKeyError`, a ``yaml.YAMLError``)."""
-    return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - _StrictLoader is a SafeLoader
+    return yaml.load(text, Loader=_StrictLoader)
 
 
 def parse_yaml_value(text: str, field: str) -> Any:
@@ -194,8 +205,10 @@ def read_json(path: str | Path, field: str | None = None) -> Any:
         pattern = re.compile(re.escape(json.dumps(err.key)) + r"\s*:")
         lines = [str(n) for n, line in enumerate(text.splitlines(), start=1) if pattern.search(line)]
         where = f" (it is named on lines {', '.join(lines)})" if len(lines) > 1 else ""
-        raise ConfigError(f"{_prefix(field)}{path}: duplicate key {json.dumps(err.key)} in one object{where}; "
-                          "keep one: the second would silently replace the first") from None
+        raise ConfigError(
+            f"{_prefix(field)}{path}: duplicate key {json.dumps(err.key)} in one object{where}; "
+            "keep one: the second would silently replace the first"
+        ) from None
 
 
 def read_mapping(path: str | Path, field: str | None = None, what: str = "a mapping") -> dict[str, Any]:
@@ -225,8 +238,10 @@ def _read(path: str | Path, field: str | None) -> str:
     try:
         return data.decode("utf-8-sig")  # a leading byte-order mark, as some editors write, is dropped
     except UnicodeDecodeError as err:
-        raise ConfigError(f"{_prefix(field)}{path} is not UTF-8 text ({not_utf8(data, err)}); save it as UTF-8, e.g. "
-                          f"iconv -f LATIN1 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}") from None
+        raise ConfigError(
+            f"{_prefix(field)}{path} is not UTF-8 text ({not_utf8(data, err)}); save it as UTF-8, e.g. "
+            f"iconv -f LATIN1 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}"
+        ) from None
 
 
 def _prefix(field: str | None) -> str:

@@ -41,5 +41,8 @@ def differences(theirs: dict[str, Any], ours: dict[str, Any]) -> dict[str, tuple
     """Each dotted field in which two config trees differ, with both values ("(not set)" where
     one lacks it)."""
     a, b, unset = dotted(theirs), dotted(ours), "(not set)"
-    return {key: (a.get(key, unset), b.get(key, unset)) for key in sorted(a.keys() | b.keys())
-            if a.get(key, unset) != b.get(key, unset)}
+    return {
+        key: (a.get(key, unset), b.get(key, unset))
+        for key in sorted(a.keys() | b.keys())
+        if a.get(key, unset) != b.get(key, unset)
+    }

@@ -25,19 +25,27 @@ import datetime
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kanscale.machine import cpu_model
 from kan_models import build_model, parse_model_config
 from kan_models.compile import compile_model
-from launchers.bench_catalog import (DEFAULT_IMPLS, DEFAULT_WORKLOADS, IMPLEMENTATIONS, WORKLOADS, implementation_config,
-                                     split_impl)
+from kanscale.machine import cpu_model
+from launchers.bench_catalog import (
+    DEFAULT_IMPLS,
+    DEFAULT_WORKLOADS,
+    IMPLEMENTATIONS,
+    WORKLOADS,
+    implementation_config,
+    split_impl,
+)
 from strategies.compiled_step import StepCompilation
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -50,12 +58,15 @@ class Plan:
 
 def make_plan(models: str | None, impls: str | None, threads: int, repeats: int | None, device: str) -> Plan:
     """Validate the ``kanscale bench`` flags; ValueError names the flag and the fix."""
+
     def names(text: str | None, known: list[str], default: list[str], flag: str, suffixes: bool = False) -> list[str]:
         chosen = [n.strip() for n in text.split(",") if n.strip()] if text else default
         for n in chosen:
             if (split_impl(n)[0] if suffixes else n) not in known:
-                raise ValueError(f"{flag}: unknown name {n!r}; choose from {', '.join(known)}"
-                                 + (" (append +compile to compile the model, +step the whole step)" if suffixes else ""))
+                raise ValueError(
+                    f"{flag}: unknown name {n!r}; choose from {', '.join(known)}"
+                    + (" (append +compile to compile the model, +step the whole step)" if suffixes else "")
+                )
         if not chosen:
             raise ValueError(f"{flag}: give at least one name, e.g. {known[0]}")
         return chosen
@@ -97,15 +108,15 @@ def gemm_rate(device: torch.device, size: int = 2048, repeats: int = 3) -> float
     """The machine's dense float32 GEMM rate in FLOP/s: the best of ``repeats`` square products."""
     a, b = (torch.randn(size, size, device=device) for _ in range(2))
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    a @ b  # noqa: B018 - the first product allocates and picks its kernel
+    a @ b
     best = float("inf")
     for _ in range(repeats):
         sync()
         start = time.perf_counter()
-        a @ b  # noqa: B018
+        a @ b
         sync()
         best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 / best
+    return 2 * size**3 / best
 
 
 def _spread(seconds: list[float]) -> dict[str, float]:
@@ -174,8 +185,9 @@ class Measurement:
         row["samples_per_s"] = self.workload.batch / (row["step_ms"]["median"] / 1e3)
         row["step_flops"] = 6 * self.workload.batch * row["params"]
         row["saved_bytes"] = saved_bytes(self.model, lambda: self.forward(self.x, self.y))
-        row["peak_device_bytes"] = (_peak_device_bytes(self.model, self.opt, self.x, self.y)
-                                    if self.device.type == "cuda" else None)
+        row["peak_device_bytes"] = (
+            _peak_device_bytes(self.model, self.opt, self.x, self.y) if self.device.type == "cuda" else None
+        )
         return {**row, "status": "ok"}
 
 
@@ -184,8 +196,13 @@ def failed(row: dict[str, Any], err: Exception) -> dict[str, Any]:
     return {**row, "status": "failed", "note": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
 
 
-def measure_workload(workload: str, impls: list[str], plan: Plan, progress: Callable[[str], None] = lambda line: None,
-                     measured: dict[str, Measurement] | None = None) -> list[dict[str, Any]]:
+def measure_workload(
+    workload: str,
+    impls: list[str],
+    plan: Plan,
+    progress: Callable[[str], None] = lambda line: None,
+    measured: dict[str, Measurement] | None = None,
+) -> list[dict[str, Any]]:
     """Every implementation of the plan on one workload, their rounds interleaved; a row each,
     in the plan's order (``measured``, if given, receives each implementation's Measurement)."""
     w = WORKLOADS[workload]
@@ -198,7 +215,7 @@ def measure_workload(workload: str, impls: list[str], plan: Plan, progress: Call
             continue
         try:
             ready[impl] = Measurement(workload, impl, plan)
-        except Exception as err:  # noqa: BLE001 - one failing implementation must not end the run
+        except Exception as err:
             rows[impl] = failed(base_row, err)
     if measured is not None:
         measured.update(ready)
@@ -209,14 +226,14 @@ def measure_workload(workload: str, impls: list[str], plan: Plan, progress: Call
                 for _ in range(w.settle):
                     m.round(timed=False)
                 m.round(timed=n >= w.warmup)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 rows[impl] = failed(m.row, err)
                 del ready[impl]
         progress(f"{workload}: round {n + 1} of {w.warmup + repeats} ({len(ready)} implementation(s) in turn)")
     for impl, m in ready.items():
         try:
             rows[impl] = m.result()
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:
             rows[impl] = failed(m.row, err)
         progress(f"{workload} {impl}: {_progress_line(rows[impl])}")
     return [rows[impl] for impl in impls]
@@ -256,8 +273,12 @@ def environment(plan: Plan) -> dict[str, Any]:
         pykan = None
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpu": cpu_model(), "gpu": torch.cuda.get_device_name(plan.device) if plan.device.type == "cuda" else None,
-        "device": plan.device.type, "threads": plan.threads, "torch": torch.__version__, "pykan": pykan,
+        "cpu": cpu_model(),
+        "gpu": torch.cuda.get_device_name(plan.device) if plan.device.type == "cuda" else None,
+        "device": plan.device.type,
+        "threads": plan.threads,
+        "torch": torch.__version__,
+        "pykan": pykan,
         "python": platform.python_version(),
     }
 
@@ -275,10 +296,20 @@ def run(plan: Plan, progress: Callable[[str], None] = lambda line: None) -> dict
             rows += measure_workload(workload, plan.impls, plan, progress)
             progress(f"{workload}: {time.perf_counter() - start:.0f} s")
         add_ratios(rows, flops_per_s)
-        return {"environment": {**environment(plan), "gemm_flops_per_s": flops_per_s},
-                "workloads": {n: {"widths": WORKLOADS[n].widths, "grid": WORKLOADS[n].grid, "k": WORKLOADS[n].k,
-                                  "batch": WORKLOADS[n].batch, "about": WORKLOADS[n].about} for n in plan.workloads},
-                "results": rows}
+        return {
+            "environment": {**environment(plan), "gemm_flops_per_s": flops_per_s},
+            "workloads": {
+                n: {
+                    "widths": WORKLOADS[n].widths,
+                    "grid": WORKLOADS[n].grid,
+                    "k": WORKLOADS[n].k,
+                    "batch": WORKLOADS[n].batch,
+                    "about": WORKLOADS[n].about,
+                }
+                for n in plan.workloads
+            },
+            "results": rows,
+        }
     finally:
         torch.set_num_threads(threads)
 
@@ -293,25 +324,40 @@ def markdown(doc: dict[str, Any]) -> str:
     """One table per workload, with the machine named above them."""
     env = doc["environment"]
     hardware = env["gpu"] or env["cpu"]
-    lines = [f"Measured {env['date']} on {hardware} ({env['device']}, {env['threads']} thread(s)), "
-             f"torch {env['torch']}, pykan {env['pykan']}. Times in ms: median (min-max); "
-             "ratios: samples/s over eager pykan's and the eager reference B-spline's, "
-             "saved bytes over the reference's; of limit: the step's arithmetic (6 x batch x parameters) at the "
-             f"machine's measured dense GEMM rate ({env['gemm_flops_per_s'] / 1e9:,.1f} GFLOP/s) over the train step."]
+    lines = [
+        f"Measured {env['date']} on {hardware} ({env['device']}, {env['threads']} thread(s)), "
+        f"torch {env['torch']}, pykan {env['pykan']}. Times in ms: median (min-max); "
+        "ratios: samples/s over eager pykan's and the eager reference B-spline's, "
+        "saved bytes over the reference's; of limit: the step's arithmetic (6 x batch x parameters) at the "
+        f"machine's measured dense GEMM rate ({env['gemm_flops_per_s'] / 1e9:,.1f} GFLOP/s) over the train step."
+    ]
     for name, w in doc["workloads"].items():
-        lines += ["", f"**{name}**: {w['about']}, widths {w['widths']}, grid {w['grid']}, k {w['k']}, batch {w['batch']}", "",
-                  "| impl | compile s | forward | backward | train step | samples/s | x pykan | x reference "
-                  "| of limit | saved for backward | x reference | peak device |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            f"**{name}**: {w['about']}, widths {w['widths']}, grid {w['grid']}, k {w['k']}, batch {w['batch']}",
+            "",
+            "| impl | compile s | forward | backward | train step | samples/s | x pykan | x reference "
+            "| of limit | saved for backward | x reference | peak device |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for r in (r for r in doc["results"] if r["workload"] == name):
             if r["status"] != "ok":
                 lines.append(f"| {r['impl']} | {r['status']}: {r['note']} |" + " |" * 10)
                 continue
-            cells = [r["impl"], _num(r["compile_s"], ".1f"), _ms(r["forward_ms"]), _ms(r["backward_ms"]),
-                     _ms(r["step_ms"]), f"{r['samples_per_s']:,.0f}", _num(r["vs_pykan"], ".1f", "x"),
-                     _num(r["vs_reference"], ".2f", "x"), _num(100 * r["limit_fraction"], ".1f", "%"),
-                     _bytes(r["saved_bytes"]),
-                     _num(r["saved_vs_reference"], ".3f"), _bytes(r["peak_device_bytes"])]
+            cells = [
+                r["impl"],
+                _num(r["compile_s"], ".1f"),
+                _ms(r["forward_ms"]),
+                _ms(r["backward_ms"]),
+                _ms(r["step_ms"]),
+                f"{r['samples_per_s']:,.0f}",
+                _num(r["vs_pykan"], ".1f", "x"),
+                _num(r["vs_reference"], ".2f", "x"),
+                _num(100 * r["limit_fraction"], ".1f", "%"),
+                _bytes(r["saved_bytes"]),
+                _num(r["saved_vs_reference"], ".3f"),
+                _bytes(r["peak_device_bytes"]),
+            ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PYKAN_TOO_BIG = ("pykan keeps (batch, out, in) activations per layer (4 GiB each here) and its symbolic "
-                 "branch loops over every edge in Python: minutes per step")
+PYKAN_TOO_BIG = (
+    "pykan keeps (batch, out, in) activations per layer (4 GiB each here) and its symbolic "
+    "branch loops over every edge in Python: minutes per step"
+)
 
 
 @dataclass(frozen=True)
@@ -27,13 +29,22 @@ class Workload:
 
 
 WORKLOADS: dict[str, Workload] = {
-    "study": Workload([2, 64, 1], 10, 3, 512, warmup=10, repeats=50, about="the published study's pykan model",
-                      settle=3),
-    "wide": Workload([256, 1024, 1024, 1], 10, 3, 1024, warmup=1, repeats=5, about="a wide model",
-                     skip={"pykan": PYKAN_TOO_BIG}),
-    "fine": Workload([256, 1024, 1], 160, 3, 1024, warmup=1, repeats=3,
-                     about="a fine grid, as pykan's grid extension reaches (41 bases per non-zero one)",
-                     skip={"pykan": PYKAN_TOO_BIG}),
+    "study": Workload(
+        [2, 64, 1], 10, 3, 512, warmup=10, repeats=50, about="the published study's pykan model", settle=3
+    ),
+    "wide": Workload(
+        [256, 1024, 1024, 1], 10, 3, 1024, warmup=1, repeats=5, about="a wide model", skip={"pykan": PYKAN_TOO_BIG}
+    ),
+    "fine": Workload(
+        [256, 1024, 1],
+        160,
+        3,
+        1024,
+        warmup=1,
+        repeats=3,
+        about="a fine grid, as pykan's grid extension reaches (41 bases per non-zero one)",
+        skip={"pykan": PYKAN_TOO_BIG},
+    ),
     "tiny": Workload([2, 8, 1], 3, 3, 64, warmup=1, repeats=3, about="a smoke test", settle=1),
 }
 
@@ -60,8 +71,18 @@ def implementation_config(name: str, w: Workload) -> dict[str, Any]:
     return {**configs[name], "widths": w.widths}
 
 
-IMPLEMENTATIONS = ["pykan", "pykan-lean", "reference", "fast", "fast-dense", "fast-sparse", "fused", "rbf", "chebyshev",
-                   "mlp"]
+IMPLEMENTATIONS = [
+    "pykan",
+    "pykan-lean",
+    "reference",
+    "fast",
+    "fast-dense",
+    "fast-sparse",
+    "fused",
+    "rbf",
+    "chebyshev",
+    "mlp",
+]
 # +compile: torch.compile the model (training.compile: model); +step: compile the whole train
 # step as training.compile: step does (strategies/compiled_step.py).
 MODES = ("+compile", "+step")
@@ -75,5 +96,15 @@ def split_impl(impl: str) -> tuple[str, str]:
     return impl, ""
 
 
-DEFAULT_IMPLS = ["pykan", "pykan+compile", "reference", "reference+compile", "fast", "fast+compile", "fused",
-                 "rbf", "chebyshev", "mlp"]
+DEFAULT_IMPLS = [
+    "pykan",
+    "pykan+compile",
+    "reference",
+    "reference+compile",
+    "fast",
+    "fast+compile",
+    "fused",
+    "rbf",
+    "chebyshev",
+    "mlp",
+]

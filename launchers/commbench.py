@@ -107,8 +107,10 @@ class BenchOptions:
         if self.min_bytes < 1:
             raise ConfigError(f"--min-bytes: must be at least 1, got {self.min_bytes}")
         if self.max_bytes is not None and self.max_bytes < 16 * self.min_bytes:
-            raise ConfigError(f"--max-bytes: must be at least 16 x --min-bytes ({16 * self.min_bytes}) for two sizes "
-                              f"to fit latency and bandwidth to, got {self.max_bytes}")
+            raise ConfigError(
+                f"--max-bytes: must be at least 16 x --min-bytes ({16 * self.min_bytes}) for two sizes "
+                f"to fit latency and bandwidth to, got {self.max_bytes}"
+            )
         if self.iters < 1 or self.warmup < 0:
             raise ConfigError(f"--iters must be at least 1 and --warmup at least 0, got {self.iters} and {self.warmup}")
         json_out(self.out)
@@ -118,7 +120,7 @@ class BenchOptions:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_json(cls, text: str) -> "BenchOptions":
+    def from_json(cls, text: str) -> BenchOptions:
         return cls(**json.loads(text))
 
 
@@ -159,8 +161,9 @@ def measure(env: DistEnv, options: BenchOptions) -> list[dict[str, Any]]:
     box: list[Any] = [None]
     if env.is_main:
         try:
-            box[0] = message_sizes(env.world_size, options.min_bytes,
-                                   options.max_bytes or max(zoo_gradient_bytes().values()))
+            box[0] = message_sizes(
+                env.world_size, options.min_bytes, options.max_bytes or max(zoo_gradient_bytes().values())
+            )
         except Exception as err:  # sent on, so that no rank waits in the broadcast until its timeout
             box[0] = f"{type(err).__name__}: {err}"
     dist.broadcast_object_list(box, src=0)
@@ -173,9 +176,19 @@ def measure(env: DistEnv, options: BenchOptions) -> list[dict[str, Any]]:
             seconds = time_op(env, op, message.nbytes, warmup, iters)
             median = statistics.median(seconds)
             algbw = message.nbytes / median / 1e9
-            rows.append({"op": op, "bytes": message.nbytes, "labels": list(message.labels), "iters": iters,
-                         "time_s": median, "time_min_s": min(seconds), "time_max_s": max(seconds),
-                         "algbw_GBps": algbw, "busbw_GBps": algbw * busbw_factor(op, env.world_size)})
+            rows.append(
+                {
+                    "op": op,
+                    "bytes": message.nbytes,
+                    "labels": list(message.labels),
+                    "iters": iters,
+                    "time_s": median,
+                    "time_min_s": min(seconds),
+                    "time_max_s": max(seconds),
+                    "algbw_GBps": algbw,
+                    "busbw_GBps": algbw * busbw_factor(op, env.world_size),
+                }
+            )
     return rows
 
 
@@ -186,31 +199,62 @@ def fits(rows: list[dict[str, Any]], world_size: int, link: str) -> list[dict[st
         mine = [r for r in rows if r["op"] == op]
         fit = fit_alpha_beta([r["bytes"] for r in mine], [r["time_s"] for r in mine])
         cost = LinkCost.from_fit(op, fit, world_size)
-        out.append({"op": op, "link": "host" if op == HOST_COPY else link, "alpha_s": fit.alpha_s,
-                    "beta_s_per_byte": fit.beta_s_per_byte, "rel_rms": fit.rel_rms, "link_alpha_s": cost.alpha_s,
-                    "link_beta_s_per_byte": cost.beta_s_per_byte,
-                    "link_busbw_GBps": 1 / cost.beta_s_per_byte / 1e9 if cost.beta_s_per_byte else None})
+        out.append(
+            {
+                "op": op,
+                "link": "host" if op == HOST_COPY else link,
+                "alpha_s": fit.alpha_s,
+                "beta_s_per_byte": fit.beta_s_per_byte,
+                "rel_rms": fit.rel_rms,
+                "link_alpha_s": cost.alpha_s,
+                "link_beta_s_per_byte": cost.beta_s_per_byte,
+                "link_busbw_GBps": 1 / cost.beta_s_per_byte / 1e9 if cost.beta_s_per_byte else None,
+            }
+        )
     return out
 
 
 def report(doc: dict[str, Any]) -> str:
     """The measurements and fits as Markdown."""
-    head = (f"Measured {doc['date']} on {doc['device_name']}: {doc['world_size']} ranks ({doc['nodes']} node(s) x "
-            f"{doc['ranks_per_node']}), {doc['backend']}, link {doc['link']}, torch {doc['environment']['torch']}. "
-            "Time: median over timed iterations of the slowest rank [min-max]; algbw = size / time; busbw = algbw "
-            "x 2(n-1)/n (all-reduce) or (n-1)/n (reduce-scatter, all-gather; size = the gathered buffer); "
-            "host_copy: each rank copies size bytes (host to device on GPUs, RAM to RAM on CPUs).")
-    results = pd.DataFrame([{
-        "op": r["op"], "size": human_bytes(r["bytes"]), "bytes": f"{r['bytes']:,}", "what": "; ".join(r["labels"]),
-        "time us": f"{1e6 * r['time_s']:.1f} [{1e6 * r['time_min_s']:.1f}-{1e6 * r['time_max_s']:.1f}]",
-        "algbw GB/s": f"{r['algbw_GBps']:.3f}", "busbw GB/s": f"{r['busbw_GBps']:.3f}"} for r in doc["results"]])
-    fitted = pd.DataFrame([{
-        "op": f["op"], "link": f["link"], "alpha us": f"{1e6 * f['alpha_s']:.1f}",
-        "beta ns/KiB": f"{1e9 * 1024 * f['beta_s_per_byte']:.2f}", "rel. rms error": f"{100 * f['rel_rms']:.0f}%",
-        "link alpha us / step": f"{1e6 * f['link_alpha_s']:.1f}",
-        "link busbw GB/s": f"{f['link_busbw_GBps']:.2f}" if f["link_busbw_GBps"] else "inf"} for f in doc["fits"]])
-    return (f"{head}\n\n{markdown(results)}\n\nFit of time = alpha + beta x size (least squares on relative "
-            "residuals); per link: alpha / ring steps and beta / busbw factor.\n\n" + markdown(fitted) + "\n")
+    head = (
+        f"Measured {doc['date']} on {doc['device_name']}: {doc['world_size']} ranks ({doc['nodes']} node(s) x "
+        f"{doc['ranks_per_node']}), {doc['backend']}, link {doc['link']}, torch {doc['environment']['torch']}. "
+        "Time: median over timed iterations of the slowest rank [min-max]; algbw = size / time; busbw = algbw "
+        "x 2(n-1)/n (all-reduce) or (n-1)/n (reduce-scatter, all-gather; size = the gathered buffer); "
+        "host_copy: each rank copies size bytes (host to device on GPUs, RAM to RAM on CPUs)."
+    )
+    results = pd.DataFrame(
+        [
+            {
+                "op": r["op"],
+                "size": human_bytes(r["bytes"]),
+                "bytes": f"{r['bytes']:,}",
+                "what": "; ".join(r["labels"]),
+                "time us": f"{1e6 * r['time_s']:.1f} [{1e6 * r['time_min_s']:.1f}-{1e6 * r['time_max_s']:.1f}]",
+                "algbw GB/s": f"{r['algbw_GBps']:.3f}",
+                "busbw GB/s": f"{r['busbw_GBps']:.3f}",
+            }
+            for r in doc["results"]
+        ]
+    )
+    fitted = pd.DataFrame(
+        [
+            {
+                "op": f["op"],
+                "link": f["link"],
+                "alpha us": f"{1e6 * f['alpha_s']:.1f}",
+                "beta ns/KiB": f"{1e9 * 1024 * f['beta_s_per_byte']:.2f}",
+                "rel. rms error": f"{100 * f['rel_rms']:.0f}%",
+                "link alpha us / step": f"{1e6 * f['link_alpha_s']:.1f}",
+                "link busbw GB/s": f"{f['link_busbw_GBps']:.2f}" if f["link_busbw_GBps"] else "inf",
+            }
+            for f in doc["fits"]
+        ]
+    )
+    return (
+        f"{head}\n\n{markdown(results)}\n\nFit of time = alpha + beta x size (least squares on relative "
+        "residuals); per link: alpha / ring steps and beta / busbw factor.\n\n" + markdown(fitted) + "\n"
+    )
 
 
 def run_worker(env: DistEnv, options: BenchOptions) -> int:
@@ -225,10 +269,21 @@ def run_worker(env: DistEnv, options: BenchOptions) -> int:
         if env.is_main:
             link = "inter" if env.nodes > 1 else "intra"
             date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-            doc = {"kind": "kanscale commbench", "date": date, "environment": environment, "backend": env.comm_backend,
-                   "device": env.device.type, "device_name": device_name(env.device), "world_size": env.world_size,
-                   "nodes": env.nodes, "ranks_per_node": env.local_world_size, "link": link, "options": asdict(options),
-                   "results": rows, "fits": fits(rows, env.world_size, link)}
+            doc = {
+                "kind": "kanscale commbench",
+                "date": date,
+                "environment": environment,
+                "backend": env.comm_backend,
+                "device": env.device.type,
+                "device_name": device_name(env.device),
+                "world_size": env.world_size,
+                "nodes": env.nodes,
+                "ranks_per_node": env.local_world_size,
+                "link": link,
+                "options": asdict(options),
+                "results": rows,
+                "fits": fits(rows, env.world_size, link),
+            }
             table = report(doc)
             write_json_and_markdown(options.out, doc, table)
             print(table, flush=True)
@@ -243,9 +298,10 @@ def worker_main(argv: list[str] | None = None) -> int:
     without tearing it down (launchers.cli.common.exit_without_teardown)."""
     from launchers.cli.common import exit_code, run_rank
 
-    parser = argparse.ArgumentParser(prog=f"python -m {WORKER}",
-                                     description="One rank of kanscale commbench; kanscale commbench starts it on "
-                                                 "every rank under torchrun.")
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {WORKER}",
+        description="One rank of kanscale commbench; kanscale commbench starts it on every rank under torchrun.",
+    )
     parser.add_argument("options", help="the benchmark's options as JSON (BenchOptions.to_json)")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     parser.set_defaults(command="commbench")
@@ -254,7 +310,7 @@ def worker_main(argv: list[str] | None = None) -> int:
         options = BenchOptions.from_json(args.options)
         env = DistEnv.from_environ(options.device)
         return run_rank(env, args, lambda: run_worker(env, options))
-    except BaseException as err:  # noqa: BLE001 - exit_code re-raises what it does not handle
+    except BaseException as err:
         return exit_code(err, args)
 
 
@@ -264,22 +320,39 @@ def rank_command(spec: LaunchSpec, options: BenchOptions, debug: bool = False) -
     return torchrun_launch(spec, [], entry=entry).commands[0]
 
 
-def run_commbench(options: BenchOptions, nproc_per_node: int, nnodes: int, node_rank: int, master_addr: str,
-                  master_port: int | None, oversubscribe: bool, debug: bool = False) -> int:
+def run_commbench(
+    options: BenchOptions,
+    nproc_per_node: int,
+    nnodes: int,
+    node_rank: int,
+    master_addr: str,
+    master_port: int | None,
+    oversubscribe: bool,
+    debug: bool = False,
+) -> int:
     """Check the options, start ``nnodes`` torchrun agents (all of them here with a local
     ``master_addr``, else this node's), wait for them and say where the results went."""
     options.check()
     if min(nproc_per_node, nnodes) < 1 or nproc_per_node * nnodes < 2:
-        raise ConfigError("--nproc-per-node x --nnodes: a collective benchmark needs at least 2 ranks, e.g. "
-                          "--nproc-per-node 2 (one node) or --nnodes 2 --nproc-per-node 1 (two nodes)")
+        raise ConfigError(
+            "--nproc-per-node x --nnodes: a collective benchmark needs at least 2 ranks, e.g. "
+            "--nproc-per-node 2 (one node) or --nnodes 2 --nproc-per-node 1 (two nodes)"
+        )
     local = master_addr in ("127.0.0.1", "localhost")  # then every node starts here
     device = "cuda" if options.device == "cuda" or (options.device == "auto" and torch.cuda.is_available()) else "cpu"
     check_capacity(device, nproc_per_node * (nnodes if local else 1), oversubscribe)
     port = master_port or rendezvous_port(every_node_here=local)[0]
-    spec = LaunchSpec(nproc_per_node=nproc_per_node, nnodes=nnodes, master_addr=master_addr, master_port=port,
-                      rdzv_id="kanscale-commbench")
-    commands = [rank_command(dataclasses.replace(spec, node_rank=r), options, debug)
-                for r in (range(nnodes) if local else [node_rank])]
+    spec = LaunchSpec(
+        nproc_per_node=nproc_per_node,
+        nnodes=nnodes,
+        master_addr=master_addr,
+        master_port=port,
+        rdzv_id="kanscale-commbench",
+    )
+    commands = [
+        rank_command(dataclasses.replace(spec, node_rank=r), options, debug)
+        for r in (range(nnodes) if local else [node_rank])
+    ]
     code = execute(Launch(commands))
     if code == 0 and (local or node_rank == 0):
         print(f"wrote {options.out} and {Path(options.out).with_suffix('.md')}", file=sys.stderr)

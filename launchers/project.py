@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from analysis import projection as pj
 from analysis.documents import json_out, write_json_and_markdown
-from kanscale.errors import ConfigError
 from kan_models import parse_model_config
+from kanscale.errors import ConfigError
 from kanscale.files import find_file, preset_names, read_json, read_mapping
 from launchers.zoo import bench_model_config, model_shape
 from strategies.experiment import load_strategy
@@ -58,8 +59,10 @@ def profiles(request: ProjectionRequest) -> tuple[dict[str, pj.ComputeProfile], 
         profile, model = pj.paper_profile()
         found = {"*": profile}
     elif not Path(request.profile).exists():
-        raise ConfigError(f"--profile: {request.profile} does not exist; give 1-rank run(s) of one experiment (a run "
-                          "directory or a directory of runs), a kanscale bench JSON, or paper")
+        raise ConfigError(
+            f"--profile: {request.profile} does not exist; give 1-rank run(s) of one experiment (a run "
+            "directory or a directory of runs), a kanscale bench JSON, or paper"
+        )
     elif Path(request.profile).is_file():
         doc = read_json(request.profile, "--profile")
         profile, workload, impl = checked("--profile", pj.profile_from_bench, doc, request.row)
@@ -69,8 +72,10 @@ def profiles(request: ProjectionRequest) -> tuple[dict[str, pj.ComputeProfile], 
     if request.forward_fraction is not None:
         if not 0 < request.forward_fraction < 1:
             raise ConfigError(f"--forward-fraction: a share between 0 and 1, e.g. 0.33; got {request.forward_fraction}")
-        found = {k: dataclasses.replace(p, forward_fraction=request.forward_fraction, forward_source="given")
-                 for k, p in found.items()}
+        found = {
+            k: dataclasses.replace(p, forward_fraction=request.forward_fraction, forward_source="given")
+            for k, p in found.items()
+        }
     return found, model
 
 
@@ -86,8 +91,10 @@ def cost_models(names: list[str] | None, model: dict[str, Any]) -> list[pj.Strat
     missing = [name for name, m in described.items() if m is None]
     if names and missing:
         modelled = [name for name in preset_names("strategies") if load_strategy(name, config).cost_model()]
-        raise ConfigError(f"--strategies: the projection does not model {', '.join(missing)} (its options lead where "
-                          f"no cost model is written yet); presets it models: {', '.join(modelled)}")
+        raise ConfigError(
+            f"--strategies: the projection does not model {', '.join(missing)} (its options lead where "
+            f"no cost model is written yet); presets it models: {', '.join(modelled)}"
+        )
     return [m for m in described.values() if m is not None]
 
 
@@ -97,11 +104,17 @@ def run_projection(request: ProjectionRequest) -> int:
     names = [s.strip() for s in request.strategies.split(",") if s.strip()] if request.strategies else None
     ranks = checked("--ranks", lambda: [int(r) for r in request.ranks.split(",") if r.strip()])
     if names == [] or not ranks or min(ranks) < 1:
-        raise ConfigError(f"--strategies/--ranks: strategy presets (or preset files) and rank counts of at least 1, "
-                          f"e.g. --strategies ddp,zero3 --ranks 1,2,4,8; got {request.strategies} and {request.ranks}")
-    numbers = {"--micro-batch": request.micro_batch, "--global-batch": request.global_batch,
-               "--ranks-per-node": request.ranks_per_node, "--compute-scale": request.compute_scale,
-               "--contention": request.contention}
+        raise ConfigError(
+            f"--strategies/--ranks: strategy presets (or preset files) and rank counts of at least 1, "
+            f"e.g. --strategies ddp,zero3 --ranks 1,2,4,8; got {request.strategies} and {request.ranks}"
+        )
+    numbers = {
+        "--micro-batch": request.micro_batch,
+        "--global-batch": request.global_batch,
+        "--ranks-per-node": request.ranks_per_node,
+        "--compute-scale": request.compute_scale,
+        "--contention": request.contention,
+    }
     if any(value is not None and value <= 0 for value in numbers.values()):
         raise ConfigError(f"{', '.join(f for f, v in numbers.items() if v is not None and v <= 0)}: must be positive")
     net = network(request)
@@ -111,15 +124,34 @@ def run_projection(request: ProjectionRequest) -> int:
     cut = [s.label for s in strategies if s.tp != 1]
     if cut and not shape.widths:
         if names:
-            raise ConfigError(f"--strategies: {', '.join(cut)} cut layers that declare how (bspline, rbf, chebyshev); "
-                              f"the profile's model, {shape.label}, has none; leave them out")
+            raise ConfigError(
+                f"--strategies: {', '.join(cut)} cut layers that declare how (bspline, rbf, chebyshev); "
+                f"the profile's model, {shape.label}, has none; leave them out"
+            )
         strategies = [s for s in strategies if s.tp == 1]  # the default: every strategy that can run it
-    options = {"micro_batch": request.micro_batch, "global_batch": request.global_batch,
-               "compute_scale": request.compute_scale, "contention": request.contention, "probe": request.probe}
-    rows = checked("--cluster" if request.cluster else "--network", pj.project, strategies, shape, found, net, ranks,
-                   per_node, **options)
-    takeovers = {s.label: pj.takeover(s, shape, found.get(s.label) or found["*"], net, per_node, **options)
-                 for s in strategies if s.multi_rank}
+    options = {
+        "micro_batch": request.micro_batch,
+        "global_batch": request.global_batch,
+        "compute_scale": request.compute_scale,
+        "contention": request.contention,
+        "probe": request.probe,
+    }
+    rows = checked(
+        "--cluster" if request.cluster else "--network",
+        pj.project,
+        strategies,
+        shape,
+        found,
+        net,
+        ranks,
+        per_node,
+        **options,
+    )
+    takeovers = {
+        s.label: pj.takeover(s, shape, found.get(s.label) or found["*"], net, per_node, **options)
+        for s in strategies
+        if s.multi_rank
+    }
     notes = pj.assumptions(shape, found, net, request.compute_scale, request.contention, request.probe)
     text = pj.markdown(rows, notes, takeovers, pj.search_limit(net, per_node))
     print(text)

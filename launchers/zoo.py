@@ -29,8 +29,13 @@ def model_shape(config: dict[str, Any]) -> ModelShape:
     layers = [sum(p.numel() for p in block.parameters() if p.requires_grad) for block in blocks]
     root = sum(tensors) - sum(layers)
     cuttable = bool(blocks) and all(hasattr(b, "layer_split") for b in blocks) and len(blocks) == len(cfg.widths) - 1
-    return ModelShape(label=cfg.describe(), tensors=tensors, units=tuple(([root] if root else []) + layers),
-                      params=sum(p.numel() for p in model.parameters()), widths=tuple(cfg.widths) if cuttable else ())
+    return ModelShape(
+        label=cfg.describe(),
+        tensors=tensors,
+        units=tuple(([root] if root else []) + layers),
+        params=sum(p.numel() for p in model.parameters()),
+        widths=tuple(cfg.widths) if cuttable else (),
+    )
 
 
 def meta_sketch(cfg: ModelConfig) -> nn.Module | None:
@@ -39,7 +44,7 @@ def meta_sketch(cfg: ModelConfig) -> nn.Module | None:
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # pykan prints why its fit failed
             return cfg.sketch()
-    except Exception:  # noqa: BLE001 - whatever the family's constructor does on meta tensors
+    except Exception:
         return None
 
 

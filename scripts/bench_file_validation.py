@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kan_models.tasks import FileTask  # noqa: E402
+from kan_models.tasks import FileTask
 
 
 def write(folder: Path, rows: int, width: int, fmt: str, objective: str) -> dict:
@@ -66,14 +66,21 @@ def measure(options: dict, objective: str) -> str:
     start = time.perf_counter()
     data = task.generate(seed=0).to("cpu", torch.float32)
     built = time.perf_counter() - start
-    return (f"accepted in {checked:6.2f} s ({task.input_dim:,} inputs, {task.output_dim} output(s)); tensors "
-            f"{tuple(data.x_train.shape)} in {built:.2f} s")
+    return (
+        f"accepted in {checked:6.2f} s ({task.input_dim:,} inputs, {task.output_dim} output(s)); tensors "
+        f"{tuple(data.x_train.shape)} in {built:.2f} s"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--widths", type=int, nargs="+", default=[10_000, 100_000, 1_000_000],
-                        help="columns of each file, the target's included")
+    parser.add_argument(
+        "--widths",
+        type=int,
+        nargs="+",
+        default=[10_000, 100_000, 1_000_000],
+        help="columns of each file, the target's included",
+    )
     parser.add_argument("--rows", type=int, default=3)
     parser.add_argument("--formats", nargs="+", choices=["csv", "parquet", "npy"], default=["csv", "npy"])
     parser.add_argument("--objective", choices=["regression", "classification"], default="regression")
@@ -82,8 +89,11 @@ def main() -> None:
         for width in args.widths:
             for fmt in args.formats:
                 options = write(Path(folder), args.rows, width, fmt, args.objective)
-                print(f"{args.rows:>9,} x {width:>9,} {Path(options['path']).suffix[1:]:<7} "
-                      f"{measure(options, args.objective)}", flush=True)
+                print(
+                    f"{args.rows:>9,} x {width:>9,} {Path(options['path']).suffix[1:]:<7} "
+                    f"{measure(options, args.objective)}",
+                    flush=True,
+                )
                 Path(options["path"]).unlink()
 
 

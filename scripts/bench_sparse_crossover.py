@@ -20,14 +20,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kan_models import build_model, parse_model_config  # noqa: E402
-from kan_models.sparse_crossover import break_even, machine_key, save_crossover  # noqa: E402
+from kan_models import build_model, parse_model_config
+from kan_models.sparse_crossover import break_even, machine_key, save_crossover
 
 
 def layer_step(grid: int, product: str, args: argparse.Namespace) -> tuple[float, list[torch.Tensor]]:
     """The best of ``args.repeats`` forward + backward times (ms) of one layer, and its output and gradients."""
-    cfg = parse_model_config({"family": "bspline", "widths": [args.inputs, args.outputs], "grid": grid, "k": args.k,
-                              "product": product})
+    cfg = parse_model_config(
+        {"family": "bspline", "widths": [args.inputs, args.outputs], "grid": grid, "k": args.k, "product": product}
+    )
     model = build_model(cfg, 0).to(args.device)
     x = (torch.rand(args.batch, args.inputs, generator=torch.Generator().manual_seed(0)) * 2 - 1).to(args.device)
     x.requires_grad_()
@@ -60,14 +61,18 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--save", action="store_true",
-                        help="store the break-even as this CPU's crossover for product: auto (CPU only)")
+    parser.add_argument(
+        "--save", action="store_true", help="store the break-even as this CPU's crossover for product: auto (CPU only)"
+    )
     args = parser.parse_args()
     if args.save and args.device != "cpu":
         parser.error("--save stores a CPU's crossover; product: auto stays dense on CUDA")
     torch.set_num_threads(1)
-    print(f"one B-spline layer [{args.inputs}, {args.outputs}], k {args.k}, batch {args.batch}, {args.device}, "
-          "forward + backward, best of", args.repeats)
+    print(
+        f"one B-spline layer [{args.inputs}, {args.outputs}], k {args.k}, batch {args.batch}, {args.device}, "
+        "forward + backward, best of",
+        args.repeats,
+    )
     print("| grid | bases per non-zero | dense ms | sparse ms | dense / sparse | max rel. difference |")
     print("|---:|---:|---:|---:|---:|---:|")
     table = []
@@ -76,10 +81,18 @@ def main() -> None:
         sparse_ms, sparse = layer_step(grid, "sparse", args)
         diff = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(sparse, dense))
         bases = (grid + args.k) / (args.k + 1)
-        table.append({"grid": grid, "bases_per_nonzero": round(bases, 2), "dense_ms": round(dense_ms, 2),
-                      "sparse_ms": round(sparse_ms, 2)})
-        print(f"| {grid} | {bases:.1f} | {dense_ms:,.0f} | {sparse_ms:,.0f} | {dense_ms / sparse_ms:.2f} | "
-              f"{diff:.1e} |", flush=True)
+        table.append(
+            {
+                "grid": grid,
+                "bases_per_nonzero": round(bases, 2),
+                "dense_ms": round(dense_ms, 2),
+                "sparse_ms": round(sparse_ms, 2),
+            }
+        )
+        print(
+            f"| {grid} | {bases:.1f} | {dense_ms:,.0f} | {sparse_ms:,.0f} | {dense_ms / sparse_ms:.2f} | {diff:.1e} |",
+            flush=True,
+        )
     even = break_even([(row["bases_per_nonzero"], row["dense_ms"] / row["sparse_ms"]) for row in table])
     if even is None:
         print(f"sparse never won up to grid {max(args.grids)}: nothing to store; try larger --grids")

@@ -29,32 +29,59 @@ from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kan_models import build_model, count_parameters  # noqa: E402
-from strategies.distributed import DistEnv  # noqa: E402
-from strategies.experiment import ExperimentConfig, parse_experiment  # noqa: E402
-from strategies.loop.trainer import Trainer  # noqa: E402
+from kan_models import build_model, count_parameters
+from strategies.distributed import DistEnv
+from strategies.experiment import ExperimentConfig, parse_experiment
+from strategies.loop.trainer import Trainer
 
 MODELS = {
-    "study [2, 64, 1] pykan": {"model": {"family": "pykan", "widths": [2, 64, 1], "grid": 10, "k": 3, "seed": 42},
-                               "task": {"name": "quadratic"}},
-    "1M [8, 256, 256, 1] bspline": {"model": {"family": "bspline", "widths": [8, 256, 256, 1], "grid": 10, "k": 3},
-                                    "task": {"name": "high_dim", "dim": 8}},
+    "study [2, 64, 1] pykan": {
+        "model": {"family": "pykan", "widths": [2, 64, 1], "grid": 10, "k": 3, "seed": 42},
+        "task": {"name": "quadratic"},
+    },
+    "1M [8, 256, 256, 1] bspline": {
+        "model": {"family": "bspline", "widths": [8, 256, 256, 1], "grid": 10, "k": 3},
+        "task": {"name": "high_dim", "dim": 8},
+    },
     # the study's size with the fused layer: a step of about 2.5 ms, where per-step bookkeeping shows
-    "study [2, 64, 1] fused": {"model": {"family": "bspline", "widths": [2, 64, 1], "grid": 10, "k": 3, "impl": "fused"},
-                               "task": {"name": "quadratic"}},
+    "study [2, 64, 1] fused": {
+        "model": {"family": "bspline", "widths": [2, 64, 1], "grid": 10, "k": 3, "impl": "fused"},
+        "task": {"name": "quadratic"},
+    },
 }
 
 
-def experiment(spec: dict, steps: int, warmup: int, batch: int, world: int, device: str, out: str,
-               timing: str = "windowed", overrides: list[str] = ()) -> ExperimentConfig:
-    return parse_experiment({
-        "name": "bench_timing", **spec,
-        "task": {**spec["task"], "n_train": batch * world * (steps + warmup), "n_test": 256},
-        "training": {"seed": 0, "optimizer": "adam", "lr": 1e-3, "micro_batch": batch, "steps": steps + warmup,
-                     "warmup_steps": warmup},
-        "strategy": {"name": "ddp"}, "measurement": {"timing": timing},
-        "runtime": {"device": device, "threads": 1}, "output": {"dir": out},
-    }, overrides)
+def experiment(
+    spec: dict,
+    steps: int,
+    warmup: int,
+    batch: int,
+    world: int,
+    device: str,
+    out: str,
+    timing: str = "windowed",
+    overrides: list[str] = (),
+) -> ExperimentConfig:
+    return parse_experiment(
+        {
+            "name": "bench_timing",
+            **spec,
+            "task": {**spec["task"], "n_train": batch * world * (steps + warmup), "n_test": 256},
+            "training": {
+                "seed": 0,
+                "optimizer": "adam",
+                "lr": 1e-3,
+                "micro_batch": batch,
+                "steps": steps + warmup,
+                "warmup_steps": warmup,
+            },
+            "strategy": {"name": "ddp"},
+            "measurement": {"timing": timing},
+            "runtime": {"device": device, "threads": 1},
+            "output": {"dir": out},
+        },
+        overrides,
+    )
 
 
 def hand_written(cfg: ExperimentConfig, env: DistEnv, steps: int, warmup: int) -> float:
@@ -73,7 +100,7 @@ def hand_written(cfg: ExperimentConfig, env: DistEnv, steps: int, warmup: int) -
             env.synchronize()
             start = time.perf_counter()
         first = (step * env.world_size + env.rank) * batch
-        indices = order[first:first + batch]
+        indices = order[first : first + batch]
         x, y = data.x_train[indices], data.y_train[indices]
         loss = torch.nn.functional.mse_loss(ddp(x), y)
         loss.backward()
@@ -94,10 +121,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch", type=int, default=512, help="samples per rank per step (the study's 512)")
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), metavar="MODEL",
-                        help=f"which of: {'; '.join(MODELS)}")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="an override for the suite's runs, e.g. measurement.window_steps=20")
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=list(MODELS),
+        default=list(MODELS),
+        metavar="MODEL",
+        help=f"which of: {'; '.join(MODELS)}",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override for the suite's runs, e.g. measurement.window_steps=20",
+    )
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -108,17 +146,29 @@ def main() -> None:
         out = env.broadcast_string(tmp)
         for name in args.models:
             spec = MODELS[name]
-            make = lambda timing="windowed": experiment(spec, args.steps, args.warmup, args.batch, env.world_size,  # noqa: E731
-                                                         args.device, out, timing, args.set)
+            make = lambda timing="windowed": experiment(
+                spec,
+                args.steps,
+                args.warmup,
+                args.batch,
+                env.world_size,
+                args.device,
+                out,
+                timing,
+                args.set,
+            )
             rows = {"hand-written": [], "suite": [], "suite per_step": []}
             for _ in range(args.rounds):  # interleaved: drift hits all three alike
                 rows["hand-written"].append(hand_written(make(), env, args.steps, args.warmup))
                 rows["suite"].append(suite(make(), env))
                 rows["suite per_step"].append(suite(make("per_step"), env))
             params = count_parameters(build_model(make().model, 0)).trainable
-            results[name] = {"params": params, "samples_per_s": rows,
-                             "ratio": [s / h for s, h in zip(rows["suite"], rows["hand-written"])],
-                             "ratio_per_step": [s / h for s, h in zip(rows["suite per_step"], rows["hand-written"])]}
+            results[name] = {
+                "params": params,
+                "samples_per_s": rows,
+                "ratio": [s / h for s, h in zip(rows["suite"], rows["hand-written"])],
+                "ratio_per_step": [s / h for s, h in zip(rows["suite per_step"], rows["hand-written"])],
+            }
     if env.is_main:
         report(results, args, env)
     env.shutdown()
@@ -144,20 +194,30 @@ def verdict(low: float, high: float) -> str:
 
 
 def report(results: dict, args: argparse.Namespace, env: DistEnv) -> None:
-    print(f"\n{env.world_size} ranks on {args.device}, batch {args.batch} per rank, {args.steps} timed steps, "
-          f"{args.rounds} interleaved rounds\n")
-    print("| model | params | hand-written samples/s | suite / hand-written (median [min-max]) | 95% interval of "
-          "the median | target | suite per_step / hand-written |")
+    print(
+        f"\n{env.world_size} ranks on {args.device}, batch {args.batch} per rank, {args.steps} timed steps, "
+        f"{args.rounds} interleaved rounds\n"
+    )
+    print(
+        "| model | params | hand-written samples/s | suite / hand-written (median [min-max]) | 95% interval of "
+        "the median | target | suite per_step / hand-written |"
+    )
     print("|---|---|---|---|---|---|---|")
     for name, r in results.items():
         hand = statistics.median(r["samples_per_s"]["hand-written"])
         cell = lambda v: f"{statistics.median(v):.3f} [{min(v):.3f}-{max(v):.3f}]"  # noqa: E731
         low, high = r["median_interval"] = median_interval(r["ratio"])
-        print(f"| {name} | {r['params']:,} | {hand:,.0f} | {cell(r['ratio'])} | {low:.3f}-{high:.3f} | "
-              f"{verdict(low, high)} | {cell(r['ratio_per_step'])} |")
+        print(
+            f"| {name} | {r['params']:,} | {hand:,.0f} | {cell(r['ratio'])} | {low:.3f}-{high:.3f} | "
+            f"{verdict(low, high)} | {cell(r['ratio_per_step'])} |"
+        )
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": args.device, "world_size": env.world_size, **vars(args),
-                                              "results": results}, indent=2) + "\n")
+        Path(args.out).write_text(
+            json.dumps(
+                {"device": args.device, "world_size": env.world_size, **vars(args), "results": results}, indent=2
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -74,5 +74,5 @@ def rank_micro_batches(indices: torch.Tensor, grad_accum: int, world_size: int, 
     for micro in range(grad_accum):
         first, end = part_bounds(len(indices), grad_accum, micro)
         begin, stop = part_bounds(end - first, world_size, rank)
-        shards.append(indices[first + begin:first + stop])
+        shards.append(indices[first + begin : first + stop])
     return shards

@@ -61,6 +61,9 @@ class StepCompilation:
         return compiled_autograd._enable(self._backward_compiler)
 
     def describe(self) -> str:
-        parts = ["torch.compile(forward + loss)", "compiled autograd" if self.compiled_autograd else "eager backward",
-                 "torch.compile(optimizer.step)"]
+        parts = [
+            "torch.compile(forward + loss)",
+            "compiled autograd" if self.compiled_autograd else "eager backward",
+            "torch.compile(optimizer.step)",
+        ]
         return " + ".join(parts) + (f", mode {self.options['mode']}" if self.options else "")

@@ -65,7 +65,7 @@ class DistEnv:
         return dataclasses.replace(self, mesh=RunMesh(shape, self.rank, self.device.type))
 
     @classmethod
-    def from_environ(cls, device: str = "auto") -> "DistEnv":
+    def from_environ(cls, device: str = "auto") -> DistEnv:
         world = _env_int("WORLD_SIZE", 1)
         local_rank = _env_int("LOCAL_RANK", 0)
         # torchrun exports LOCAL_WORLD_SIZE and GROUP_WORLD_SIZE (one group per node), the

@@ -100,8 +100,14 @@ class Engine:
     # Whether compiled autograd runs this backend's backward correctly (strategies/compiled_step.py).
     compiled_autograd = True
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig,
-                 amp: Amp | None = None, cast: str | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        training: TrainingConfig,
+        amp: Amp | None = None,
+        cast: str | None = None,
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.training = training
@@ -120,8 +126,11 @@ class Engine:
         # backend from the launch config); None: the strategy config's label.
         self.label: str | None = None
         # training.compile: step compiles the forward and loss, the backward and the optimizer step.
-        self.compilation = (StepCompilation(optimizer, self.compiled_autograd, training.compile_mode)
-                            if training.compile == "step" else None)
+        self.compilation = (
+            StepCompilation(optimizer, self.compiled_autograd, training.compile_mode)
+            if training.compile == "step"
+            else None
+        )
         self._loss_share = self.compilation.region(self.loss_share) if self.compilation else self.loss_share
 
     def _count_state_if_armed(self) -> None:
@@ -155,7 +164,9 @@ class Engine:
             total = loss.detach() if total is None else total + loss.detach()
         return total
 
-    def loss_share(self, x: torch.Tensor, y: torch.Tensor, loss_sum: LossFn, n_global: int | torch.Tensor) -> torch.Tensor:
+    def loss_share(
+        self, x: torch.Tensor, y: torch.Tensor, loss_sum: LossFn, n_global: int | torch.Tensor
+    ) -> torch.Tensor:
         """This micro-batch's share of the global batch's mean loss (compiled as one graph under
         ``training.compile: step``)."""
         return loss_sum(self.forward(x), y) / n_global
@@ -222,10 +233,12 @@ class Engine:
         modules returned in the first forward pass (:func:`watch_compute_dtypes`)."""
         updated = self.updated_tensors()
         return PrecisionInfo(
-            setting=self.training.precision, mechanism=self.precision_mechanism,
+            setting=self.training.precision,
+            mechanism=self.precision_mechanism,
             param_dtype=dtype_name(next(self.model.parameters()).dtype),
             optimizer_dtype=dtype_name(updated[0].dtype) if updated else None,
-            compute_dtype="+".join(sorted(self.compute_dtypes)) or None)
+            compute_dtype="+".join(sorted(self.compute_dtypes)) or None,
+        )
 
     def compile_info(self) -> CompileInfo:
         """What ``training.compile`` compiled, and how."""
@@ -254,7 +267,9 @@ class Engine:
         """Write the model and optimizer state into ``directory`` (every rank calls this). The
         default: rank 0 writes one ``torch.save`` file; every rank holds the same state."""
         if is_rank0():
-            torch.save({"model": self.full_state_dict(), "optimizer": self.optimizer.state_dict()}, directory / "state.pt")
+            torch.save(
+                {"model": self.full_state_dict(), "optimizer": self.optimizer.state_dict()}, directory / "state.pt"
+            )
 
     @staticmethod
     def consolidate(directory: Path) -> dict[str, torch.Tensor]:
@@ -281,8 +296,15 @@ class AveragingEngine(Engine):
     """An engine whose backend averages gradients over ranks (DDP, FSDP): the rank's share of
     the loss is scaled by the world size, so the average is the gradient of the global mean."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, training: TrainingConfig, world_size: int,
-                 amp: Amp | None = None, cast: str | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        training: TrainingConfig,
+        world_size: int,
+        amp: Amp | None = None,
+        cast: str | None = None,
+    ) -> None:
         super().__init__(model, optimizer, training, amp, cast)
         self.world_size = world_size
 

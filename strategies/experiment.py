@@ -19,10 +19,10 @@ import yaml
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, model_validator
 
 from kan_models import AnyModelConfig, AnyTaskConfig
+from kan_models.base import ModelConfig
 from kan_models.custom import CustomConfig
 from kan_models.registry import FAMILIES
 from kan_models.tasks import TASKS
-from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, find_preset, parse_yaml_value, read_mapping
 from kanscale.identity import digest, identity
@@ -55,13 +55,15 @@ class ExperimentConfig(Section):
         if model.pop("compile") is True:
             training = dict(data.get("training") or {})
             if training.setdefault("compile", "model") != "model":
-                raise ValueError(f"model.compile: true contradicts training.compile: {training['compile']}; "
-                                 "drop model.compile (training.compile says what is compiled)")
+                raise ValueError(
+                    f"model.compile: true contradicts training.compile: {training['compile']}; "
+                    "drop model.compile (training.compile says what is compiled)"
+                )
             data = {**data, "training": training}
         return {**data, "model": model}
 
     @model_validator(mode="after")
-    def _model_fits_task(self) -> "ExperimentConfig":
+    def _model_fits_task(self) -> ExperimentConfig:
         widths, task = self.model.widths, self.task
         # both ends in one message: a new file's user learns the whole fix from one run
         wrong = []
@@ -75,7 +77,7 @@ class ExperimentConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _strategy_as_it_runs(self) -> "ExperimentConfig":
+    def _strategy_as_it_runs(self) -> ExperimentConfig:
         # A native backend file may decide options the strategy section leaves out (the zero3
         # preset's stage lives in its DeepSpeed JSON, an "auto" bucket size is sized by the
         # model); fill them in, so that config.yaml and the run record say what runs.
@@ -140,7 +142,9 @@ def read_sections(path: str | Path) -> dict[str, Any]:
 
 # The sections whose class one of their keys chooses: the model's family, the task's name.
 SWITCHES: dict[str, tuple[str, dict[str, type[BaseModel]]]] = {
-    "model": ("family", {**FAMILIES, "custom": CustomConfig}), "task": ("name", TASKS)}
+    "model": ("family", {**FAMILIES, "custom": CustomConfig}),
+    "task": ("name", TASKS),
+}
 
 
 def parse_experiment(data: dict[str, Any], overrides: list[str] = (), source: str = "config") -> ExperimentConfig:
@@ -151,7 +155,9 @@ def parse_experiment(data: dict[str, Any], overrides: list[str] = (), source: st
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{source} is invalid:\n" + error_lines([describe_error(e, data) for e in err.errors()])) from None
+        raise ConfigError(
+            f"{source} is invalid:\n" + error_lines([describe_error(e, data) for e in err.errors()])
+        ) from None
 
 
 def drop_switched_keys(written: dict[str, Any], data: dict[str, Any], overrides: list[str]) -> None:
@@ -167,14 +173,22 @@ def drop_switched_keys(written: dict[str, Any], data: dict[str, Any], overrides:
         old, new = classes.get(str(before.get(key))), classes.get(str(after.get(key)))
         if old is None or new is None or old is new:
             continue
-        typed = {o.partition("=")[0].strip().split(".")[1] for o in overrides
-                 if o.partition("=")[0].strip().startswith(f"{section}.") and "." in o.partition("=")[0]}
-        dropped = [k for k in before if k in after and k not in typed and k in old.model_fields and k not in new.model_fields]
+        typed = {
+            o.partition("=")[0].strip().split(".")[1]
+            for o in overrides
+            if o.partition("=")[0].strip().startswith(f"{section}.") and "." in o.partition("=")[0]
+        }
+        dropped = [
+            k for k in before if k in after and k not in typed and k in old.model_fields and k not in new.model_fields
+        ]
         for k in dropped:
             del after[k]
         if dropped and os.environ.get("RANK", "0") == "0":  # once per launch, not from every rank
-            print(f"kanscale: note: --set {section}.{key}={after[key]}: left out {', '.join(dropped)} of the file's "
-                  f"{before[key]} {section}, which {after[key]} does not take", file=sys.stderr)
+            print(
+                f"kanscale: note: --set {section}.{key}={after[key]}: left out {', '.join(dropped)} of the file's "
+                f"{before[key]} {section}, which {after[key]} does not take",
+                file=sys.stderr,
+            )
 
 
 def apply_override(data: dict[str, Any], override: str) -> None:
@@ -244,7 +258,11 @@ def _field_path(loc: tuple, data: dict[str, Any]) -> tuple[str, Any]:
         if isinstance(node, dict) and part not in node and isinstance(part, str) and _is_tag(node, part):
             continue
         parts.append(f"[{part}]" if isinstance(part, int) else str(part))
-        node = node.get(part) if isinstance(node, dict) else (node[part] if isinstance(node, list) and isinstance(part, int) and part < len(node) else None)
+        node = (
+            node.get(part)
+            if isinstance(node, dict)
+            else (node[part] if isinstance(node, list) and isinstance(part, int) and part < len(node) else None)
+        )
     return ".".join(parts).replace(".[", "["), node
 
 

@@ -43,8 +43,10 @@ class MeshShape:
         """``tp`` ranks per replica and the rest data parallel along ``dp``; ``field`` names the
         option that set ``tp``, for the error where it does not divide the world."""
         if tp < 1 or world_size % tp:
-            raise ConfigError(f"{field}: {tp} does not divide the world size {world_size} (dp x tp = world size); "
-                              f"launch a multiple of {tp} ranks or change {field.split('.')[-1]}")
+            raise ConfigError(
+                f"{field}: {tp} does not divide the world size {world_size} (dp x tp = world size); "
+                f"launch a multiple of {tp} ranks or change {field.split('.')[-1]}"
+            )
         return cls(**{dp: world_size // tp, "tp": tp})
 
     @classmethod
@@ -57,13 +59,17 @@ class MeshShape:
         per_node = ranks_per_node or world_size
         shard = {"node": per_node, "world": world_size}.get(shard_degree, shard_degree)
         if not isinstance(shard, int) or shard < 1 or world_size % shard:
-            raise ConfigError(f"{field}: {shard_degree} ranks per shard group does not divide the world size "
-                              f"{world_size} (replicas x shard degree = world size); give a divisor of {world_size}, "
-                              "or node (the ranks of one node) or world (every rank)")
+            raise ConfigError(
+                f"{field}: {shard_degree} ranks per shard group does not divide the world size "
+                f"{world_size} (replicas x shard degree = world size); give a divisor of {world_size}, "
+                "or node (the ranks of one node) or world (every rank)"
+            )
         if shard_degree != "node" and shard % per_node and per_node % shard:
-            raise ConfigError(f"{field}: shard groups of {shard} ranks on nodes of {per_node} would cut a group across "
-                              f"a node boundary and leave others inside it; give a divisor or a multiple of {per_node} "
-                              "(node: one node's ranks)")
+            raise ConfigError(
+                f"{field}: shard groups of {shard} ranks on nodes of {per_node} would cut a group across "
+                f"a node boundary and leave others inside it; give a divisor or a multiple of {per_node} "
+                "(node: one node's ranks)"
+            )
         return cls(dp_replicate=world_size // shard, dp_shard=shard)
 
     def sizes(self) -> dict[str, int]:
@@ -131,6 +137,7 @@ class RunMesh:
         if self._device_mesh is None:
             from torch.distributed.device_mesh import init_device_mesh  # torch, which the config side leaves alone
 
-            self._device_mesh = init_device_mesh(self.device_type, tuple(self.shape.sizes().values()),
-                                                 mesh_dim_names=DIMS)
+            self._device_mesh = init_device_mesh(
+                self.device_type, tuple(self.shape.sizes().values()), mesh_dim_names=DIMS
+            )
         return self._device_mesh

@@ -39,14 +39,14 @@ class Amp:
         self.device_type, self.dtype, self.scaler = device_type, dtype, scaler
 
     @classmethod
-    def autocast(cls, training: TrainingConfig, device_type: str) -> "Amp":
+    def autocast(cls, training: TrainingConfig, device_type: str) -> Amp:
         """Autocast in the experiment's low dtype, with a GradScaler for fp16 (whose narrow
         exponent range lets small gradients underflow unless the loss is scaled up first)."""
         scaler = torch.amp.GradScaler(device_type) if training.precision == "fp16" else None
         return cls(device_type, low_dtype(training), scaler)
 
     @classmethod
-    def sharded_scaler(cls, training: TrainingConfig, device_type: str) -> "Amp":
+    def sharded_scaler(cls, training: TrainingConfig, device_type: str) -> Amp:
         """No autocast (the backend casts its parameters itself), but for fp16 a scaler that agrees
         over ranks whether any shard's gradient overflowed, so every rank skips the same steps."""
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -54,7 +54,9 @@ class Amp:
         return cls(device_type, None, ShardedGradScaler(device=device_type) if training.precision == "fp16" else None)
 
     def context(self) -> contextlib.AbstractContextManager:
-        return torch.autocast(self.device_type, dtype=self.dtype) if self.dtype is not None else contextlib.nullcontext()
+        return (
+            torch.autocast(self.device_type, dtype=self.dtype) if self.dtype is not None else contextlib.nullcontext()
+        )
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss) if self.scaler is not None else loss

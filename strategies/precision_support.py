@@ -47,7 +47,12 @@ def _gpu() -> str:
 
 def autocast_lacks(precision: str, device_type: str) -> str | None:
     """What this machine lacks for ``precision`` under autocast or FSDP's mixed precision, in words; None: nothing."""
-    if precision == "bf16" and device_type == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+    if (
+        precision == "bf16"
+        and device_type == "cuda"
+        and torch.cuda.is_available()
+        and not torch.cuda.is_bf16_supported()
+    ):
         return f"{_gpu()} has no bf16 support (torch.cuda.is_bf16_supported() is False)"
     return None
 
@@ -55,28 +60,39 @@ def autocast_lacks(precision: str, device_type: str) -> str | None:
 def deepspeed_lacks(precision: str, device_type: str) -> str | None:
     """What this machine lacks for ``precision`` under DeepSpeed's own fp16/bf16 engine; None: nothing."""
     if precision == "fp16" and device_type == "cpu" and not cpu_fp16_supported():
-        return (f"DeepSpeed's CPU accelerator runs fp16 only on CPUs with oneDNN fp16 kernels (AVX512-FP16 or "
-                f"AMX-FP16), which this CPU ({cpu_model()}) lacks")
-    if (precision == "fp16" and device_type == "cuda" and torch.cuda.is_available()
-            and torch.cuda.get_device_capability()[0] < 7 and os.environ.get("DS_ALLOW_DEPRECATED_FP16") != "1"):
+        return (
+            f"DeepSpeed's CPU accelerator runs fp16 only on CPUs with oneDNN fp16 kernels (AVX512-FP16 or "
+            f"AMX-FP16), which this CPU ({cpu_model()}) lacks"
+        )
+    if (
+        precision == "fp16"
+        and device_type == "cuda"
+        and torch.cuda.is_available()
+        and torch.cuda.get_device_capability()[0] < 7
+        and os.environ.get("DS_ALLOW_DEPRECATED_FP16") != "1"
+    ):
         return f"DeepSpeed runs fp16 from compute capability 7.0, which {_gpu()} is below"
     return autocast_lacks(precision, device_type)
 
 
-def precision_problem(precision: str, device_type: str, backend: str,
-                      lacks: Callable[[str, str], str | None]) -> str | None:
+def precision_problem(
+    precision: str, device_type: str, backend: str, lacks: Callable[[str, str], str | None]
+) -> str | None:
     """The one-line refusal of ``precision`` under ``backend`` where ``lacks`` says this machine
     cannot compute in it: what is missing and what to use instead; None where it can."""
     lack = None if precision == "fp32" else lacks(precision, device_type)
     if lack is None:
         return None
     instead = "bf16" if precision != "bf16" and lacks("bf16", device_type) is None else "fp32"
-    return (f"training.precision: {precision} under {backend} cannot run on this {device_type} machine: {lack}; set "
-            f"training.precision={instead}" + (" (or fp32)" if instead != "fp32" else ""))
+    return (
+        f"training.precision: {precision} under {backend} cannot run on this {device_type} machine: {lack}; set "
+        f"training.precision={instead}" + (" (or fp32)" if instead != "fp32" else "")
+    )
 
 
-def check_precision_support(precision: str, device_type: str, backend: str,
-                            lacks: Callable[[str, str], str | None]) -> None:
+def check_precision_support(
+    precision: str, device_type: str, backend: str, lacks: Callable[[str, str], str | None]
+) -> None:
     """Raise :func:`precision_problem`'s refusal as a ConfigError, where there is one."""
     problem = precision_problem(precision, device_type, backend, lacks)
     if problem is not None:

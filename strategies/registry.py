@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Union
+from typing import Annotated
 
 import torch
 from pydantic import Field
@@ -39,4 +39,4 @@ STRATEGIES: dict[str, type[StrategyConfig]] = {
     "fsdp2_tp": FSDP2TPConfig,
 }
 
-AnyStrategyConfig = Annotated[Union[tuple(STRATEGIES.values())], Field(discriminator="name")]
+AnyStrategyConfig = Annotated[tuple(STRATEGIES.values()), Field(discriminator="name")]

@@ -29,31 +29,50 @@ class ScheduleConfig(Section):
     every backend. ``training.lr`` is the peak."""
 
     name: Literal["constant", "warmup", "warmup_decay", "warmup_cosine"] = Field(
-        "constant", description="constant: training.lr throughout; warmup (DeepSpeed's WarmupLR): from warmup_min_lr "
-                                "up to training.lr over warmup_steps, then constant; warmup_decay (WarmupDecayLR): the "
-                                "same warm-up, then linear decay to 0 at total_steps; warmup_cosine (WarmupCosineLR): "
-                                "from warmup_min_ratio x training.lr up to training.lr, then a cosine down to "
-                                "cos_min_ratio x training.lr at total_steps")
+        "constant",
+        description="constant: training.lr throughout; warmup (DeepSpeed's WarmupLR): from warmup_min_lr "
+        "up to training.lr over warmup_steps, then constant; warmup_decay (WarmupDecayLR): the "
+        "same warm-up, then linear decay to 0 at total_steps; warmup_cosine (WarmupCosineLR): "
+        "from warmup_min_ratio x training.lr up to training.lr, then a cosine down to "
+        "cos_min_ratio x training.lr at total_steps",
+    )
     warmup_steps: int | None = Field(
-        None, ge=1, description="optimizer steps of the learning-rate warm-up (not training.warmup_steps, which are "
-                                "the steps left out of timing); DeepSpeed warms up over at least 2; default: a tenth of "
-                                "total_steps, rounded up")
-    warmup_type: Literal["log", "linear"] = Field("log", description="the warm-up's curve, DeepSpeed's warmup_type "
-                                                                     "(log is its default)")
-    warmup_min_lr: float = Field(0.0, ge=0.0, description="warmup, warmup_decay: the learning rate the warm-up starts from")
-    warmup_min_ratio: float = Field(0.0, ge=0.0, le=1.0, description="warmup_cosine: the warm-up's start, as a "
-                                                                     "fraction of training.lr")
-    cos_min_ratio: float = Field(1e-4, ge=0.0, le=1.0, description="warmup_cosine: the end of the cosine, as a "
-                                                                   "fraction of training.lr (DeepSpeed's default)")
-    total_steps: int | None = Field(None, ge=1, description="warmup_decay, warmup_cosine: the step the decay ends "
-                                                            "at; default: the run's optimizer steps")
+        None,
+        ge=1,
+        description="optimizer steps of the learning-rate warm-up (not training.warmup_steps, which are "
+        "the steps left out of timing); DeepSpeed warms up over at least 2; default: a tenth of "
+        "total_steps, rounded up",
+    )
+    warmup_type: Literal["log", "linear"] = Field(
+        "log", description="the warm-up's curve, DeepSpeed's warmup_type (log is its default)"
+    )
+    warmup_min_lr: float = Field(
+        0.0, ge=0.0, description="warmup, warmup_decay: the learning rate the warm-up starts from"
+    )
+    warmup_min_ratio: float = Field(
+        0.0, ge=0.0, le=1.0, description="warmup_cosine: the warm-up's start, as a fraction of training.lr"
+    )
+    cos_min_ratio: float = Field(
+        1e-4,
+        ge=0.0,
+        le=1.0,
+        description="warmup_cosine: the end of the cosine, as a fraction of training.lr (DeepSpeed's default)",
+    )
+    total_steps: int | None = Field(
+        None,
+        ge=1,
+        description="warmup_decay, warmup_cosine: the step the decay ends at; default: the run's optimizer steps",
+    )
 
 
 class TrainingConfig(Section):
     """Every hyperparameter, passed explicitly to whichever backend trains the model."""
 
-    seed: Seed = Field(0, description="seeds the data, the initial weights and the data order; 0 <= seed < 2^32 "
-                                      "(NumPy's seeding, which pykan uses, takes no more)")
+    seed: Seed = Field(
+        0,
+        description="seeds the data, the initial weights and the data order; 0 <= seed < 2^32 "
+        "(NumPy's seeding, which pykan uses, takes no more)",
+    )
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     lr: float = Field(1e-3, gt=0.0, description="the learning rate (the peak of training.schedule)")
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="the learning rate per step")
@@ -64,31 +83,42 @@ class TrainingConfig(Section):
     grad_clip: float = Field(0.0, ge=0.0, description="max global gradient norm; 0 = off")
     micro_batch: int | None = Field(512, ge=1, description="samples per rank per forward/backward")
     global_batch: int | None = Field(
-        None, ge=1, description="samples per optimizer step over all ranks; when set, micro_batch is derived from it")
+        None, ge=1, description="samples per optimizer step over all ranks; when set, micro_batch is derived from it"
+    )
     grad_accum: int = Field(1, ge=1, description="micro-batches accumulated per optimizer step")
     epochs: float | None = Field(1, gt=0.0, description="passes over the training set (or set steps)")
     steps: int | None = Field(None, ge=1, description="optimizer steps; overrides epochs when set")
     loader: Literal["memory", "dataloader"] = Field(
-        "memory", description="memory: each rank indexes its batches from tensors it holds (the suite's own split); "
-                              "dataloader: a torch DataLoader with a DistributedSampler and worker processes")
-    loader_workers: int = Field(2, ge=0, description="with loader dataloader: worker processes per rank (0: load in "
-                                                     "the training process)")
+        "memory",
+        description="memory: each rank indexes its batches from tensors it holds (the suite's own split); "
+        "dataloader: a torch DataLoader with a DistributedSampler and worker processes",
+    )
+    loader_workers: int = Field(
+        2, ge=0, description="with loader dataloader: worker processes per rank (0: load in the training process)"
+    )
     warmup_steps: int = Field(5, ge=0, description="first steps excluded from timing")
     dtype: Literal["float32", "float64"] = Field(
-        "float32", description="dtype of the parameters (and of the master copies under mixed precision)")
+        "float32", description="dtype of the parameters (and of the master copies under mixed precision)"
+    )
     precision: Literal["fp32", "bf16", "fp16"] = Field(
-        "fp32", description="fp32: compute in training.dtype; bf16/fp16: mixed precision, by each backend's own "
-                            "mechanism (docs/precision.md)")
+        "fp32",
+        description="fp32: compute in training.dtype; bf16/fp16: mixed precision, by each backend's own "
+        "mechanism (docs/precision.md)",
+    )
     compile: Literal["none", "model", "step"] = Field(
-        "none", description="model: torch.compile the model; step: compile the whole step (forward and loss as one "
-                            "graph, the backward by compiled autograd where the backend allows, the optimizer step); "
-                            "compile times are recorded apart from step times (docs/performance.md)")
+        "none",
+        description="model: torch.compile the model; step: compile the whole step (forward and loss as one "
+        "graph, the backward by compiled autograd where the backend allows, the optimizer step); "
+        "compile times are recorded apart from step times (docs/performance.md)",
+    )
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
-        "default", description="torch.compile's mode; reduce-overhead captures CUDA graphs (CUDA only)")
+        "default", description="torch.compile's mode; reduce-overhead captures CUDA graphs (CUDA only)"
+    )
     grid_update_every: int = Field(0, ge=0, description="refit spline grids every N steps; 0 = never")
     grid_update_until: int | None = Field(None, ge=1, description="last step at which grids are refitted")
     log_every: int = Field(
-        0, ge=0, description="steps between progress reports (made at the end of a timing window); 0 = about 20 per run")
+        0, ge=0, description="steps between progress reports (made at the end of a timing window); 0 = about 20 per run"
+    )
     checkpoint_every: int = Field(0, ge=0, description="write a checkpoint every N steps; 0 = never")
     keep_checkpoints: int = Field(2, ge=1, description="complete checkpoints kept per run (older ones are deleted)")
     init_from: str | None = Field(None, description="start from the weights of a model exported by kanscale export")
@@ -97,28 +127,36 @@ class TrainingConfig(Section):
     _adopted: dict[str, str] | None = PrivateAttr(None)
 
     @model_validator(mode="after")
-    def _valid_combination(self) -> "TrainingConfig":
+    def _valid_combination(self) -> TrainingConfig:
         for beta in self.betas:
             if not 0.0 <= beta < 1.0:
                 raise ValueError(f"betas must each lie in [0, 1), got {list(self.betas)}")
         if self.epochs is None and self.steps is None:
             raise ValueError("set either epochs or steps")
         if self.precision != "fp32" and self.dtype != "float32":
-            raise ValueError(f"precision {self.precision} keeps float32 master weights, but dtype is {self.dtype}; "
-                             "set training.dtype=float32 (or training.precision=fp32)")
+            raise ValueError(
+                f"precision {self.precision} keeps float32 master weights, but dtype is {self.dtype}; "
+                "set training.dtype=float32 (or training.precision=fp32)"
+            )
         if self.compile == "step" and self.schedule.name != "constant":
-            raise ValueError(f"compile step compiles the optimizer step with the learning rate as a constant, so "
-                             f"schedule {self.schedule.name} would recompile it every step; use compile model, or "
-                             "training.schedule.name=constant")
+            raise ValueError(
+                f"compile step compiles the optimizer step with the learning rate as a constant, so "
+                f"schedule {self.schedule.name} would recompile it every step; use compile model, or "
+                "training.schedule.name=constant"
+            )
         if self.compile == "step" and self.precision == "fp16":
-            raise ValueError("compile step cannot compile fp16's GradScaler step (it asks the host whether a gradient "
-                             "overflowed each step); use precision bf16, or compile model")
+            raise ValueError(
+                "compile step cannot compile fp16's GradScaler step (it asks the host whether a gradient "
+                "overflowed each step); use precision bf16, or compile model"
+            )
         if self.compile_mode != "default" and self.compile == "none":
-            raise ValueError(f"compile_mode {self.compile_mode} needs something compiled; set training.compile to "
-                             "model or step")
+            raise ValueError(
+                f"compile_mode {self.compile_mode} needs something compiled; set training.compile to model or step"
+            )
         if (self.micro_batch is None) == (self.global_batch is None):
-            raise ValueError("set exactly one of micro_batch (per rank) and global_batch (over all ranks); "
-                             "set the other to null")
+            raise ValueError(
+                "set exactly one of micro_batch (per rank) and global_batch (over all ranks); set the other to null"
+            )
         return self
 
     def micro_batch_for(self, shares: int) -> int:
@@ -130,24 +168,32 @@ class TrainingConfig(Section):
         if self.global_batch % ranks_x_accum:
             raise ConfigError(
                 f"training.global_batch: {self.global_batch} samples cannot be split evenly over grad_accum "
-                f"({self.grad_accum}) x data-parallel ranks ({shares}) = {ranks_x_accum}; use a multiple of {ranks_x_accum}")
+                f"({self.grad_accum}) x data-parallel ranks ({shares}) = {ranks_x_accum}; use a multiple of {ranks_x_accum}"
+            )
         return self.global_batch // ranks_x_accum
 
 
 class MeasurementConfig(Section):
     timing: Literal["windowed", "per_step"] = Field(
-        "windowed", description="windowed: ranks synchronize once per window of steps, as training does not at all; "
-                                "per_step: a barrier (and device synchronize) around every step, for per-step distributions")
+        "windowed",
+        description="windowed: ranks synchronize once per window of steps, as training does not at all; "
+        "per_step: a barrier (and device synchronize) around every step, for per-step distributions",
+    )
     window_steps: int = Field(10, ge=1, description="steps per timing window (rates and spreads are per window)")
     baseline: Literal["auto", "replica", "layerwise", "off"] = Field(
-        "auto", description="the compute-only baseline exposed communication is measured against. replica: a whole "
-                            "unsharded copy of the model and its optimizer on every rank; layerwise: one sharded unit at "
-                            "a time and the optimizer over this rank's shard, never more than a sharding strategy's own "
-                            "share; off: none, and no exposed-communication figure; auto: layerwise where the strategy "
-                            "shards over dp_shard (FSDP, ZeRO 1-3) and nothing is compiled, else replica")
+        "auto",
+        description="the compute-only baseline exposed communication is measured against. replica: a whole "
+        "unsharded copy of the model and its optimizer on every rank; layerwise: one sharded unit at "
+        "a time and the optimizer over this rank's shard, never more than a sharding strategy's own "
+        "share; off: none, and no exposed-communication figure; auto: layerwise where the strategy "
+        "shards over dp_shard (FSDP, ZeRO 1-3) and nothing is compiled, else replica",
+    )
     baseline_steps: int = Field(
-        2, ge=1, description="steps of the compute-only baseline timed after each window (their median is the window's "
-                             "compute time, which exposed communication is measured against)")
+        2,
+        ge=1,
+        description="steps of the compute-only baseline timed after each window (their median is the window's "
+        "compute time, which exposed communication is measured against)",
+    )
 
     @field_validator("baseline", mode="before")
     @classmethod
@@ -159,20 +205,26 @@ class MeasurementConfig(Section):
         if self.baseline != "auto":
             return self.baseline
         return "layerwise" if mesh.dp_shard > 1 and mesh.tp == 1 and compile == "none" else "replica"
+
     comm_probe: Literal["none", "paper"] = Field(
-        "none", description="paper: also run the published study's probe (every second batch two extra forwards and an "
-                            "extra all-reduce that changes the gradients), for comparison only; needs strategy ddp")
+        "none",
+        description="paper: also run the published study's probe (every second batch two extra forwards and an "
+        "extra all-reduce that changes the gradients), for comparison only; needs strategy ddp",
+    )
 
 
 class RuntimeConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads per rank; default: torch's")
     timeout_s: float = Field(
-        120.0, ge=1.0, description="collective timeout: a rank waiting longer on the others fails. At least 1 s: the "
-                                   "same timeout bounds connecting to the launcher's store and forming the process "
-                                   "group, which 1 ms does not allow (the ranks failed after launch); a healthy rank "
-                                   "may also reach a collective later than the others by whatever it does alone "
-                                   "(writing a checkpoint, the record)")
+        120.0,
+        ge=1.0,
+        description="collective timeout: a rank waiting longer on the others fails. At least 1 s: the "
+        "same timeout bounds connecting to the launcher's store and forming the process "
+        "group, which 1 ms does not allow (the ranks failed after launch); a healthy rank "
+        "may also reach a collective later than the others by whatever it does alone "
+        "(writing a checkpoint, the record)",
+    )
 
 
 class FaultConfig(Section):

@@ -26,13 +26,17 @@ def derived_from(tmp_path, records):
 
 
 def test_speedup_efficiency_and_retention_against_the_same_strategys_one_rank_run(tmp_path):
-    d = derived_from(tmp_path, [
-        make_record("ddp1", world=1, samples_per_s=1000), make_record("ddp2", world=2, samples_per_s=1800),
-        make_record("ddp4", world=4, nodes=2, samples_per_s=3000),
-        make_record("z1", strategy="deepspeed", label="zero3", world=1, samples_per_s=500),
-        make_record("z2", strategy="deepspeed", label="zero3", world=2, samples_per_s=900),
-        make_record("fsdp2", strategy="fsdp2", world=2, samples_per_s=700),  # no 1-rank run
-    ])
+    d = derived_from(
+        tmp_path,
+        [
+            make_record("ddp1", world=1, samples_per_s=1000),
+            make_record("ddp2", world=2, samples_per_s=1800),
+            make_record("ddp4", world=4, nodes=2, samples_per_s=3000),
+            make_record("z1", strategy="deepspeed", label="zero3", world=1, samples_per_s=500),
+            make_record("z2", strategy="deepspeed", label="zero3", world=2, samples_per_s=900),
+            make_record("fsdp2", strategy="fsdp2", world=2, samples_per_s=700),  # no 1-rank run
+        ],
+    )
     assert d.loc["ddp2", "speedup"] == pytest.approx(1.8) and d.loc["ddp2", "efficiency"] == pytest.approx(0.9)
     assert d.loc["ddp4", "speedup"] == pytest.approx(3.0) and d.loc["ddp4", "efficiency"] == pytest.approx(0.75)
     assert d.loc["ddp4", "retention"] == pytest.approx(0.75)  # per-rank 750 / 1000
@@ -41,13 +45,16 @@ def test_speedup_efficiency_and_retention_against_the_same_strategys_one_rank_ru
 
 
 def test_a_strategy_without_a_one_rank_run_is_measured_against_the_single_process_run_of_its_global_batch(tmp_path):
-    d = derived_from(tmp_path, [
-        make_record("single", strategy="single", world=1, micro_batch=128, samples_per_s=1000),
-        make_record("other-batch", strategy="single", world=1, micro_batch=64, samples_per_s=5000),
-        make_record("fsdp2", strategy="fsdp2", world=2, micro_batch=64, samples_per_s=1500),  # global 128
-        make_record("ddp1", world=1, micro_batch=64, samples_per_s=900), make_record("ddp2", world=2, micro_batch=64,
-                                                                                samples_per_s=1200),
-    ])
+    d = derived_from(
+        tmp_path,
+        [
+            make_record("single", strategy="single", world=1, micro_batch=128, samples_per_s=1000),
+            make_record("other-batch", strategy="single", world=1, micro_batch=64, samples_per_s=5000),
+            make_record("fsdp2", strategy="fsdp2", world=2, micro_batch=64, samples_per_s=1500),  # global 128
+            make_record("ddp1", world=1, micro_batch=64, samples_per_s=900),
+            make_record("ddp2", world=2, micro_batch=64, samples_per_s=1200),
+        ],
+    )
     assert d.loc["fsdp2", "baseline"] == "single process" and d.loc["fsdp2", "speedup"] == pytest.approx(1.5)
     assert d.loc["fsdp2", "efficiency"] == pytest.approx(0.75)
     # a strategy's own 1-rank run (same per-rank batch) wins over the single-process run
@@ -64,7 +71,9 @@ def test_comm_overhead_and_memory_per_byte(tmp_path):
 
 
 def test_repeats_show_median_and_spread(tmp_path):
-    d = derived_from(tmp_path, [make_record(f"r{i}", world=2, samples_per_s=v) for i, v in enumerate([900, 1000, 1300])])
+    d = derived_from(
+        tmp_path, [make_record(f"r{i}", world=2, samples_per_s=v) for i, v in enumerate([900, 1000, 1300])]
+    )
     summary = summarize(d.reset_index(), ["strategy_label"], ["samples_per_s"])
     assert list(with_spread(summary, "samples_per_s", lambda v: f"{v:.0f}")) == ["1000 [900-1300]"]
     table = study_table(d.reset_index(), "strong")
@@ -72,15 +81,21 @@ def test_repeats_show_median_and_spread(tmp_path):
 
 
 def test_the_verdict_compares_each_model_on_its_own_and_states_the_hardware(tmp_path):
-    d = derived_from(tmp_path, [
-        make_record("d1", world=1, samples_per_s=1000), make_record("d2", world=2, samples_per_s=1600),
-        make_record("f1", strategy="fsdp2", world=1, samples_per_s=800), make_record("f2", strategy="fsdp2", world=2,
-                                                                                   samples_per_s=1500, state=(200, 200, 400, 0)),
-        make_record("big", strategy="fsdp2", world=2, widths=(2, 512, 1), params=10**6),
-    ]).reset_index()
+    d = derived_from(
+        tmp_path,
+        [
+            make_record("d1", world=1, samples_per_s=1000),
+            make_record("d2", world=2, samples_per_s=1600),
+            make_record("f1", strategy="fsdp2", world=1, samples_per_s=800),
+            make_record("f2", strategy="fsdp2", world=2, samples_per_s=1500, state=(200, 200, 400, 0)),
+            make_record("big", strategy="fsdp2", world=2, widths=(2, 512, 1), params=10**6),
+        ],
+    ).reset_index()
     small, big = verdict(d).scales
     rows = small.points.set_index(["strategy", "world_size"])
-    assert rows.loc[("ddp", 2), "speedup"] == pytest.approx(1.6) and rows.loc[("fsdp2", 2), "speedup"] == pytest.approx(1.875)
+    assert rows.loc[("ddp", 2), "speedup"] == pytest.approx(1.6) and rows.loc[("fsdp2", 2), "speedup"] == pytest.approx(
+        1.875
+    )
     assert rows.loc[("fsdp2", 2), "model_state_bytes"] == 800 and len(big.points) == 1
     assert "test CPU (cpu)" in small.title and big.title.startswith("bspline [2, 512, 1] (1,000,000 parameters)")
 
@@ -96,8 +111,9 @@ def test_unreadable_runs_are_listed_and_the_rest_analysed(tmp_path, capsys):
     (runs / "future" / "summary.json").write_text(json.dumps({**future, "schema_version": 7}))
     (runs / "no_summary").mkdir()
     (runs / "no_summary" / "steps.jsonl").write_text("")
-    failed = make_record("failed", world=2).model_copy(update={
-        "status": "failed", "error": RunError(type="RuntimeError", message="rank 1 died", rank=1, step=3)})
+    failed = make_record("failed", world=2).model_copy(
+        update={"status": "failed", "error": RunError(type="RuntimeError", message="rank 1 died", rank=1, step=3)}
+    )
     write_record(runs, failed)
     assert main(["analyze", str(runs), "--out", str(tmp_path / "report")]) == 0
     captured = capsys.readouterr()
@@ -117,7 +133,7 @@ def real_sweep(tmp_path_factory):
     study.write_text(f"""
 study: strong
 preset: cpu
-experiment: {ROOT / 'configs/experiments/quickstart.yaml'}
+experiment: {ROOT / "configs/experiments/quickstart.yaml"}
 set: {{training.steps: 10, training.micro_batch: 64, measurement.baseline_steps: 2}}
 matrix: {{strategy: [ddp, zero3], topology: [1x1, 1x2]}}
 """)
@@ -131,7 +147,9 @@ def test_report_from_a_real_sweep_has_every_table_and_plot(real_sweep):
     names = {t.name for t in report.tables}
     assert names == {"strong", "paper"} and len(report.verdict.scales) == 1
     for name in names:
-        assert (report.out / f"{name}.csv").stat().st_size > 0 and (report.out / f"{name}.md").read_text().count("|") > 10
+        assert (report.out / f"{name}.csv").stat().st_size > 0 and (report.out / f"{name}.md").read_text().count(
+            "|"
+        ) > 10
     plots = report.plots["strong"]
     assert [p.stem for p in plots] == ["strong_speedup", "strong_efficiency", "strong_comm_overhead"]
     for plot in plots:
@@ -147,10 +165,22 @@ def test_report_from_a_real_sweep_has_every_table_and_plot(real_sweep):
 
 
 def test_memory_plots_from_records(tmp_path):
-    d = derived_from(tmp_path / "runs", [
-        make_record(f"{s}-{p}", study="memory", strategy=s, world=2, params=p, widths=(2, p // 10, 1),
-                    state=(p, p, 2 * p, 0) if s == "ddp" else (p // 2, p // 2, p, 0))
-        for s in ("ddp", "fsdp2") for p in (1000, 100000)])
+    d = derived_from(
+        tmp_path / "runs",
+        [
+            make_record(
+                f"{s}-{p}",
+                study="memory",
+                strategy=s,
+                world=2,
+                params=p,
+                widths=(2, p // 10, 1),
+                state=(p, p, 2 * p, 0) if s == "ddp" else (p // 2, p // 2, p, 0),
+            )
+            for s in ("ddp", "fsdp2")
+            for p in (1000, 100000)
+        ],
+    )
     from analysis.plots import study_plots
 
     plots = study_plots(d.reset_index(), "memory", tmp_path / "plots")
@@ -165,8 +195,10 @@ def test_the_published_study_beside_runs_of_its_configuration(tmp_path, capsys):
     write_record(tmp_path, make_record("other", world=2, samples_per_s=99999))  # not the study's model
     assert main(["compare-paper", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in out.splitlines() if line.startswith("| strong")]
-    assert ["strong", "4x2", "64", "published (DDP)"] == rows[-1][:4] and rows[-1][7] == "5.97"  # 8 GPUs, 4 nodes
+    rows = [
+        [cell.strip() for cell in line.split("|")[1:-1]] for line in out.splitlines() if line.startswith("| strong")
+    ]
+    assert rows[-1][:4] == ["strong", "4x2", "64", "published (DDP)"] and rows[-1][7] == "5.97"  # 8 GPUs, 4 nodes
     ours = [line for line in out.splitlines() if "kanscale ddp" in line]
     assert len(ours) == 2 and "12,000" in ours[1] and "1.5" in ours[1] and "75.0%" in ours[1]
     assert "99,999" not in out
@@ -179,13 +211,30 @@ def test_the_study_probes_cost_is_measured_within_each_run(tmp_path):
     from analysis.schema import MeasurementInfo, StepRecord
 
     record = make_record("probed", world=2, family="pykan", widths=(2, 64, 1), grid=10, micro_batch=512)
-    record = record.model_copy(update={"measurement": MeasurementInfo(comm_method="test", comm_probe="paper",
-                                                                      baseline_steps=1, paper_probe_overhead=0.4)})
+    record = record.model_copy(
+        update={
+            "measurement": MeasurementInfo(
+                comm_method="test", comm_probe="paper", baseline_steps=1, paper_probe_overhead=0.4
+            )
+        }
+    )
     run_dir = write_record(tmp_path, record)
     # probed steps (2, 4, ...) take 150 ms, the others 100 ms: the probe adds 25% per step on average
-    RunWriter(run_dir).append_steps([StepRecord(step=n, loss=1.0, time_s_max=0.15 if n % 2 == 0 else 0.10,
-                                                time_s_mean=0.1, comm_s_max=0, comm_s_mean=0, samples=1024, timed=n > 2)
-                                     for n in range(1, 21)])
+    RunWriter(run_dir).append_steps(
+        [
+            StepRecord(
+                step=n,
+                loss=1.0,
+                time_s_max=0.15 if n % 2 == 0 else 0.10,
+                time_s_mean=0.1,
+                comm_s_max=0,
+                comm_s_mean=0,
+                samples=1024,
+                timed=n > 2,
+            )
+            for n in range(1, 21)
+        ]
+    )
     d = derive(load_runs(tmp_path)[0])
     assert d.loc[0, "strategy_label"] == "ddp+paper_probe"
     table = probe_costs(d)

@@ -3,10 +3,10 @@
 strategy by its name, and the package list in pyproject.toml covers the tree."""
 
 import ast
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from kanscale.files import preset_names
 from strategies.registry import STRATEGIES
@@ -88,10 +88,18 @@ def name_comparisons(path: Path, names: set[str]) -> list[str]:
         if not isinstance(node, ast.Compare):
             continue
         operands = [node.left, *node.comparators]
-        literals = [c.value for o in operands for c in ([o] if isinstance(o, ast.Constant) else
-                                                         getattr(o, "elts", [])) if isinstance(c, ast.Constant)]
+        literals = [
+            c.value
+            for o in operands
+            for c in ([o] if isinstance(o, ast.Constant) else getattr(o, "elts", []))
+            if isinstance(c, ast.Constant)
+        ]
         others = " ".join(ast.get_source_segment(source, o) or "" for o in operands if not isinstance(o, ast.Constant))
-        if any(v in names for v in literals if isinstance(v, str)) and "launcher" not in others and "inner" not in others:
+        if (
+            any(v in names for v in literals if isinstance(v, str))
+            and "launcher" not in others
+            and "inner" not in others
+        ):
             found.append(f"{path.name}:{node.lineno}: {ast.get_source_segment(source, node)}")
     return found
 
@@ -99,15 +107,21 @@ def name_comparisons(path: Path, names: set[str]) -> list[str]:
 def test_no_code_outside_the_strategy_modules_compares_a_strategy_name():
     names = strategy_names()
     assert {"ddp", "zero3_offload", "deepspeed"} <= names
-    found = [hit for p in sources() if (where := str(p.relative_to(ROOT))) not in NAME_AWARE
-             and not where.startswith(NAME_AWARE_FOLDERS) for hit in name_comparisons(p, names)]
+    found = [
+        hit
+        for p in sources()
+        if (where := str(p.relative_to(ROOT))) not in NAME_AWARE and not where.startswith(NAME_AWARE_FOLDERS)
+        for hit in name_comparisons(p, names)
+    ]
     assert not found, "declare it on the strategy's class instead:\n" + "\n".join(found)
 
 
 def test_the_name_check_sees_a_comparison(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text('def f(cfg, spec):\n    if cfg.strategy.name == "ddp" or spec.launcher == "deepspeed":\n        pass\n'
-                   '    return cfg.label in ("zero3", "x")\n')
+    bad.write_text(
+        'def f(cfg, spec):\n    if cfg.strategy.name == "ddp" or spec.launcher == "deepspeed":\n        pass\n'
+        '    return cfg.label in ("zero3", "x")\n'
+    )
     hits = sorted(name_comparisons(bad, strategy_names()))
     assert len(hits) == 2 and '== "ddp"' in hits[0] and "zero3" in hits[1]
 

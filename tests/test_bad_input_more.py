@@ -105,10 +105,37 @@ def test_threads_beyond_the_cores_are_warned_about_not_refused(capsys):
 
 def test_a_batch_of_the_whole_training_set_is_still_accepted(tmp_path, capsys):
     # valid_experiment: n_train 1024; 512 per rank x 2 ranks is the whole set, one more sample is not
-    assert main(["run", VALID, "--nproc-per-node", "2", "--set", "training.micro_batch=512", "--dry-run",
-                 "--out", str(tmp_path / "out")]) == 0
-    err = refused(["run", VALID, "--nproc-per-node", "2", "--set", "training.micro_batch=null", "--set",
-                   "training.global_batch=1026", "--out", str(tmp_path / "out")], capsys)
+    assert (
+        main(
+            [
+                "run",
+                VALID,
+                "--nproc-per-node",
+                "2",
+                "--set",
+                "training.micro_batch=512",
+                "--dry-run",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
+    err = refused(
+        [
+            "run",
+            VALID,
+            "--nproc-per-node",
+            "2",
+            "--set",
+            "training.micro_batch=null",
+            "--set",
+            "training.global_batch=1026",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capsys,
+    )
     assert "lower training.global_batch to at most 1024" in err
 
 
@@ -117,8 +144,24 @@ def test_two_nodes_with_an_address_or_on_this_machine_are_accepted(tmp_path, cap
     assert main([*base, "--master-addr", "10.0.0.1"]) == 0
     assert "--rdzv_endpoint=10.0.0.1:" in capsys.readouterr().out
     # a host list of this machine's names: node 0 is 127.0.0.1 indeed
-    assert main([*base[:2], "--strategy", "zero2", "--launcher", "deepspeed", "--hosts", "localhost,127.0.0.1",
-                 "--no-ssh", "--dry-run", "--out", str(tmp_path / "out")]) == 0
+    assert (
+        main(
+            [
+                *base[:2],
+                "--strategy",
+                "zero2",
+                "--launcher",
+                "deepspeed",
+                "--hosts",
+                "localhost,127.0.0.1",
+                "--no-ssh",
+                "--dry-run",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     err = refused([*base, "--node-rank", "1"], capsys)
     assert "give --master-addr NODE0" in err
 
@@ -139,12 +182,19 @@ def test_the_state_estimate_counts_without_building():
 
 def test_misspelled_deepspeed_keys_are_refused_unknown_ones_warned():
     training = TrainingConfig(micro_batch=8, steps=4)
-    native = {"zero_optimisation": {"stage": 2}, "activation_checkpointing": {},
-              "zero_optimization": {"stage": 1, "overlap_com": True, "stage3_model_persistence_threshold": 0}}
+    native = {
+        "zero_optimisation": {"stage": 2},
+        "activation_checkpointing": {},
+        "zero_optimization": {"stage": 1, "overlap_com": True, "stage3_model_persistence_threshold": 0},
+    }
     resolution = resolve_native(native, training, 2, 8, "ds.json")
-    assert any("zero_optimisation is not a DeepSpeed key; did you mean zero_optimization?" in p for p in resolution.problems)
-    assert any("zero_optimization.overlap_com is not a DeepSpeed key; did you mean zero_optimization.overlap_comm?" in p
-               for p in resolution.problems)
+    assert any(
+        "zero_optimisation is not a DeepSpeed key; did you mean zero_optimization?" in p for p in resolution.problems
+    )
+    assert any(
+        "zero_optimization.overlap_com is not a DeepSpeed key; did you mean zero_optimization.overlap_comm?" in p
+        for p in resolution.problems
+    )
     assert resolution.unchecked == ["activation_checkpointing", "zero_optimization.stage3_model_persistence_threshold"]
     if importlib.util.find_spec("deepspeed") is None:
         return
@@ -153,21 +203,26 @@ def test_misspelled_deepspeed_keys_are_refused_unknown_ones_warned():
 
     zero = DeepSpeedZeroConfig.model_fields
     keys = set(zero) | {field.alias for field in zero.values() if field.alias}
-    resolution = resolve_native({"zero_optimization": {key: None for key in keys}}, training, 1, 8, "ds")
+    resolution = resolve_native({"zero_optimization": dict.fromkeys(keys)}, training, 1, 8, "ds")
     assert not [p for p in resolution.problems if "is not a DeepSpeed key" in p]
 
 
 def test_shipped_accelerate_configs_hold_only_keys_accelerate_knows():
     pytest.importorskip("accelerate")
-    paths = sorted((ROOT / "configs" / "accelerate").glob("*.yaml")) + sorted((ROOT / "tests" / "data").rglob("accelerate*.yaml"))
+    paths = sorted((ROOT / "configs" / "accelerate").glob("*.yaml")) + sorted(
+        (ROOT / "tests" / "data").rglob("accelerate*.yaml")
+    )
     assert paths and {str(p): unknown_launch_keys(read_yaml(p)) for p in paths} == {str(p): [] for p in paths}
     assert unknown_launch_keys({"distributed_type": "FSDP", "fsdp_config": {"version": 2, "fsdp_versoin": 2}}) == [
-        "fsdp_config.fsdp_versoin: not a key accelerate knows (accelerate launch ignores it); did you mean fsdp_version?"]
+        "fsdp_config.fsdp_versoin: not a key accelerate knows (accelerate launch ignores it); did you mean fsdp_version?"
+    ]
 
 
 def test_a_failed_point_keeps_its_whole_bounded_reason(tmp_path):
-    assert one_line("x.yaml is invalid:\n  - training.lr: too low\n  - model.grid: too high") == \
-        "x.yaml is invalid: - training.lr: too low - model.grid: too high"
+    assert (
+        one_line("x.yaml is invalid:\n  - training.lr: too low\n  - model.grid: too high")
+        == "x.yaml is invalid: - training.lr: too low - model.grid: too high"
+    )
     long = one_line("y" * (10 * REASON_CHARS))
     assert len(long) < REASON_CHARS + 40 and long.endswith(f"({9 * REASON_CHARS} more characters)")
     out = tmp_path / "sweep"
@@ -190,8 +245,14 @@ def test_analyze_skips_a_summary_that_is_not_utf8(tmp_path, capsys):
 
 def test_non_finite_numbers_are_refused_in_every_section(tmp_path):
     data = yaml.safe_load(Path(VALID).read_text())
-    for path, value in [("training.lr", ".inf"), ("training.betas", "[0.9, .nan]"), ("measurement.baseline_steps", ".inf"),
-                        ("runtime.timeout_s", "-.inf"), ("model.grid_range", "[-.inf, 1]"), ("task.noise_std", ".nan")]:
+    for path, value in [
+        ("training.lr", ".inf"),
+        ("training.betas", "[0.9, .nan]"),
+        ("measurement.baseline_steps", ".inf"),
+        ("runtime.timeout_s", "-.inf"),
+        ("model.grid_range", "[-.inf, 1]"),
+        ("task.noise_std", ".nan"),
+    ]:
         config = tmp_path / "c.yaml"
         config.write_text(yaml.safe_dump(data))
         with pytest.raises(ConfigError, match=r"Input should be a finite number"):

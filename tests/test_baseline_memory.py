@@ -32,7 +32,11 @@ def memory_cgroup(limit: int) -> Path:
     name = f"kanscale-test-{uuid.uuid4().hex[:8]}"
     if (CGROUP_V1 / "memory.limit_in_bytes").exists():
         group, limit_file = CGROUP_V1 / name, "memory.limit_in_bytes"
-    elif "memory" in (CGROUP_V2 / "cgroup.controllers").read_text(errors="ignore") if (CGROUP_V2 / "cgroup.controllers").exists() else False:
+    elif (
+        "memory" in (CGROUP_V2 / "cgroup.controllers").read_text(errors="ignore")
+        if (CGROUP_V2 / "cgroup.controllers").exists()
+        else False
+    ):
         group, limit_file = CGROUP_V2 / name, "memory.max"
     else:
         pytest.skip("no memory cgroup controller on this machine to cap a launch with")
@@ -49,22 +53,41 @@ def capped_launch(tmp_path: Path, strategy: str, baseline: str, limit: int) -> t
     code of torchrun and the run directory."""
     out = tmp_path / f"{strategy}-{baseline}"
     config = tmp_path / "capped.yaml"
-    config.write_text(yaml.safe_dump({
-        "name": "capped",
-        "model": {"family": "bspline", "widths": [1024, 8192, 1], "grid": 5, "k": 3, "grid_range": [-1.0, 1.0]},
-        "task": {"name": "high_dim", "dim": 1024, "n_train": 256, "n_test": 64},
-        "training": {"seed": 0, "optimizer": "adam", "lr": 1e-3, "micro_batch": 8, "steps": 4, "warmup_steps": 2},
-        "measurement": {"window_steps": 2, "baseline_steps": 1, "baseline": baseline},
-        "runtime": {"device": "cpu", "threads": 1},
-        "output": {"dir": str(out)},
-    }))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "name": "capped",
+                "model": {"family": "bspline", "widths": [1024, 8192, 1], "grid": 5, "k": 3, "grid_range": [-1.0, 1.0]},
+                "task": {"name": "high_dim", "dim": 1024, "n_train": 256, "n_test": 64},
+                "training": {
+                    "seed": 0,
+                    "optimizer": "adam",
+                    "lr": 1e-3,
+                    "micro_batch": 8,
+                    "steps": 4,
+                    "warmup_steps": 2,
+                },
+                "measurement": {"window_steps": 2, "baseline_steps": 1, "baseline": baseline},
+                "runtime": {"device": "cpu", "threads": 1},
+                "output": {"dir": str(out)},
+            }
+        )
+    )
     group = memory_cgroup(limit)
     try:
         # The shell puts itself in the group, then becomes torchrun: every rank starts inside it.
-        command = (f"echo $$ > {group}/cgroup.procs && exec {sys.executable} -m torch.distributed.run --standalone "
-                   f"--nproc-per-node=2 -m launchers.cli train {config} --strategy {strategy} --no-progress")
-        proc = subprocess.run(["sh", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                              env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
+        command = (
+            f"echo $$ > {group}/cgroup.procs && exec {sys.executable} -m torch.distributed.run --standalone "
+            f"--nproc-per-node=2 -m launchers.cli train {config} --strategy {strategy} --no-progress"
+        )
+        proc = subprocess.run(
+            ["sh", "-c", command],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)),
+        )
     finally:
         group.rmdir()
     runs = [p for p in out.iterdir() if p.is_dir()] if out.exists() else []

@@ -14,8 +14,19 @@ from launchers.cli import main
 @pytest.mark.slow  # the slow tier (make test-slow)
 def test_quick_bench_writes_json_and_a_markdown_table_with_ratios(tmp_path, capsys):
     out = tmp_path / "bench" / "tiny.json"
-    code = main(["bench", "--models", "tiny", "--impl", "pykan,reference,fast,fast-sparse,fast+step,mlp",
-                 "--repeats", "2", "--out", str(out)])
+    code = main(
+        [
+            "bench",
+            "--models",
+            "tiny",
+            "--impl",
+            "pykan,reference,fast,fast-sparse,fast+step,mlp",
+            "--repeats",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     doc = json.loads(out.read_text())
     rows = {r["impl"]: r for r in doc["results"]}
@@ -59,13 +70,16 @@ def test_pykan_is_skipped_on_the_wide_workload_with_the_reason():
     assert row["status"] == "skipped" and "Python" in row["note"]
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--impl", "fastest"], "--impl: unknown name 'fastest'"),
-    (["--models", "huge"], "--models: unknown name 'huge'; choose from study, wide, fine, tiny"),
-    (["--threads", "0"], "--threads: must be at least 1"),
-    (["--repeats", "0"], "--repeats: must be at least 1"),
-    (["--out", "table.md"], "--out: give a .json file (the Markdown table goes next to it as .md), got table.md"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--impl", "fastest"], "--impl: unknown name 'fastest'"),
+        (["--models", "huge"], "--models: unknown name 'huge'; choose from study, wide, fine, tiny"),
+        (["--threads", "0"], "--threads: must be at least 1"),
+        (["--repeats", "0"], "--repeats: must be at least 1"),
+        (["--out", "table.md"], "--out: give a .json file (the Markdown table goes next to it as .md), got table.md"),
+    ],
+)
 def test_bad_flags_exit_2_with_one_clean_message(capsys, flags, message):
     assert main(["bench", "--models", "tiny", *flags]) == 2
     err = capsys.readouterr().err

@@ -11,7 +11,11 @@ def cox_de_boor(x: float, t: list[float], j: int, k: int) -> float:
     if k == 0:
         return 1.0 if t[j] <= x < t[j + 1] else 0.0
     left = 0.0 if t[j + k] == t[j] else (x - t[j]) / (t[j + k] - t[j]) * cox_de_boor(x, t, j, k - 1)
-    right = 0.0 if t[j + k + 1] == t[j + 1] else (t[j + k + 1] - x) / (t[j + k + 1] - t[j + 1]) * cox_de_boor(x, t, j + 1, k - 1)
+    right = (
+        0.0
+        if t[j + k + 1] == t[j + 1]
+        else (t[j + k + 1] - x) / (t[j + k + 1] - t[j + 1]) * cox_de_boor(x, t, j + 1, k - 1)
+    )
     return left + right
 
 
@@ -40,8 +44,9 @@ def test_matches_scalar_cox_de_boor(k):
     x = torch.rand(50, 1, generator=gen, dtype=torch.float64) * 5 - 2.5
     got = bspline_basis(x, knots, k)[:, 0, :]
     t = knots[0].tolist()
-    want = torch.tensor([[cox_de_boor(float(xi), t, j, k) for j in range(len(t) - k - 1)] for xi in x[:, 0]],
-                        dtype=torch.float64)
+    want = torch.tensor(
+        [[cox_de_boor(float(xi), t, j, k) for j in range(len(t) - k - 1)] for xi in x[:, 0]], dtype=torch.float64
+    )
     torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
 
 
@@ -49,7 +54,9 @@ def test_grid_update_keeps_outputs_close_on_the_data():
     torch.manual_seed(0)
     layer = BSplineKANLayer(3, 4, grid=8, k=3, grid_range=(-1.0, 1.0)).double()
     with torch.no_grad():  # a trained-looking, smooth spline
-        layer.coef.copy_(torch.sin(torch.linspace(0, 3, 11, dtype=torch.float64)).expand(4, 3, 11) * torch.rand(4, 3, 1))
+        layer.coef.copy_(
+            torch.sin(torch.linspace(0, 3, 11, dtype=torch.float64)).expand(4, 3, 11) * torch.rand(4, 3, 1)
+        )
     x = (torch.randn(2000, 3, dtype=torch.float64) * 0.4).clamp(-0.95, 0.95)
     before = layer(x)
     old_knots = layer.knots.clone()

@@ -11,8 +11,14 @@ from pydantic import ValidationError
 
 from kan_models import build_model, parse_model_config
 from kan_models.bspline import BSplineKANLayer, uniform_knots
-from kan_models.bspline_fast import (FastBSplineFunction, FastBSplineKANLayer, basis_matrix, blocks, is_uniform,
-                                     pointwise_forward)
+from kan_models.bspline_fast import (
+    FastBSplineFunction,
+    FastBSplineKANLayer,
+    basis_matrix,
+    blocks,
+    is_uniform,
+    pointwise_forward,
+)
 from kan_models.compile import compile_model
 
 LOW, HIGH = -1.0, 2.0
@@ -88,7 +94,9 @@ def test_compiled_form_matches_reference(dtype, grid, k):
     ref = reference_layer(grid, k, dtype)
     x = probe_points(ref, dtype)
     if k == 1:
-        x = x[~torch.isin(x[:, 0], ref.knots[0]) & ~torch.isin(x[:, 1], ref.knots[0]) & ~torch.isin(x[:, 2], ref.knots[0])]
+        x = x[
+            ~torch.isin(x[:, 0], ref.knots[0]) & ~torch.isin(x[:, 1], ref.knots[0]) & ~torch.isin(x[:, 2], ref.knots[0])
+        ]
     compiled_form = lambda x: pointwise_forward(x, ref.knots, ref.coef, ref.scale_base, ref.scale_spline, k)  # noqa: E731
     assert_agree(outputs_and_grads(compiled_form, ref, x), outputs_and_grads(ref, ref, x), dtype)
 
@@ -108,7 +116,9 @@ def test_cubic_basis_matrix_is_the_textbook_one():
     want = [[1 / 6, 4 / 6, 1 / 6, 0], [-3 / 6, 0, 3 / 6, 0], [3 / 6, -6 / 6, 3 / 6, 0], [-1 / 6, 3 / 6, -3 / 6, 1 / 6]]
     as64 = lambda rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
     torch.testing.assert_close(as64(value), as64(want), atol=1e-15, rtol=0)
-    torch.testing.assert_close(as64(slope), as64([[(a + 1) * c for c in want[a + 1]] for a in range(3)]), atol=1e-15, rtol=0)
+    torch.testing.assert_close(
+        as64(slope), as64([[(a + 1) * c for c in want[a + 1]] for a in range(3)]), atol=1e-15, rtol=0
+    )
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
@@ -117,9 +127,11 @@ def test_gradcheck_and_gradgradcheck_float64(k):
     knots = uniform_knots(4, k, -1.0, 1.0, 3)
     # off the knots (finite differences straddling a k = 1 kink would disagree), some outside
     x = (torch.rand(6, 3, dtype=torch.float64) * 3.6 - 1.8).requires_grad_()
-    params = [torch.randn(2, 3, 4 + k, dtype=torch.float64, requires_grad=True),
-              torch.randn(2, 3, dtype=torch.float64, requires_grad=True),
-              torch.randn(2, 3, dtype=torch.float64, requires_grad=True)]
+    params = [
+        torch.randn(2, 3, 4 + k, dtype=torch.float64, requires_grad=True),
+        torch.randn(2, 3, dtype=torch.float64, requires_grad=True),
+        torch.randn(2, 3, dtype=torch.float64, requires_grad=True),
+    ]
 
     def f(x, coef, scale_base, scale_spline):
         return FastBSplineFunction.apply(x, knots, coef, scale_base, scale_spline, k)
@@ -132,7 +144,9 @@ def test_grid_update_refits_to_a_uniform_grid_and_keeps_outputs():
     torch.manual_seed(0)
     layer = FastBSplineKANLayer(3, 4, grid=8, k=3, grid_range=(-1.0, 1.0)).double()
     with torch.no_grad():  # a trained-looking, smooth spline
-        layer.coef.copy_(torch.sin(torch.linspace(0, 3, 11, dtype=torch.float64)).expand(4, 3, 11) * torch.rand(4, 3, 1))
+        layer.coef.copy_(
+            torch.sin(torch.linspace(0, 3, 11, dtype=torch.float64)).expand(4, 3, 11) * torch.rand(4, 3, 1)
+        )
     x = (torch.randn(2000, 3, dtype=torch.float64) * 0.4).clamp(-0.95, 0.95)
     before = layer(x)
     layer.update_grid(x)
@@ -295,12 +309,17 @@ def test_auto_follows_the_crossover_this_cpu_measured_and_says_so(tmp_path, monk
     store = json.loads((tmp_path / "sparse_crossover.json").read_text())
     assert list(store) == [sparse_crossover.machine_key()]
     assert use_sparse("auto", 24, 3, cpu) and not use_sparse("auto", 22, 3, cpu)
-    assert config.machine_choices("cpu")["product"].startswith("sparse: 6.0 bases per non-zero against a crossover of "
-                                                                "5.6 bases per non-zero (measured on this CPU")
-    (tmp_path / "sparse_crossover.json").write_text(json.dumps({"Another CPU | torch 2.13.0": store[sparse_crossover.machine_key()]}))
+    assert config.machine_choices("cpu")["product"].startswith(
+        "sparse: 6.0 bases per non-zero against a crossover of 5.6 bases per non-zero (measured on this CPU"
+    )
+    (tmp_path / "sparse_crossover.json").write_text(
+        json.dumps({"Another CPU | torch 2.13.0": store[sparse_crossover.machine_key()]})
+    )
     sparse_crossover.cpu_crossover.cache_clear()
     assert sparse_crossover.cpu_crossover() == sparse_crossover.DEFAULT and not use_sparse("auto", 24, 3, cpu)
-    assert config.machine_choices("cpu")["product"].startswith("dense: 6.0 bases per non-zero against a crossover of 20.0")
+    assert config.machine_choices("cpu")["product"].startswith(
+        "dense: 6.0 bases per non-zero against a crossover of 20.0"
+    )
     sparse_crossover.cpu_crossover.cache_clear()
 
 
@@ -315,9 +334,25 @@ def test_the_break_even_is_interpolated_between_the_measured_grids():
 def test_the_crossover_script_stores_what_it_printed(tmp_path):
     from tests.helpers.launch import ROOT, child_env
 
-    cmd = [sys.executable, str(ROOT / "scripts/bench_sparse_crossover.py"), "--inputs", "64", "--outputs", "128",
-           "--batch", "256", "--grids", "10", "400", "--repeats", "2", "--save"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=child_env(KANSCALE_CACHE_DIR=str(tmp_path)))
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts/bench_sparse_crossover.py"),
+        "--inputs",
+        "64",
+        "--outputs",
+        "128",
+        "--batch",
+        "256",
+        "--grids",
+        "10",
+        "400",
+        "--repeats",
+        "2",
+        "--save",
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env=child_env(KANSCALE_CACHE_DIR=str(tmp_path))
+    )
     store = tmp_path / "sparse_crossover.json"
     if proc.returncode == 1:  # a machine where torch's CSR products never beat the GEMM at this size
         assert "sparse never won up to grid 400" in proc.stdout and not store.exists()
@@ -325,7 +360,12 @@ def test_the_crossover_script_stores_what_it_printed(tmp_path):
     assert proc.returncode == 0, proc.stderr
     printed = float(proc.stdout.split("break even at ")[1].split()[0])
     (entry,) = json.loads(store.read_text()).values()
-    assert entry["bases_per_nonzero"] == pytest.approx(printed, abs=0.05) and [r["grid"] for r in entry["table"]] == [10, 400]
+    assert entry["bases_per_nonzero"] == pytest.approx(printed, abs=0.05) and [r["grid"] for r in entry["table"]] == [
+        10,
+        400,
+    ]
+
+
 def test_a_compiled_model_runs_its_sparse_layers_eagerly_and_matches():
     cfg = parse_model_config({"family": "bspline", "widths": [3, 4, 1], "grid": 5, "k": 3, "product": "sparse"})
     assert_compiled_matches_eager(cfg, torch.rand(64, 3) * 2 - 1, atol=1e-6, grad_atol=1e-6)

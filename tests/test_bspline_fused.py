@@ -30,8 +30,10 @@ def fused_like(ref: BSplineKANLayer) -> FusedBSplineKANLayer:
 
 def relative_errors(got: list[torch.Tensor], want: list[torch.Tensor]) -> dict[str, float]:
     names = ["output", "d/dx", "d/dcoef", "d/dscale_base", "d/dscale_spline"]
-    return {n: float((g.detach().double() - w.detach().double()).abs().max() / w.detach().double().abs().max())
-            for n, g, w in zip(names, got, want)}
+    return {
+        n: float((g.detach().double() - w.detach().double()).abs().max() / w.detach().double().abs().max())
+        for n, g, w in zip(names, got, want)
+    }
 
 
 @pytest.mark.parametrize("grid", GRIDS)
@@ -67,11 +69,14 @@ def test_odd_widths_and_a_batch_of_one(k):
         assert max(errors.values()) <= 1e-12, errors
 
 
-@pytest.mark.parametrize("n_in,n_out,dtype", [
-    (37, 70, torch.float64),  # tiles of 32 float64 outputs, 6 outputs past them for the rows
-    (9, 45, torch.float64),  # the input gradient's vectors (8) reach past the tiles: two splits
-    (5, 83, torch.float32),  # tiles of 64 float32 outputs, 3 vectors of 16 and 3 outputs past them
-])
+@pytest.mark.parametrize(
+    "n_in,n_out,dtype",
+    [
+        (37, 70, torch.float64),  # tiles of 32 float64 outputs, 6 outputs past them for the rows
+        (9, 45, torch.float64),  # the input gradient's vectors (8) reach past the tiles: two splits
+        (5, 83, torch.float32),  # tiles of 64 float32 outputs, 3 vectors of 16 and 3 outputs past them
+    ],
+)
 def test_wide_layers_tiles_and_the_rows_past_them_match_the_reference(n_in, n_out, dtype):
     """Outputs enough for the kernels' register tiles, and some past them for narrow.h's rows,
     which add their share of the input gradient to the tiles'. float64 within 1e-12 of the
@@ -133,8 +138,9 @@ def test_the_whole_layer_passes_gradcheck_and_is_what_eager_cpu_steps_run(k):
     x = (torch.rand(6, n_in, dtype=torch.float64) * 3.5 - 1.2).requires_grad_()
     coef = torch.randn(n_out, n_in, grid + k, dtype=torch.float64, requires_grad=True)
     scale_spline, scale_base = (torch.randn(n_out, n_in, dtype=torch.float64, requires_grad=True) for _ in range(2))
-    assert torch.autograd.gradcheck(lambda x, c, s, b: fused_layer(x, knots, c, s, b, k),
-                                    (x, coef, scale_spline, scale_base))
+    assert torch.autograd.gradcheck(
+        lambda x, c, s, b: fused_layer(x, knots, c, s, b, k), (x, coef, scale_spline, scale_base)
+    )
     layer = FusedBSplineKANLayer(n_in, n_out, grid, k, (LOW, HIGH)).double()
     assert layer(x).grad_fn.name() == "torch::autograd::CppNode<kanscale::FusedLayer>"  # no Python in backward
 
@@ -181,18 +187,34 @@ def test_the_fused_layer_refuses_a_device_it_has_no_kernel_for():
         layer(torch.zeros(4, 2, device="meta"))
 
 
-STRATEGIES = {"ddp": {"name": "ddp"}, "fsdp2": {"name": "fsdp2"}, "zero2": {"name": "deepspeed", "zero_stage": 2},
-              "zero3": {"name": "deepspeed", "zero_stage": 3}, "tp": {"name": "tp"}}
+STRATEGIES = {
+    "ddp": {"name": "ddp"},
+    "fsdp2": {"name": "fsdp2"},
+    "zero2": {"name": "deepspeed", "zero_stage": 2},
+    "zero3": {"name": "deepspeed", "zero_stage": 3},
+    "tp": {"name": "tp"},
+}
 
 
 def fused_experiment(strategy: dict, out: Path) -> dict:
-    return {"name": "fused", "model": {"family": "bspline", "widths": [2, 8, 4, 1], "grid": 5, "impl": "fused",
-                                       "grid_range": [-2.0, 2.0]},
-            "task": {"name": "quadratic", "n_train": 640, "n_test": 96},
-            "training": {"seed": 3, "lr": 2e-2, "micro_batch": None, "global_batch": 64, "steps": 10,
-                         "warmup_steps": 1, "grid_update_every": 4},
-            "strategy": strategy, "measurement": {"baseline_steps": 1}, "runtime": {"device": "cpu", "threads": 1},
-            "output": {"dir": str(out)}}
+    return {
+        "name": "fused",
+        "model": {"family": "bspline", "widths": [2, 8, 4, 1], "grid": 5, "impl": "fused", "grid_range": [-2.0, 2.0]},
+        "task": {"name": "quadratic", "n_train": 640, "n_test": 96},
+        "training": {
+            "seed": 3,
+            "lr": 2e-2,
+            "micro_batch": None,
+            "global_batch": 64,
+            "steps": 10,
+            "warmup_steps": 1,
+            "grid_update_every": 4,
+        },
+        "strategy": strategy,
+        "measurement": {"baseline_steps": 1},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(out)},
+    }
 
 
 @pytest.mark.slow
@@ -200,8 +222,9 @@ def test_every_strategy_trains_the_fused_layer_with_the_single_process_losses(tm
     """The op on plain tensors (DDP, DeepSpeed), on FSDP2's unsharded parameters and inside
     tensor parallelism's local_map: per-step losses within 1e-5 of one process's, grid updates included."""
     reference = [s.loss for s in run_here(fused_experiment({"name": "single"}, tmp_path / "single")).combined]
-    results = run_jobs([{"id": key, "config": fused_experiment(s, tmp_path / "runs")} for key, s in STRATEGIES.items()],
-                       tmp_path)
+    results = run_jobs(
+        [{"id": key, "config": fused_experiment(s, tmp_path / "runs")} for key, s in STRATEGIES.items()], tmp_path
+    )
     for key in STRATEGIES:
         losses = results[key]["losses"]
         assert results[key]["status"] == "ok" and results[key]["ranks_identical"], key
@@ -210,8 +233,10 @@ def test_every_strategy_trains_the_fused_layer_with_the_single_process_losses(tm
 
 def test_without_a_compiler_fused_is_refused_naming_the_fast_layer(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler")
-    with pytest.raises(ValidationError, match="impl fused cannot be built here: no C\\+\\+ compiler "
-                                              "\\(no-such-compiler\\).*set impl=fast"):
+    with pytest.raises(
+        ValidationError,
+        match="impl fused cannot be built here: no C\\+\\+ compiler \\(no-such-compiler\\).*set impl=fast",
+    ):
         parse_model_config({"family": "bspline", "widths": [2, 4, 1], "impl": "fused"})
     assert parse_model_config({"family": "bspline", "widths": [2, 4, 1], "impl": "fast"}).impl == "fast"
 
@@ -230,10 +255,14 @@ def test_auto_fuses_on_cpus_and_is_the_fast_layer_elsewhere_or_without_a_compile
     torch.testing.assert_close(model(x), fast(x), rtol=1e-5, atol=1e-6)
     elsewhere = fused_like(reference_layer(7, 3, torch.float32))
     elsewhere.fused_on = ()  # as auto's layer on a device outside AUTO_FUSED_ON: the fast layer's forward
-    assert torch.equal(elsewhere(x[:, :1].expand(9, elsewhere.in_features).contiguous()),
-                       FastBSplineKANLayer.forward(elsewhere, x[:, :1].expand(9, elsewhere.in_features).contiguous()))
+    assert torch.equal(
+        elsewhere(x[:, :1].expand(9, elsewhere.in_features).contiguous()),
+        FastBSplineKANLayer.forward(elsewhere, x[:, :1].expand(9, elsewhere.in_features).contiguous()),
+    )
     monkeypatch.setenv("CXX", "no-such-compiler")
     without = parse_model_config({"family": "bspline", "widths": [3, 5, 2], "impl": "auto"})
     assert not isinstance(build_model(without, 0).layers[0], FusedBSplineKANLayer)
-    assert without.machine_choices("cpu")["impl"] == "fast: no C++ compiler (no-such-compiler) to build the fused " \
-                                                     "B-spline op (set CXX, or install g++)"
+    assert (
+        without.machine_choices("cpu")["impl"] == "fast: no C++ compiler (no-such-compiler) to build the fused "
+        "B-spline op (set CXX, or install g++)"
+    )

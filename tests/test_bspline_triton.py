@@ -30,11 +30,13 @@ ORDERS = [1, 2, 3, 4, 5]
 # (in, out, batch): odd widths, a batch of one, and tiles cut in both dimensions (32 rows x 64 outputs)
 SHAPES = [(3, 5, 7), (1, 1, 1), (3, 67, 37)]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
-needs_triton = pytest.mark.skipif(not HAS_TRITON,
-                                  reason="triton is not installed (pip install -e '.[dev]' installs it on Linux)")
+needs_triton = pytest.mark.skipif(
+    not HAS_TRITON, reason="triton is not installed (pip install -e '.[dev]' installs it on Linux)"
+)
 
 
 # ---- the child process: everything that runs the kernels in the interpreter ----
+
 
 def _child() -> dict:
     import kan_models.fused as fused
@@ -69,8 +71,9 @@ def _child() -> dict:
                     p.copy_(torch.randn_like(p))
             x = torch.rand(batch, n_in, dtype=torch.float64) * 5 - 2  # a third of it outside the grid
             layer = fused_like(ref)
-            results["shapes"][f"{n_in},{n_out},{batch},{k}"] = relative_errors(outputs_and_grads(layer, layer, x),
-                                                                             outputs_and_grads(ref, ref, x))
+            results["shapes"][f"{n_in},{n_out},{batch},{k}"] = relative_errors(
+                outputs_and_grads(layer, layer, x), outputs_and_grads(ref, ref, x)
+            )
     # the op's interface, as the C++ op's: undefined gradients are None, an empty batch works
     knots = uniform_knots(5, 2, LOW, HIGH, 3).float()
     w = torch.randn(3, 7, 4, dtype=torch.float32)
@@ -78,9 +81,13 @@ def _child() -> dict:
     only_w = triton_kernels.backward(grad, x, knots, w, 2, *_rows(2), False, True)
     only_x = triton_kernels.backward(grad, x, knots, w, 2, *_rows(2), True, False)
     empty = triton_kernels.forward(x[:0], knots, w, 2, *_rows(2))
-    results["interface"] = {"only_w": [t is None for t in only_w], "only_x": [t is None for t in only_x],
-                            "only_w_shape": list(only_w[1].shape), "only_x_shape": list(only_x[0].shape),
-                            "empty": list(empty.shape)}
+    results["interface"] = {
+        "only_w": [t is None for t in only_w],
+        "only_x": [t is None for t in only_x],
+        "only_w_shape": list(only_w[1].shape),
+        "only_x_shape": list(only_x[0].shape),
+        "empty": list(empty.shape),
+    }
     return results
 
 
@@ -93,13 +100,20 @@ if __name__ == "__main__":
 def interpreted() -> dict:
     from tests.helpers.launch import ROOT, child_env
 
-    proc = subprocess.run([sys.executable, "-m", "tests.test_bspline_triton"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env=child_env(TRITON_INTERPRET="1"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.test_bspline_triton"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=child_env(TRITON_INTERPRET="1"),
+    )
     assert proc.returncode == 0, proc.stderr[-8000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # ---- the tests ----
+
 
 @needs_triton
 @pytest.mark.parametrize("grid", GRIDS)
@@ -170,10 +184,12 @@ def test_the_package_imports_without_triton():
     the layer on CPUs' path and the config still import."""
     from tests.helpers.launch import run
 
-    code = ("import sys; sys.modules['triton'] = None\n"  # import triton now raises ImportError
-            "import kan_models.fused as f\n"
-            "assert 'kan_models.fused.triton_kernels' not in sys.modules\n"
-            "print(f.device_unavailable(f.torch.device('cpu')))")
+    code = (
+        "import sys; sys.modules['triton'] = None\n"  # import triton now raises ImportError
+        "import kan_models.fused as f\n"
+        "assert 'kan_models.fused.triton_kernels' not in sys.modules\n"
+        "print(f.device_unavailable(f.torch.device('cpu')))"
+    )
     assert run([sys.executable, "-c", code], timeout=120).stdout.strip() == "None"
 
 

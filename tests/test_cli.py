@@ -36,13 +36,28 @@ def test_train_prints_a_summary_and_writes_a_valid_record(tmp_path, capsys):
 
     assert record.topology.device_name == cpu_model()
     assert record.model.options["product"] == "auto"
-    assert record.model.machine_choices["product"].startswith("dense: 2.0 bases per non-zero against a crossover of 20.0")  # (5 + 3) / 4
+    assert record.model.machine_choices["product"].startswith(
+        "dense: 2.0 bases per non-zero against a crossover of 20.0"
+    )  # (5 + 3) / 4
 
 
 def test_paper_config_trains_the_pykan_model(tmp_path, capsys, in_tmp_cwd):
     # The study's model and task, shortened: pykan [2, 64, 1], grid 10, k 3, batch 512.
-    code = main(["train", PAPER, "--out", str(tmp_path / "runs"), "--no-progress",
-                 "--set", "task.n_train=4096", "--set", "task.n_test=512", "--set", "training.epochs=2"])
+    code = main(
+        [
+            "train",
+            PAPER,
+            "--out",
+            str(tmp_path / "runs"),
+            "--no-progress",
+            "--set",
+            "task.n_train=4096",
+            "--set",
+            "task.n_test=512",
+            "--set",
+            "training.epochs=2",
+        ]
+    )
     assert code == 0
     record = read_summary(only_run(tmp_path / "runs"))
     assert (record.model.family, record.model.params_total, record.batch.micro_batch) == ("pykan", 5414, 512)
@@ -50,11 +65,17 @@ def test_paper_config_trains_the_pykan_model(tmp_path, capsys, in_tmp_cwd):
     assert sorted(p.name for p in in_tmp_cwd.iterdir()) == ["runs"]  # pykan wrote nothing else
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--set", "training.lrr=1"], "training.lrr: unknown key; did you mean 'lr'"),
-    (["--set", "training.warmup_steps=500", "--set", "training.steps=10"], "training.warmup_steps: 500 warm-up steps leave none"),
-    (["--set", "model.k=0"], "model.k"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--set", "training.lrr=1"], "training.lrr: unknown key; did you mean 'lr'"),
+        (
+            ["--set", "training.warmup_steps=500", "--set", "training.steps=10"],
+            "training.warmup_steps: 500 warm-up steps leave none",
+        ),
+        (["--set", "model.k=0"], "model.k"),
+    ],
+)
 def test_bad_input_exits_2_with_one_message_and_no_traceback(tmp_path, capsys, args, message):
     assert main(["train", QUICKSTART, "--out", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err
@@ -70,8 +91,12 @@ def test_output_dir_that_is_a_file(tmp_path, capsys):
 
 
 def test_missing_config_through_the_console_script(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "launchers.cli", "train", str(tmp_path / "none.yaml")],
-                          capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "launchers.cli", "train", str(tmp_path / "none.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -106,10 +131,30 @@ def test_a_native_deepspeed_json_from_the_command_line(tmp_path, capsys):
     assert '#       "stage": 3,' in out and '"train_batch_size": 512' in out and str(native) in out.splitlines()[-1]
     assert main(["run", QUICKSTART, "--deepspeed-config", str(native), "--strategy", "ddp", "--dry-run"]) == 2
     assert "cannot be combined with --strategy" in capsys.readouterr().err
-    proc = subprocess.run([sys.executable, "-m", "launchers.cli", "train", QUICKSTART, "--deepspeed_config", str(native),
-                           "--no-progress", "--set", "training.steps=6", "--set", "training.warmup_steps=1",
-                           "--set", "measurement.baseline_steps=1", "--out", str(tmp_path / "runs")],
-                          capture_output=True, text=True, timeout=600, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launchers.cli",
+            "train",
+            QUICKSTART,
+            "--deepspeed_config",
+            str(native),
+            "--no-progress",
+            "--set",
+            "training.steps=6",
+            "--set",
+            "training.warmup_steps=1",
+            "--set",
+            "measurement.baseline_steps=1",
+            "--out",
+            str(tmp_path / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = read_summary(only_run(tmp_path / "runs"))
     assert (record.strategy.label, record.strategy.options["zero_stage"]) == ("zero3", 3)

@@ -35,7 +35,7 @@ def test_sweep_holds_the_zoo_sizes_and_divides_into_shards():
     assert 4 * 19e6 < by_label["20M bspline gradients"] < 4 * 21e6
     sizes = [m.nbytes for m in messages]
     assert sizes == sorted(set(sizes)) and all(s % 16 == 0 for s in sizes)  # float32, 4 equal shards
-    assert {4 ** k * 4 for k in range(1, 12)} <= set(sizes)  # the powers of four are there too
+    assert {4**k * 4 for k in range(1, 12)} <= set(sizes)  # the powers of four are there too
     assert [m.nbytes for m in message_sizes(2, 64, 4096)] == [64, 256, 1024, 4096]  # zoo sizes out of range left out
 
 
@@ -59,8 +59,14 @@ def test_a_worker_without_peers_fails_in_one_line_and_exits(tmp_path):
     """Started by hand (no torchrun) the worker joins a one-rank group, refuses it, and leaves
     through exit_without_teardown with kanscale's one-line error and exit code 1."""
     options = BenchOptions(out=str(tmp_path / "cb.json"), device="cpu")
-    proc = subprocess.run([sys.executable, "-m", "launchers.commbench", options.to_json()], capture_output=True,
-                          text=True, timeout=120, cwd=ROOT, env=child_env())
+    proc = subprocess.run(
+        [sys.executable, "-m", "launchers.commbench", options.to_json()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=child_env(),
+    )
     assert proc.returncode == 1, proc.stderr
     assert "kanscale: commbench failed: RuntimeError: commbench needs at least 2 ranks" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "cb.json").exists()
@@ -71,8 +77,27 @@ def two_agent_commbench(tmp_path_factory) -> Path:
     shared with tests/test_projection.py."""
     out = tmp_path_factory.getbasetemp() / "commbench-2x1" / "bench.json"
     if not out.exists():
-        run([sys.executable, "-m", "launchers.cli", "commbench", "--nnodes", "2", "--nproc-per-node", "1",
-             "--max-bytes", "16384", "--iters", "5", "--warmup", "2", "--out", str(out)], timeout=240)
+        run(
+            [
+                sys.executable,
+                "-m",
+                "launchers.cli",
+                "commbench",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--max-bytes",
+                "16384",
+                "--iters",
+                "5",
+                "--warmup",
+                "2",
+                "--out",
+                str(out),
+            ],
+            timeout=240,
+        )
     return out
 
 
@@ -100,13 +125,16 @@ def test_commbench_over_two_agents_on_gloo(tmp_path_factory):
     assert "busbw GB/s" in out.with_suffix(".md").read_text()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--nproc-per-node", "1"], "needs at least 2 ranks"),
-    (["--out", "bench.md"], "--out: give a .json file"),
-    (["--min-bytes", "64", "--max-bytes", "512"], "--max-bytes: must be at least 16 x --min-bytes (1024)"),
-    (["--nproc-per-node", "64"], "lower --nproc-per-node"),
-    (["--worker"], "unrecognized arguments: --worker"),  # every rank runs python -m launchers.commbench instead
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--nproc-per-node", "1"], "needs at least 2 ranks"),
+        (["--out", "bench.md"], "--out: give a .json file"),
+        (["--min-bytes", "64", "--max-bytes", "512"], "--max-bytes: must be at least 16 x --min-bytes (1024)"),
+        (["--nproc-per-node", "64"], "lower --nproc-per-node"),
+        (["--worker"], "unrecognized arguments: --worker"),  # every rank runs python -m launchers.commbench instead
+    ],
+)
 def test_commbench_refuses_bad_flags(argv, message, capsys, in_tmp_cwd):
     try:
         code = main(["commbench", *argv])

@@ -41,16 +41,26 @@ def test_compiled_training_matches_eager_and_reports_compile_time(tmp_path, eage
     assert 0 < max_rel_diff(losses, eager_losses) < RTOL  # compiled, so not bitwise the eager step
     assert record.compile.setting == compile
     assert strategy_label(record) == {"model": "single+compiled", "step": "single+compiled_step"}[compile]
-    assert record.compile.mechanism == {"model": "torch.compile(model)", "step": "torch.compile(forward + loss) + "
-                                        "compiled autograd + torch.compile(optimizer.step)"}[compile]
+    assert (
+        record.compile.mechanism
+        == {
+            "model": "torch.compile(model)",
+            "step": "torch.compile(forward + loss) + compiled autograd + torch.compile(optimizer.step)",
+        }[compile]
+    )
 
 
 @pytest.fixture(scope="module")
 def distributed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compiled")
     refs = {accum: single_losses(experiment("bspline", {"name": "single"}, accum, str(tmp / "s"))) for accum in (1, 2)}
-    jobs = [{"id": f"{key}/{accum}", "config": experiment("bspline", STRATEGIES[key], accum, str(tmp / "r"), compile="step")}
-            for key, accum in (("ddp", 2), ("fsdp1", 1), ("fsdp2", 1))]
+    jobs = [
+        {
+            "id": f"{key}/{accum}",
+            "config": experiment("bspline", STRATEGIES[key], accum, str(tmp / "r"), compile="step"),
+        }
+        for key, accum in (("ddp", 2), ("fsdp1", 1), ("fsdp2", 1))
+    ]
     return refs, run_jobs(jobs, tmp)
 
 

@@ -21,20 +21,34 @@ def test_shipped_experiments_validate(path):
 
 def test_paper_config_is_the_published_setup():
     cfg = load_experiment(ROOT / "configs/experiments/paper_kan64.yaml")
-    assert (cfg.model.family, cfg.model.widths, cfg.model.grid, cfg.model.k, cfg.model.seed) == ("pykan", [2, 64, 1], 10, 3, 42)
-    assert (cfg.training.micro_batch, cfg.training.lr, cfg.training.epochs, cfg.task.n_train) == (512, 1e-3, 40, 100_000)
+    assert (cfg.model.family, cfg.model.widths, cfg.model.grid, cfg.model.k, cfg.model.seed) == (
+        "pykan",
+        [2, 64, 1],
+        10,
+        3,
+        42,
+    )
+    assert (cfg.training.micro_batch, cfg.training.lr, cfg.training.epochs, cfg.task.n_train) == (
+        512,
+        1e-3,
+        40,
+        100_000,
+    )
     assert cfg.task.noise_std == 0.01 and cfg.task.x_range == (-2.0, 2.0)
 
 
 def test_overrides_are_parsed_as_yaml_values():
-    cfg = load_experiment(QUICKSTART, ["training.lr=1e-2", "model.widths=[2, 7, 1]", "runtime.threads=null",
-                                       "training.steps=12"])
+    cfg = load_experiment(
+        QUICKSTART, ["training.lr=1e-2", "model.widths=[2, 7, 1]", "runtime.threads=null", "training.steps=12"]
+    )
     assert cfg.training.lr == 0.01 and cfg.model.widths == [2, 7, 1] and cfg.runtime.threads is None
     assert cfg.training.steps == 12
 
 
 def test_defaults_are_explicit_in_the_resolved_config():
-    cfg = parse_experiment({"name": "x", "model": {"family": "rbf", "widths": [2, 3, 1]}, "task": {"name": "quadratic"}})
+    cfg = parse_experiment(
+        {"name": "x", "model": {"family": "rbf", "widths": [2, 3, 1]}, "task": {"name": "quadratic"}}
+    )
     resolved = cfg.resolved()
     assert resolved["training"]["grad_clip"] == 0.0  # gradient clipping is off unless asked for
     assert resolved["strategy"] == {"name": "single"}

@@ -27,11 +27,15 @@ STEPS = 12
 
 
 def experiment(factory: str, out: str, strategy: dict | None = None) -> dict:
-    return {"name": "custom", "model": {"family": "custom", "widths": [64, 10], "factory": factory,
-                                        "options": {"hidden": [16], "grid": 4}},
-            "task": {"name": "sklearn", "dataset": "digits"},
-            "training": {"seed": 1, "lr": 0.01, "micro_batch": None, "global_batch": 64, "steps": STEPS, "warmup_steps": 2},
-            "strategy": strategy or {"name": "single"}, "runtime": {"device": "cpu", "threads": 1}, "output": {"dir": out}}
+    return {
+        "name": "custom",
+        "model": {"family": "custom", "widths": [64, 10], "factory": factory, "options": {"hidden": [16], "grid": 4}},
+        "task": {"name": "sklearn", "dataset": "digits"},
+        "training": {"seed": 1, "lr": 0.01, "micro_batch": None, "global_batch": 64, "steps": STEPS, "warmup_steps": 2},
+        "strategy": strategy or {"name": "single"},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": out},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +46,11 @@ def users_model(tmp_path_factory) -> str:
     return f"{home / 'their_kan.py'}:build"
 
 
-@pytest.mark.parametrize("strategy", [{"name": "ddp"}, {"name": "fsdp2"}, {"name": "deepspeed", "zero_stage": 3}],
-                         ids=["ddp", "fsdp2", "zero3"])
+@pytest.mark.parametrize(
+    "strategy",
+    [{"name": "ddp"}, {"name": "fsdp2"}, {"name": "deepspeed", "zero_stage": 3}],
+    ids=["ddp", "fsdp2", "zero3"],
+)
 @pytest.mark.slow  # the slow tier (make test-slow)
 def test_a_model_from_a_users_file_trains_with_parity_under_every_kind_of_strategy(users_model, tmp_path, strategy):
     out = str(tmp_path / "runs")
@@ -64,20 +71,26 @@ def test_the_record_says_custom_with_its_factory_options_and_size(users_model, t
     assert record.model.params_trainable == 64 * 16 * (1 + 7) + 16 * 10 * (1 + 7)  # base + grid + order bases per edge
 
 
-@pytest.mark.parametrize("factory,message", [
-    ("my_kan.build", "is not 'package.module:function' or 'path/to/file.py:function'"),
-    ("no_such_package_x.models:build", "cannot import no_such_package_x.models (ModuleNotFoundError"),
-    ("missing/file.py:build", "cannot import missing/file.py (OSError: no file missing/file.py"),
-    ("examples/my_kan.py:make", "examples/my_kan.py has no function 'make' (it has build)"),
-    ("torch.nn.functional:relu", None),  # importable, but fails with these options: refused when built
-    ("builtins:dict", None),  # importable and callable, but returns no module
-])
+@pytest.mark.parametrize(
+    "factory,message",
+    [
+        ("my_kan.build", "is not 'package.module:function' or 'path/to/file.py:function'"),
+        ("no_such_package_x.models:build", "cannot import no_such_package_x.models (ModuleNotFoundError"),
+        ("missing/file.py:build", "cannot import missing/file.py (OSError: no file missing/file.py"),
+        ("examples/my_kan.py:make", "examples/my_kan.py has no function 'make' (it has build)"),
+        ("torch.nn.functional:relu", None),  # importable, but fails with these options: refused when built
+        ("builtins:dict", None),  # importable and callable, but returns no module
+    ],
+)
 def test_a_bad_factory_is_refused_before_launch(factory, message, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     if message is None:
         cfg = parse_experiment(experiment(factory, str(tmp_path)))
-        expected = ("returned a dict, not a torch.nn.Module" if "dict" in factory else
-                    "torch.nn.functional:relu(**model.options) failed: TypeError: relu() got an unexpected keyword")
+        expected = (
+            "returned a dict, not a torch.nn.Module"
+            if "dict" in factory
+            else "torch.nn.functional:relu(**model.options) failed: TypeError: relu() got an unexpected keyword"
+        )
         with pytest.raises(ConfigError, match=expected.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
             cfg.model.build()
         with pytest.raises(ConfigError, match="model.factory"):  # and before launch, when its size is checked
@@ -88,13 +101,17 @@ def test_a_bad_factory_is_refused_before_launch(factory, message, tmp_path, monk
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("body, message", [
-    ("raise RuntimeError('no GPU here')", "cannot import {file} (RuntimeError: no GPU here)"),
-    ("import json\nCONFIG = json.loads('{')", "cannot import {file} (JSONDecodeError: Expecting property name"),
-    ("WIDTH = {}['width']", "cannot import {file} (KeyError: 'width')"),
-    ("import sys\nsys.exit(3)", "importing {file} called sys.exit(3); run the script's own code only under"),
-    ("raise SystemExit", "importing {file} called sys.exit(None)"),
-], ids=["runtime_error", "json_error", "key_error", "sys_exit", "bare_exit"])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("raise RuntimeError('no GPU here')", "cannot import {file} (RuntimeError: no GPU here)"),
+        ("import json\nCONFIG = json.loads('{')", "cannot import {file} (JSONDecodeError: Expecting property name"),
+        ("WIDTH = {}['width']", "cannot import {file} (KeyError: 'width')"),
+        ("import sys\nsys.exit(3)", "importing {file} called sys.exit(3); run the script's own code only under"),
+        ("raise SystemExit", "importing {file} called sys.exit(None)"),
+    ],
+    ids=["runtime_error", "json_error", "key_error", "sys_exit", "bare_exit"],
+)
 def test_a_factory_module_that_fails_on_import_is_one_line_and_exit_2(body, message, tmp_path):
     """As a user meets it: ``kanscale train`` ends before launch naming the file, with one
     ``model.factory:`` line that says what the import raised, and no traceback."""
@@ -102,8 +119,14 @@ def test_a_factory_module_that_fails_on_import_is_one_line_and_exit_2(body, mess
     module.write_text(f"{body}\n\ndef build(**options):\n    return None\n")
     config = tmp_path / "custom.yaml"
     config.write_text(json.dumps(experiment(f"{module}:build", str(tmp_path / "runs"))))
-    proc = subprocess.run([sys.executable, "-m", "launchers.cli", "train", str(config)], cwd=ROOT, env=child_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "launchers.cli", "train", str(config)],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
     assert lines[0] == f"kanscale: error: {config} is invalid:" and len(lines) == 2, proc.stderr
@@ -128,8 +151,9 @@ def forwards_its_keywords(**options):  # **kwargs alone: not given widths, which
 """
 
 
-@pytest.mark.parametrize("function, widths", [("stack", [64, 32, 10]), ("keyword_only", [64, 10]),
-                                              ("forwards_its_keywords", [64, 10])])
+@pytest.mark.parametrize(
+    "function, widths", [("stack", [64, 32, 10]), ("keyword_only", [64, 10]), ("forwards_its_keywords", [64, 10])]
+)
 def test_a_factory_that_names_widths_is_given_model_widths(tmp_path, function, widths):
     module = tmp_path / "widths_kan.py"
     module.write_text(WIDTHS)
@@ -150,8 +174,10 @@ def test_widths_in_the_options_of_a_factory_that_is_given_them_are_refused_and_t
     with pytest.raises(ConfigError) as refused:
         parse_experiment(config)
     line = str(refused.value).splitlines()[1]
-    assert line == (f"  - model.options: {module}:stack is given model.widths as its widths; leave widths out of "
-                    "model.options (set model.widths)")
+    assert line == (
+        f"  - model.options: {module}:stack is given model.widths as its widths; leave widths out of "
+        "model.options (set model.widths)"
+    )
     del config["model"]["options"]["widths"]  # the fix the message gives
     assert isinstance(parse_experiment(config).model.build(), nn.Sequential)
 
@@ -167,8 +193,10 @@ def test_a_misspelled_factory_names_its_field_once_and_its_suggestion_trains(tmp
     assert main(["train", str(path), "--no-progress"]) == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if "buld" in line]
     assert line.count("model.factory") == 1, line
-    assert line.startswith("  - model.factory: examples/my_kan.py has no function 'buld' (it has build); "
-                           "did you mean 'examples/my_kan.py:build'?"), line
+    assert line.startswith(
+        "  - model.factory: examples/my_kan.py has no function 'buld' (it has build); "
+        "did you mean 'examples/my_kan.py:build'?"
+    ), line
     with pytest.raises(ValueError) as from_python:  # the validator's own message, as the Python API shows it
         parse_model_config(config["model"])
     assert "model.factory" not in str(from_python.value) and "has no function 'buld'" in str(from_python.value)
@@ -198,13 +226,21 @@ def linear(inputs=64, outputs=10, value_dependent=False):
 """
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"outputs": 3}, "gives an output of shape [2, 3] for 2 samples, but model.widths ends with 10 and task sklearn "
-                     "has 10 outputs, so [2, 10] was expected; make the factory's model output 10 values per sample"),
-    ({"outputs": 3, "value_dependent": True}, "gives an output of shape [2, 3] for 2 samples"),
-    ({"inputs": 5}, "builds a model that does not take task sklearn's 64 inputs (model.widths[0]): RuntimeError"),
-    ({}, None), ({"value_dependent": True}, None),
-], ids=["too_few_logits", "too_few_on_cpu", "wrong_inputs", "right", "right_on_cpu"])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {"outputs": 3},
+            "gives an output of shape [2, 3] for 2 samples, but model.widths ends with 10 and task sklearn "
+            "has 10 outputs, so [2, 10] was expected; make the factory's model output 10 values per sample",
+        ),
+        ({"outputs": 3, "value_dependent": True}, "gives an output of shape [2, 3] for 2 samples"),
+        ({"inputs": 5}, "builds a model that does not take task sklearn's 64 inputs (model.widths[0]): RuntimeError"),
+        ({}, None),
+        ({"value_dependent": True}, None),
+    ],
+    ids=["too_few_logits", "too_few_on_cpu", "wrong_inputs", "right", "right_on_cpu"],
+)
 def test_the_model_a_factory_builds_is_checked_against_the_task_before_launch(tmp_path, options, message):
     module = tmp_path / "shaped.py"
     module.write_text(SHAPED)
@@ -235,7 +271,9 @@ def test_the_wrap_policy_picks_units_by_class_or_by_size():
     assert [type(u).__name__ for u in default] == ["Linear", "Block", "Block", "Linear"]  # containers are looked into
     assert [type(u).__name__ for u in wrap_units(model, WrapPolicy(classes=["Block"]))] == ["Block", "Block"]
     assert [type(u).__name__ for u in wrap_units(model, WrapPolicy(min_params=1000))] == ["Block", "Block"]
-    cfg = parse_experiment({"name": "z", "model": {"family": "bspline", "widths": [2, 8, 1]}, "task": {"name": "quadratic"}})
+    cfg = parse_experiment(
+        {"name": "z", "model": {"family": "bspline", "widths": [2, 8, 1]}, "task": {"name": "quadratic"}}
+    )
     zoo = cfg.model.build()
     assert wrap_units(zoo) == zoo.blocks  # the zoo's own units: one per KAN layer
     assert wrap_units(zoo, WrapPolicy(min_params=10**9)) == []  # a policy given overrides them

@@ -19,11 +19,26 @@ MODEL = {"family": "bspline", "widths": [2, 8, 1], "grid": 5, "grid_range": [-2.
 
 
 def experiment(out: Path, strategy: dict | None = None, **training) -> dict:
-    return {"name": "loader", "model": MODEL, "task": {"name": "quadratic", "n_train": 640, "n_test": 128},
-            "training": {"seed": 2, "lr": 1e-2, "micro_batch": None, "global_batch": 64, "steps": STEPS, "warmup_steps": 2,
-                         "loader": "dataloader", "loader_workers": 2, **training},
-            "strategy": strategy or {"name": "single"}, "measurement": {"baseline_steps": 1, "window_steps": 3},
-            "runtime": {"device": "cpu", "threads": 1}, "output": {"dir": str(out)}}
+    return {
+        "name": "loader",
+        "model": MODEL,
+        "task": {"name": "quadratic", "n_train": 640, "n_test": 128},
+        "training": {
+            "seed": 2,
+            "lr": 1e-2,
+            "micro_batch": None,
+            "global_batch": 64,
+            "steps": STEPS,
+            "warmup_steps": 2,
+            "loader": "dataloader",
+            "loader_workers": 2,
+            **training,
+        },
+        "strategy": strategy or {"name": "single"},
+        "measurement": {"baseline_steps": 1, "window_steps": 3},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(out)},
+    }
 
 
 def single(cfg: dict) -> tuple[list[float], object]:
@@ -37,12 +52,17 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("loader")
     refs = {accum: single(experiment(tmp / "s", grad_accum=accum)) for accum in (1, 2)}
     refs["memory"] = single(experiment(tmp / "s", loader="memory"))
-    jobs = [{"id": f"{key}/{accum}", "config": experiment(tmp / "r", STRATEGIES[key], grad_accum=accum)}
-            for key in ("ddp", "fsdp2", "zero2") for accum in (1, 2)]
+    jobs = [
+        {"id": f"{key}/{accum}", "config": experiment(tmp / "r", STRATEGIES[key], grad_accum=accum)}
+        for key in ("ddp", "fsdp2", "zero2")
+        for accum in (1, 2)
+    ]
     resumable = experiment(tmp / "resume", STRATEGIES["ddp"], checkpoint_every=6)
-    jobs += [{"id": "full", "config": resumable},
-             {"id": "failed", "config": {**resumable, "fault": {"rank": "all", "step": 9, "kind": "exception"}}},
-             {"id": "resumed", "config": resumable, "resume": True}]
+    jobs += [
+        {"id": "full", "config": resumable},
+        {"id": "failed", "config": {**resumable, "fault": {"rank": "all", "step": 9, "kind": "exception"}}},
+        {"id": "resumed", "config": resumable, "resume": True},
+    ]
     return refs, run_jobs(jobs, tmp)
 
 

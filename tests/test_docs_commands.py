@@ -59,7 +59,9 @@ def test_every_option_a_synopsis_shows_exists(command):
     parser = build_parser() if command.subcommand is None else subcommand_parser(command.subcommand)
     known = set(parser._option_string_actions)
     shown = {w.split("=")[0].strip("[]") for w in command.argv if w.lstrip("[").startswith("--")}
-    assert shown - {"--help"} <= known, f"{command.where}: {sorted(shown - known)} are not options of {command.subcommand}"
+    assert shown - {"--help"} <= known, (
+        f"{command.where}: {sorted(shown - known)} are not options of {command.subcommand}"
+    )
 
 
 @pytest.mark.parametrize("command", CONCRETE, ids=ids)
@@ -166,8 +168,11 @@ def normalised(text: str) -> str:
 def lines_not_printed(command: DocCommand, printed: str) -> list[str]:
     """The documented output lines the command did not print (``...`` stands for the rest)."""
     printed = normalised(printed)
-    return [line for line in command.output
-            if not re.search(re.escape(normalised(line)).replace(re.escape("..."), ".*"), printed)]
+    return [
+        line
+        for line in command.output
+        if not re.search(re.escape(normalised(line)).replace(re.escape("..."), ".*"), printed)
+    ]
 
 
 @pytest.mark.parametrize("command", [c for c in KANSCALE if c.output], ids=ids)
@@ -184,7 +189,8 @@ def test_a_documented_error_prints_what_the_docs_show(command, sandbox, monkeypa
     assert code == 2, errors.getvalue()
     assert not lines_not_printed(command, errors.getvalue()), (
         f"{command.where} shows lines the command does not print: {lines_not_printed(command, errors.getvalue())}\n"
-        f"it prints:\n{errors.getvalue()}")
+        f"it prints:\n{errors.getvalue()}"
+    )
 
 
 def test_the_reader_sees_continued_lines_chains_and_output(tmp_path):
@@ -192,12 +198,17 @@ def test_the_reader_sees_continued_lines_chains_and_output(tmp_path):
     command, ``&&`` chains two, a prompted block's other lines are its output, a file tree is
     no command."""
     doc = tmp_path / "doc.md"
-    doc.write_text("```bash\nkanscale train quickstart \\\n    --set training.steps=3   # short\n"
-                   "kanscale sweep s.yaml --out r && kanscale analyze r\n```\n\n```\n$ kanscale train x\n"
-                   "kanscale: error: x is invalid\n```\n\n```\nkanscale/   the ground floor\n```\n")
+    doc.write_text(
+        "```bash\nkanscale train quickstart \\\n    --set training.steps=3   # short\n"
+        "kanscale sweep s.yaml --out r && kanscale analyze r\n```\n\n```\n$ kanscale train x\n"
+        "kanscale: error: x is invalid\n```\n\n```\nkanscale/   the ground floor\n```\n"
+    )
     found = documented_commands([doc])
     assert [c.argv for c in found] == [
         ("kanscale", "train", "quickstart", "--set", "training.steps=3"),
-        ("kanscale", "sweep", "s.yaml", "--out", "r"), ("kanscale", "analyze", "r"), ("kanscale", "train", "x")]
+        ("kanscale", "sweep", "s.yaml", "--out", "r"),
+        ("kanscale", "analyze", "r"),
+        ("kanscale", "train", "x"),
+    ]
     assert found[-1].output == ("kanscale: error: x is invalid",)
     assert os.path.basename(found[0].where.split(":")[0]) == "doc.md"

@@ -20,11 +20,16 @@ from tests.helpers.launch import run_jobs
 
 def experiment(out: Path, strategy: dict | None = None) -> dict:
     """12 steps, a checkpoint every 6: step-000006 and step-000012 are kept."""
-    return {"name": "export_verify", "model": {"family": "bspline", "widths": [2, 4, 1], "grid": 3, "grid_range": [-2.0, 2.0]},
-            "task": {"name": "quadratic", "n_train": 256, "n_test": 32},
-            "training": {"seed": 5, "lr": 0.02, "micro_batch": 32, "steps": 12, "warmup_steps": 1, "checkpoint_every": 6},
-            "strategy": strategy or {"name": "single"}, "measurement": {"baseline_steps": 1},
-            "runtime": {"device": "cpu", "threads": 1}, "output": {"dir": str(out)}}
+    return {
+        "name": "export_verify",
+        "model": {"family": "bspline", "widths": [2, 4, 1], "grid": 3, "grid_range": [-2.0, 2.0]},
+        "task": {"name": "quadratic", "n_train": 256, "n_test": 32},
+        "training": {"seed": 5, "lr": 0.02, "micro_batch": 32, "steps": 12, "warmup_steps": 1, "checkpoint_every": 6},
+        "strategy": strategy or {"name": "single"},
+        "measurement": {"baseline_steps": 1},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(out)},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +58,9 @@ def flip_a_bit(path: Path) -> None:
 
 
 def tree(directory: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(directory)): p.read_bytes() if p.is_file() else None for p in sorted(directory.rglob("*"))}
+    return {
+        str(p.relative_to(directory)): p.read_bytes() if p.is_file() else None for p in sorted(directory.rglob("*"))
+    }
 
 
 def exported_from(model: Path) -> tuple[int, dict[str, torch.Tensor]]:
@@ -72,11 +79,17 @@ def refused(args: list[str], capsys) -> str:
     return err
 
 
-@pytest.mark.parametrize("damage,why", [(truncate, "state.pt does not match its checksum"),
-                                        (flip_a_bit, "state.pt does not match its checksum"),
-                                        (lambda p: p.unlink(), "state.pt is missing")])
-def test_a_run_whose_newest_checkpoint_is_damaged_exports_the_older_one_and_says_so(run_dir, tmp_path, capsys,
-                                                                                    damage, why):
+@pytest.mark.parametrize(
+    "damage,why",
+    [
+        (truncate, "state.pt does not match its checksum"),
+        (flip_a_bit, "state.pt does not match its checksum"),
+        (lambda p: p.unlink(), "state.pt is missing"),
+    ],
+)
+def test_a_run_whose_newest_checkpoint_is_damaged_exports_the_older_one_and_says_so(
+    run_dir, tmp_path, capsys, damage, why
+):
     damage(run_dir / "checkpoints/step-000012/state.pt")
     before = tree(run_dir)
     model = tmp_path / "model.pt"
@@ -103,8 +116,10 @@ def test_a_run_whose_only_checkpoint_is_corrupt_is_refused_in_one_line(run_dir, 
     truncate(run_dir / "checkpoints/step-000012/state.pt")
     model = tmp_path / "model.pt"
     err = refused(["export", str(run_dir), "--out", str(model)], capsys)
-    assert (f"kanscale: error: export: {run_dir} has no checkpoint that verifies (step-000012: state.pt does not match "
-            "its checksum (truncated or altered since it was saved)); none of it can be exported") in err
+    assert (
+        f"kanscale: error: export: {run_dir} has no checkpoint that verifies (step-000012: state.pt does not match "
+        "its checksum (truncated or altered since it was saved)); none of it can be exported"
+    ) in err
     assert not model.exists()
 
 
@@ -128,12 +143,21 @@ def truncated(checkpoints: Path) -> Path:
     return checkpoints / "step-000012"
 
 
-@pytest.mark.parametrize("make,said", [
-    (set_aside_copy, "was set aside by a resume because it failed verification (a .corrupt checkpoint is never read)"),
-    (partial_copy, "is no complete checkpoint (a save that did not finish, ending in .tmp, or without meta.json"),
-    (without_manifest, "fails verification: its meta.json cannot be read"),
-    (truncated, "fails verification: state.pt does not match its checksum (truncated or altered since it was saved)"),
-])
+@pytest.mark.parametrize(
+    "make,said",
+    [
+        (
+            set_aside_copy,
+            "was set aside by a resume because it failed verification (a .corrupt checkpoint is never read)",
+        ),
+        (partial_copy, "is no complete checkpoint (a save that did not finish, ending in .tmp, or without meta.json"),
+        (without_manifest, "fails verification: its meta.json cannot be read"),
+        (
+            truncated,
+            "fails verification: state.pt does not match its checksum (truncated or altered since it was saved)",
+        ),
+    ],
+)
 def test_a_checkpoint_given_by_name_is_refused_unless_it_verifies(run_dir, tmp_path, capsys, make, said):
     checkpoint = make(run_dir / "checkpoints")
     model = tmp_path / "model.pt"

@@ -19,9 +19,14 @@ ROWS = 20
 
 
 def experiment(task: dict, widths: list[int]) -> dict:
-    return {"name": "problems", "model": {"family": "bspline", "widths": widths, "grid": 3},
-            "task": {"name": "file", **task}, "training": {"micro_batch": 4, "steps": 1, "warmup_steps": 0},
-            "runtime": {"device": "cpu", "threads": 1}, "output": {"dir": "runs"}}
+    return {
+        "name": "problems",
+        "model": {"family": "bspline", "widths": widths, "grid": 3},
+        "task": {"name": "file", **task},
+        "training": {"micro_batch": 4, "steps": 1, "warmup_steps": 0},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": "runs"},
+    }
 
 
 def problems(task: dict, overrides: list[str] = ()) -> list[str]:
@@ -35,9 +40,15 @@ def survey() -> pd.DataFrame:
     """Two text inputs (one with a missing cell), two numeric inputs with missing cells, a clean one
     and a target with a missing value: the problems of a file as it comes, in one table."""
     rng = np.random.default_rng(0)
-    frame = pd.DataFrame({"colour": np.array(["red", "green", "blue", "green"])[np.arange(ROWS) % 4],
-                          "a": rng.normal(size=ROWS), "size": np.where(np.arange(ROWS) % 2, "big", "small"),
-                          "b": rng.normal(size=ROWS), "c": rng.normal(size=ROWS)})
+    frame = pd.DataFrame(
+        {
+            "colour": np.array(["red", "green", "blue", "green"])[np.arange(ROWS) % 4],
+            "a": rng.normal(size=ROWS),
+            "size": np.where(np.arange(ROWS) % 2, "big", "small"),
+            "b": rng.normal(size=ROWS),
+            "c": rng.normal(size=ROWS),
+        }
+    )
     frame["y"] = 1000 + 100 * frame["a"] + 50 * (frame["size"] == "big")
     frame.loc[[3, 7], "a"] = np.nan
     frame.loc[7, "b"] = np.nan
@@ -97,8 +108,9 @@ def test_both_options_drop_the_rows_and_encode_the_text_where_it_stood(tmp_path)
     expected = np.column_stack([colour, kept["a"], size, kept["b"], kept["c"]])
     assert np.array_equal(table.x, expected) and np.array_equal(table.y, kept["y"].to_numpy())
     assert onehot.label == "file survey.csv (4 row(s) with missing values dropped; one-hot: colour, size)"
-    codes = parse_experiment(experiment({**task, "standardize": False}, [5, 2, 1]),
-                             ["task.missing=drop", "task.categorical=codes"]).task
+    codes = parse_experiment(
+        experiment({**task, "standardize": False}, [5, 2, 1]), ["task.missing=drop", "task.categorical=codes"]
+    ).task
     assert codes.input_dim == 5 and codes.label.endswith("; coded: colour, size)")
     assert np.array_equal(codes.table().x[:, 0], kept["colour"].map({"blue": 0, "green": 1, "red": 2}).to_numpy())
 
@@ -110,8 +122,10 @@ def test_missing_class_labels_are_dropped_as_their_message_says(tmp_path):
     path = write(frame.drop(columns="y"), tmp_path / "labels.csv")
     task = {"path": path, "target": "kind", "objective": "classification"}
     (line,) = problems(task)
-    assert line.endswith("in row(s) 3, 10; a missing label is not a class: fill in those labels or drop those rows "
-                         "(--set task.missing=drop)"), line
+    assert line.endswith(
+        "in row(s) 3, 10; a missing label is not a class: fill in those labels or drop those rows "
+        "(--set task.missing=drop)"
+    ), line
     cfg = parse_experiment(experiment(task, [3, 2, 2]), ["task.missing=drop"])
     assert cfg.task.table().dropped.tolist() == [3, 10] and sorted(set(cfg.task.table().y)) == [0, 1]
 
@@ -126,7 +140,8 @@ def test_what_no_option_mends_is_named_beside_the_rest_and_stays_refused(tmp_pat
     assert lines == [
         f"task.features: column 'c' of {path} has 1 infinite value(s), the first in row 6; replace them before training",
         f"task.target: column 'y' of {path} is not numeric (row 3: 'heavy'); a regression target is a number; if these "
-        "are class labels, set task.objective: classification"]
+        "are class labels, set task.objective: classification",
+    ]
 
 
 def test_a_wide_file_of_problems_lists_the_columns_past_a_screen_in_one_line(tmp_path):
@@ -134,17 +149,22 @@ def test_a_wide_file_of_problems_lists_the_columns_past_a_screen_in_one_line(tmp
     path = write(pd.DataFrame(columns | {"y": np.arange(6.0)}), tmp_path / "wide.csv")
     lines = problems({"path": path, "target": "y"})
     assert len(lines) == 2 * (PER_KIND + 1) + 1 <= 20  # the experiment's message shows 20 lines
-    assert lines[PER_KIND].startswith(f"task.features: {12 - PER_KIND} more column(s) of {path} are not numeric: "
-                                      f"column 't{PER_KIND}', column 't{PER_KIND + 1}'")
-    assert lines[2 * PER_KIND + 1].startswith(f"task.features: {12 - PER_KIND} more column(s) of {path} have missing "
-                                              f"values: column 'n{PER_KIND}'")
+    assert lines[PER_KIND].startswith(
+        f"task.features: {12 - PER_KIND} more column(s) of {path} are not numeric: "
+        f"column 't{PER_KIND}', column 't{PER_KIND + 1}'"
+    )
+    assert lines[2 * PER_KIND + 1].startswith(
+        f"task.features: {12 - PER_KIND} more column(s) of {path} have missing values: column 'n{PER_KIND}'"
+    )
 
 
 def test_dropping_every_row_but_one_is_refused(tmp_path):
     path = write(pd.DataFrame({"a": [1.0, np.nan, np.nan], "y": [1.0, 2.0, 3.0]}), tmp_path / "holes.csv")
     (line,) = problems({"path": path, "target": "y"}, ["task.missing=drop"])
-    assert line == (f"task: task.missing: dropping the rows with a missing value leaves 1 of the 3 rows of {path}; a "
-                    "train and a test split need at least 2: fill in the missing values")
+    assert line == (
+        f"task: task.missing: dropping the rows with a missing value leaves 1 of the 3 rows of {path}; a "
+        "train and a test split need at least 2: fill in the missing values"
+    )
 
 
 def test_a_files_target_is_standardised_on_the_train_split_and_scored_in_its_units_too(tmp_path):
@@ -163,14 +183,17 @@ def test_a_files_target_is_standardised_on_the_train_split_and_scored_in_its_uni
     assert mean == pytest.approx(grams[train_rows].mean()) and std == pytest.approx(grams[train_rows].std())
     assert abs(mean - grams.mean()) > 1e-3  # the test rows were not part of it
     error = (prediction - data.y_test).numpy() * std  # the same predictions, in the target's units
-    assert metrics["rmse_unscaled"] == pytest.approx(math.sqrt((error ** 2).mean()))
-    assert metrics["mse_unscaled"] == pytest.approx(metrics["mse"] * std ** 2)
+    assert metrics["rmse_unscaled"] == pytest.approx(math.sqrt((error**2).mean()))
+    assert metrics["mse_unscaled"] == pytest.approx(metrics["mse"] * std**2)
 
 
 def test_several_targets_are_scored_each_in_its_own_units(tmp_path):
     frame = survey().drop(columns=["colour", "size"]).dropna().assign(z=lambda f: f["c"] * 1e-3)
-    task = parse_experiment(experiment({"path": write(frame, tmp_path / "two.csv"), "target": ["y", "z"],
-                                        "features": ["a", "b"]}, [2, 2, 2])).task
+    task = parse_experiment(
+        experiment(
+            {"path": write(frame, tmp_path / "two.csv"), "target": ["y", "z"], "features": ["a", "b"]}, [2, 2, 2]
+        )
+    ).task
     data = task.generate(seed=0)
     metrics = task.metrics(task.metric_sums(data.y_test + 0.5, data.y_test), len(data.y_test))
     assert "mse_unscaled" not in metrics  # no one number mixes grams and other units
@@ -181,6 +204,8 @@ def test_several_targets_are_scored_each_in_its_own_units(tmp_path):
 
 def test_several_label_columns_are_refused_whatever_the_options(tmp_path):
     frame = pd.DataFrame({"a": np.arange(6.0), "y": list("ababab"), "z": list("ccdddd")})
-    (line,) = problems({"path": write(frame, tmp_path / "labels.csv"), "target": ["y", "z"],
-                        "objective": "classification"}, ["task.missing=drop"])
+    (line,) = problems(
+        {"path": write(frame, tmp_path / "labels.csv"), "target": ["y", "z"], "objective": "classification"},
+        ["task.missing=drop"],
+    )
     assert "is not one column of labels (shape (6, 2)); a classification has one target" in line, line

@@ -33,7 +33,9 @@ def mount_tmpfs(where: Path, size: int) -> None:
     if shutil.which("mount") is None:
         pytest.skip("a full disk is made by mounting a small tmpfs, and this machine has no mount command")
     where.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"mount -t tmpfs is not permitted here: {done.stderr.strip()}")
 
@@ -58,12 +60,24 @@ def small_disk(tmp_path):
 def experiment(out: Path, **training) -> dict:
     """A checkpoint of about 700 KB (a [2, 2048, 1] spline KAN with Adam's state, well over twice RESERVE)
     every 3 steps."""
-    return {"name": "full_disk", "model": {"family": "bspline", "widths": [2, 2048, 1], "grid": 3, "grid_range": [-2.0, 2.0]},
-            "task": {"name": "quadratic", "n_train": 256, "n_test": 64},
-            "training": {"seed": 3, "lr": 0.02, "micro_batch": 32, "steps": 12, "warmup_steps": 1, "checkpoint_every": 3,
-                         **training},
-            "strategy": {"name": "single"}, "measurement": {"baseline_steps": 1},
-            "runtime": {"device": "cpu", "threads": 1}, "output": {"dir": str(out)}}
+    return {
+        "name": "full_disk",
+        "model": {"family": "bspline", "widths": [2, 2048, 1], "grid": 3, "grid_range": [-2.0, 2.0]},
+        "task": {"name": "quadratic", "n_train": 256, "n_test": 64},
+        "training": {
+            "seed": 3,
+            "lr": 0.02,
+            "micro_batch": 32,
+            "steps": 12,
+            "warmup_steps": 1,
+            "checkpoint_every": 3,
+            **training,
+        },
+        "strategy": {"name": "single"},
+        "measurement": {"baseline_steps": 1},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(out)},
+    }
 
 
 def train(config: dict, tmp_path: Path, *extra: str) -> int:
@@ -94,15 +108,23 @@ def test_a_checkpoint_save_that_fills_the_disk_is_recorded_and_cleaned_up(tmp_pa
     err = capsys.readouterr().err.strip().splitlines()[-1]
     run_dir = only_run(disk / "runs")
     partial = run_dir / "checkpoints/step-000009.tmp"
-    assert err.startswith(f"kanscale: train failed: DiskFull: the disk is full: writing checkpoint {partial} failed with")
+    assert err.startswith(
+        f"kanscale: train failed: DiskFull: the disk is full: writing checkpoint {partial} failed with"
+    )
     assert f"no space left on device (ENOSPC, errno {errno.ENOSPC})" in err
 
     record = read_summary(run_dir)
     assert record.status == "failed" and record.error.type == "DiskFull" and record.error.step == 9
     assert str(partial) in record.error.message and "ENOSPC" in record.error.message
     # nothing partial left, the reserve freed
-    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "checkpoints", "config.yaml", "failures",
-                                                         "steps.jsonl", "summary.json"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        ".lock",
+        "checkpoints",
+        "config.yaml",
+        "failures",
+        "steps.jsonl",
+        "summary.json",
+    ]
     kept = complete_checkpoints(run_dir)
     assert [c.path.name for c in kept] == ["step-000003", "step-000006"] and [verify(c) for c in kept] == [None, None]
     assert [s.step for s in read_steps(run_dir)] == list(range(1, 10))
@@ -123,8 +145,10 @@ def test_steps_that_fill_the_disk_leave_a_failed_record_and_no_torn_line(tmp_pat
     assert train(config, tmp_path) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     run_dir = only_run(disk / "runs")
-    assert err.startswith(f"kanscale: train failed: DiskFull: the disk is full: writing in the run directory {run_dir} "
-                          f"failed with [Errno {errno.ENOSPC}] No space left on device (ENOSPC)")
+    assert err.startswith(
+        f"kanscale: train failed: DiskFull: the disk is full: writing in the run directory {run_dir} "
+        f"failed with [Errno {errno.ENOSPC}] No space left on device (ENOSPC)"
+    )
     record = read_summary(run_dir)
     assert record.status == "failed" and record.error.type == "DiskFull" and "ENOSPC" in record.error.message
     steps = read_steps(run_dir)  # every line whole: a torn one mid-file would not read
@@ -138,22 +162,32 @@ def test_a_disk_without_room_to_record_a_failure_is_refused_before_the_run_write
     assert train(experiment(disk / "runs"), tmp_path) == 1
     err = capsys.readouterr().err
     run_dir = only_run(disk / "runs")
-    assert f"DiskFull: the disk is full: writing the run's space reserve {run_dir / '.space-reserve'} failed with" in err
+    assert (
+        f"DiskFull: the disk is full: writing the run's space reserve {run_dir / '.space-reserve'} failed with" in err
+    )
     assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]  # no record claiming a run, no reserve left
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", [{"name": "fsdp2"}, {"name": "deepspeed", "zero_stage": 3}], ids=["fsdp2", "zero3"])
+@pytest.mark.parametrize(
+    "strategy", [{"name": "fsdp2"}, {"name": "deepspeed", "zero_stage": 3}], ids=["fsdp2", "zero3"]
+)
 def test_a_sharded_save_that_fills_the_disk_on_two_ranks_is_recorded(tmp_path, small_disk, strategy):
     """World size 2 under the real launcher, every rank writing its own part of the checkpoint:
     DCP (fsdp2) gathers the ranks' errors into a CheckpointException, which is no Exception;
     DeepSpeed writes each partition with torch.save, whose error carries no errno."""
+
     def launch(out: Path) -> subprocess.CompletedProcess:
         config = {**experiment(out), "strategy": strategy}
         (tmp_path / "fsdp2.yaml").write_text(yaml.safe_dump(config))
-        return subprocess.run([sys.executable, "-m", "launchers.cli", "run", str(tmp_path / "fsdp2.yaml"),
-                               "--nproc-per-node", "2"], capture_output=True, text=True, timeout=600,
-                              cwd=ROOT, env=child_env())
+        return subprocess.run(
+            [sys.executable, "-m", "launchers.cli", "run", str(tmp_path / "fsdp2.yaml"), "--nproc-per-node", "2"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=ROOT,
+            env=child_env(),
+        )
 
     assert launch(tmp_path / "reference").returncode == 0
     reference = only_run(tmp_path / "reference")
@@ -164,7 +198,9 @@ def test_a_sharded_save_that_fills_the_disk_on_two_ranks_is_recorded(tmp_path, s
     # instead; torchrun then prints its own ChildFailedError, as for any failed run)
     run_dir = only_run(disk / "runs")
     partial = run_dir / "checkpoints/step-000009.tmp"
-    assert f"kanscale: train failed: DiskFull: the disk is full: writing checkpoint {partial}" in done.stderr, done.stderr
+    assert f"kanscale: train failed: DiskFull: the disk is full: writing checkpoint {partial}" in done.stderr, (
+        done.stderr
+    )
     assert "CheckpointException" not in done.stderr
     record = read_summary(run_dir)
     assert record.status == "failed" and record.error.type == "DiskFull" and "ENOSPC" in record.error.message

@@ -36,11 +36,15 @@ FP16_LACK = deepspeed_lacks("fp16", "cpu")
 
 def experiment_file(tmp_path: Path, **training) -> Path:
     """An experiment that leaves the optimizer, learning rate and precision to the file."""
-    data = {"name": "hf", "model": {"family": "bspline", "widths": [2, 16, 1], "grid": 5, "grid_range": [-2, 2]},
-            "task": {"name": "quadratic", "n_train": 2048, "n_test": 128},
-            "training": {"seed": 0, "micro_batch": 64, "steps": 6, "warmup_steps": 1, **training},
-            "measurement": {"baseline_steps": 1}, "runtime": {"device": "cpu", "threads": 1},
-            "output": {"dir": str(tmp_path / "runs")}}
+    data = {
+        "name": "hf",
+        "model": {"family": "bspline", "widths": [2, 16, 1], "grid": 5, "grid_range": [-2, 2]},
+        "task": {"name": "quadratic", "n_train": 2048, "n_test": 128},
+        "training": {"seed": 0, "micro_batch": 64, "steps": 6, "warmup_steps": 1, **training},
+        "measurement": {"baseline_steps": 1},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(tmp_path / "runs")},
+    }
     path = tmp_path / "experiment.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
@@ -51,8 +55,14 @@ def refused_here(precision: str) -> bool:
 
 
 def kanscale(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launchers.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=child_env(DS_ACCELERATOR="cpu"))
+    return subprocess.run(
+        [sys.executable, "-m", "launchers.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=child_env(DS_ACCELERATOR="cpu"),
+    )
 
 
 def assert_trained_as_the_file_says(run_dir: Path, name: str) -> None:
@@ -75,6 +85,7 @@ def assert_refused_for_fp16(proc: subprocess.CompletedProcess) -> None:
 
 # ------------------------------------------------------------------------ taken into the experiment
 
+
 def test_the_published_files_are_stored_as_published():
     readme = (TEMPLATES / "README.md").read_text()
     for name in PUBLISHED:
@@ -85,10 +96,17 @@ def test_the_published_files_are_stored_as_published():
 
 def test_concrete_values_are_adopted_and_recorded_with_their_keys(tmp_path):
     name = str(TEMPLATES / "ds_config_zero3.json")
-    cfg = with_native_training(load_experiment(experiment_file(tmp_path), [f"strategy={{name: deepspeed, config: {name}}}"]))
+    cfg = with_native_training(
+        load_experiment(experiment_file(tmp_path), [f"strategy={{name: deepspeed, config: {name}}}"])
+    )
     t = cfg.training
     assert (t.optimizer, t.lr, t.betas, t.eps, t.weight_decay) == ("adamw", 3e-5, (0.8, 0.999), 1e-8, 3e-7)
-    assert (t.schedule.name, t.schedule.warmup_steps, t.schedule.warmup_min_lr, t.precision) == ("warmup", 500, 0, "fp16")
+    assert (t.schedule.name, t.schedule.warmup_steps, t.schedule.warmup_min_lr, t.precision) == (
+        "warmup",
+        500,
+        0,
+        "fp16",
+    )
     assert t._adopted["training.lr"] == f"{name}: optimizer.params.lr = 3e-05"
     assert t._adopted["training.betas"] == f"{name}: optimizer.params.betas = [0.8, 0.999]"
     assert t._adopted["training.precision"] == f"{name}: fp16.enabled = true"
@@ -104,15 +122,25 @@ def test_a_zero_value_deepspeed_refuses_is_named_before_launch(tmp_path):
     cfg = load_experiment(experiment_file(tmp_path), [f"strategy={{name: deepspeed, config: {native}}}"])
     with pytest.raises(ConfigError) as refused:
         cfg.strategy.resolve(cfg.training, 2)
-    assert f"zero_optimization.stage3_max_live_parameters is -1 in {native}, which DeepSpeed refuses" in str(refused.value)
+    assert f"zero_optimization.stage3_max_live_parameters is -1 in {native}, which DeepSpeed refuses" in str(
+        refused.value
+    )
 
 
 def test_auto_values_are_filled_from_the_experiment(tmp_path):
-    cfg = with_native_training(load_experiment(experiment_file(tmp_path, lr=0.004),
-                                               ["strategy.name=deepspeed",
-                                                f"strategy.config={TEMPLATES / 'zero_stage2_config.json'}"]))
+    cfg = with_native_training(
+        load_experiment(
+            experiment_file(tmp_path, lr=0.004),
+            ["strategy.name=deepspeed", f"strategy.config={TEMPLATES / 'zero_stage2_config.json'}"],
+        )
+    )
     t = cfg.training
-    assert t.lr == 0.004 and t.optimizer == "adamw" and t.schedule.name == "warmup_decay" and t.schedule.total_steps is None
+    assert (
+        t.lr == 0.004
+        and t.optimizer == "adamw"
+        and t.schedule.name == "warmup_decay"
+        and t.schedule.total_steps is None
+    )
     assert "training.lr" not in t._adopted and t._adopted["training.precision"].endswith("fp16.enabled = true")
 
 
@@ -126,8 +154,10 @@ def test_a_conflict_names_both_sides_and_the_set_lines_that_resolve_it(tmp_path)
     assert "optimizer.params.lr is 3e-05, but the experiment sets training.lr to 0.01" in message
     assert 'optimizer.type is "AdamW", but the experiment sets training.optimizer to adam' in message
     fix = message.split("to train with the file's values: ")[1].split(";")[0]
-    assert fix == ("--set training.optimizer=adamw --set training.lr=3e-05 --set training.betas=[0.8,0.999] "
-                   "--set training.weight_decay=3e-07")
+    assert fix == (
+        "--set training.optimizer=adamw --set training.lr=3e-05 --set training.betas=[0.8,0.999] "
+        "--set training.weight_decay=3e-07"
+    )
     followed = [part for part in fix.replace("--set ", "").split(" ")]
     cfg = with_native_training(load_experiment("quickstart", [*overrides, *followed]))  # the advice works
     assert (cfg.training.lr, cfg.training.betas) == (3e-5, (0.8, 0.999))
@@ -143,8 +173,10 @@ def test_a_file_value_the_strategy_refuses_is_named_by_file_and_full_key(tmp_pat
     message = str(refused.value)
     assert f"zero_optimization.reduce_bucket_size is -1 in {path}" in message
     assert "--set strategy.reduce_bucket_size=VALUE" in message
-    cfg = load_experiment(experiment_file(tmp_path), ["strategy.name=deepspeed", f"strategy.config={path}",
-                                                      "strategy.reduce_bucket_size=1000"])  # the advice works
+    cfg = load_experiment(
+        experiment_file(tmp_path),
+        ["strategy.name=deepspeed", f"strategy.config={path}", "strategy.reduce_bucket_size=1000"],
+    )  # the advice works
     assert cfg.strategy.reduce_bucket_size == 1000
 
 
@@ -155,17 +187,32 @@ def test_an_optimizer_or_scheduler_the_suite_cannot_build_is_refused_naming_the_
     path = tmp_path / "other.json"
     path.write_text(json.dumps(native))
     cfg = load_experiment(experiment_file(tmp_path), ["strategy.name=deepspeed", f"strategy.config={path}"])
-    with pytest.raises(ConfigError, match="optimizer.type is 'Lamb', which the suite does not build.*scheduler.type "
-                                          "is 'OneCycle'; the suite runs DeepSpeed's WarmupLR, WarmupDecayLR"):
+    with pytest.raises(
+        ConfigError,
+        match="optimizer.type is 'Lamb', which the suite does not build.*scheduler.type "
+        "is 'OneCycle'; the suite runs DeepSpeed's WarmupLR, WarmupDecayLR",
+    ):
         with_native_training(cfg)
 
 
 # ------------------------------------------------------------------------ the routes, as users take them
 
+
 @pytest.mark.parametrize("name", list(PUBLISHED))
 def test_run_dry_run_takes_every_file_or_refuses_it_for_this_machine(tmp_path, capsys, name):
-    code = main(["run", str(experiment_file(tmp_path)), "--deepspeed-config", str(TEMPLATES / name),
-                 "--launcher", "deepspeed", "--nproc-per-node", "2", "--dry-run"])
+    code = main(
+        [
+            "run",
+            str(experiment_file(tmp_path)),
+            "--deepspeed-config",
+            str(TEMPLATES / name),
+            "--launcher",
+            "deepspeed",
+            "--nproc-per-node",
+            "2",
+            "--dry-run",
+        ]
+    )
     captured = capsys.readouterr()
     if refused_here(PUBLISHED[name][3]):
         assert code == 2 and "training.precision: fp16 under zero" in captured.err and FP16_LACK in captured.err
@@ -187,8 +234,9 @@ def test_kanscale_train_trains_the_transformers_zero2_file(tmp_path):
 @pytest.mark.slow  # five launches of two ranks
 @pytest.mark.parametrize("name", list(PUBLISHED))
 def test_kanscale_run_with_two_ranks(tmp_path, name):
-    proc = kanscale("run", str(experiment_file(tmp_path)), "--deepspeed-config", str(TEMPLATES / name),
-                    "--nproc-per-node", "2")
+    proc = kanscale(
+        "run", str(experiment_file(tmp_path)), "--deepspeed-config", str(TEMPLATES / name), "--nproc-per-node", "2"
+    )
     if refused_here(PUBLISHED[name][3]):
         assert_refused_for_fp16(proc)
         assert not (tmp_path / "runs").exists()  # before launch: no run started
@@ -200,12 +248,26 @@ def test_kanscale_run_with_two_ranks(tmp_path, name):
 @pytest.mark.slow  # five accelerate launches of two ranks
 @pytest.mark.parametrize("name", list(PUBLISHED))
 def test_accelerates_deepspeed_config_file(tmp_path, name):
-    launch = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "num_machines": 1,
-              "machine_rank": 0, "use_cpu": True, "deepspeed_config": {"deepspeed_config_file": str(TEMPLATES / name)}}
+    launch = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "DEEPSPEED",
+        "num_machines": 1,
+        "machine_rank": 0,
+        "use_cpu": True,
+        "deepspeed_config": {"deepspeed_config_file": str(TEMPLATES / name)},
+    }
     launch_file = tmp_path / "accelerate.yaml"
     launch_file.write_text(yaml.safe_dump(launch))
-    proc = kanscale("run", str(experiment_file(tmp_path)), "--strategy", "accelerate", "--accelerate-config",
-                    str(launch_file), "--nproc-per-node", "2")
+    proc = kanscale(
+        "run",
+        str(experiment_file(tmp_path)),
+        "--strategy",
+        "accelerate",
+        "--accelerate-config",
+        str(launch_file),
+        "--nproc-per-node",
+        "2",
+    )
     if refused_here(PUBLISHED[name][3]):
         assert_refused_for_fp16(proc)
         assert not (tmp_path / "runs").exists()

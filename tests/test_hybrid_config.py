@@ -24,8 +24,9 @@ MODEL = parse_model_config({"family": "bspline", "widths": [2, 8, 1]})
 CLUSTER = pj.network_from_cluster(yaml.safe_load((ROOT / "configs/clusters/a100_ib.yaml").read_text()), "a100_ib.yaml")
 
 
-@pytest.mark.parametrize("preset, label", [("hsdp", "hsdp"), ("fsdp1_hybrid", "fsdp1_hybrid"),
-                                           ("fsdp1_hybrid_zero2", "fsdp1_hybrid_zero2")])
+@pytest.mark.parametrize(
+    "preset, label", [("hsdp", "hsdp"), ("fsdp1_hybrid", "fsdp1_hybrid"), ("fsdp1_hybrid_zero2", "fsdp1_hybrid_zero2")]
+)
 def test_the_hybrid_presets_shard_inside_a_node_and_replicate_across(preset, label):
     strategy = load_strategy(preset, MODEL)
     assert strategy.label() == label
@@ -35,8 +36,11 @@ def test_the_hybrid_presets_shard_inside_a_node_and_replicate_across(preset, lab
 
 def test_a_shard_degree_is_checked_against_the_launch():
     strategy = load_strategy("hsdp", MODEL).model_copy(update={"shard_degree": 3})
-    with pytest.raises(ConfigError, match=r"strategy.shard_degree: 3 ranks per shard group does not divide the world "
-                                          r"size 4 .* give a divisor of 4"):
+    with pytest.raises(
+        ConfigError,
+        match=r"strategy.shard_degree: 3 ranks per shard group does not divide the world "
+        r"size 4 .* give a divisor of 4",
+    ):
         strategy.mesh_shape(4, ranks_per_node=2)
     across = load_strategy("hsdp", MODEL).model_copy(update={"shard_degree": 2})
     with pytest.raises(ConfigError, match="would cut a group across a node boundary"):
@@ -48,9 +52,12 @@ def test_a_shard_degree_is_checked_against_the_launch():
 
 def test_fsdp1_takes_a_shard_degree_only_with_a_hybrid_strategy():
     strategy = load_strategy("fsdp1", MODEL).model_copy(update={"shard_degree": 2})
-    with pytest.raises(ConfigError, match="strategy.shard_degree: 2 sets the shard group of the hybrid sharding "
-                                          "strategies, and sharding_strategy is FULL_SHARD; set "
-                                          "strategy.sharding_strategy=HYBRID_SHARD"):
+    with pytest.raises(
+        ConfigError,
+        match="strategy.shard_degree: 2 sets the shard group of the hybrid sharding "
+        "strategies, and sharding_strategy is FULL_SHARD; set "
+        "strategy.sharding_strategy=HYBRID_SHARD",
+    ):
         strategy.preflight(TrainingConfig(), "cpu", 4)
     strategy.model_copy(update={"sharding_strategy": "HYBRID_SHARD"}).preflight(TrainingConfig(), "cpu", 4)
 
@@ -60,20 +67,27 @@ def test_zero_plus_plus_is_checked_before_launch():
     assert hpz.label() == "zero3_hpz" and hpz.hpz_partition_size == 2  # from the native file
     assert hpz.resolve(TrainingConfig(), 4)["zero_optimization"]["zero_hpz_partition_size"] == 2
     assert hpz.cost_model() is None  # not projected yet: kanscale project and recommend say so
-    with pytest.raises(ConfigError, match=r"strategy.hpz_partition_size: 2 ranks .* must divide the ranks of one node "
-                                          r"\(3\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"strategy.hpz_partition_size: 2 ranks .* must divide the ranks of one node "
+        r"\(3\)",
+    ):
         hpz.mesh_shape(6, ranks_per_node=3)
     staged = hpz.model_copy(update={"zero_stage": 2})
     with pytest.raises(ConfigError, match="strategy.zero_stage: ZeRO\\+\\+ .* is part of stage 3"):
         staged.preflight(TrainingConfig(), "cpu", 4)
     quantized = hpz.model_copy(update={"quantized_weights": True, "quantized_gradients": True})
     assert quantized.label() == "zero3_hpz_quantized"
-    with pytest.raises(ConfigError, match="strategy.quantized_weights: ZeRO\\+\\+'s quantized collectives run "
-                                          "DeepSpeed's CUDA quantizer kernels.*set strategy.quantized_weights=false "
-                                          "and strategy.quantized_gradients=false"):
+    with pytest.raises(
+        ConfigError,
+        match="strategy.quantized_weights: ZeRO\\+\\+'s quantized collectives run "
+        "DeepSpeed's CUDA quantizer kernels.*set strategy.quantized_weights=false "
+        "and strategy.quantized_gradients=false",
+    ):
         quantized.preflight(TrainingConfig(), "cpu", 4)
     quantized.model_copy(update={"quantized_weights": False, "quantized_gradients": False}).preflight(
-        TrainingConfig(), "cpu", 4)
+        TrainingConfig(), "cpu", 4
+    )
 
 
 def test_kanscale_run_refuses_a_shard_group_the_launch_cannot_hold(tmp_path, capsys):
@@ -94,8 +108,10 @@ def test_the_projection_costs_the_shard_group_on_its_node_and_the_replicas_acros
     shape = model_shape({"family": "bspline", "widths": [64, 1024, 1024, 1], "grid": 10})
     hsdp, fsdp2 = (load_strategy(name, MODEL).cost_model() for name in ("hsdp", "fsdp2"))
     profile = pj.ComputeProfile("13 TFLOP/s", samples=512, compute_s=6 * shape.trainable * 512 / 13e12)
-    rows = {(r.strategy, r.ranks): r for r in pj.project([hsdp, fsdp2], shape, {"*": profile}, CLUSTER, [8, 128], 2,
-                                                         global_batch=8192)}
+    rows = {
+        (r.strategy, r.ranks): r
+        for r in pj.project([hsdp, fsdp2], shape, {"*": profile}, CLUSTER, [8, 128], 2, global_batch=8192)
+    }
     assert rows["hsdp", 8].state["params"] == pytest.approx(4 * rows["fsdp2", 8].state["params"])
     assert rows["hsdp", 128].state == pj.model_state(hsdp, shape, 128, ranks_per_node=2) == rows["hsdp", 8].state
     units = len(shape.units)
@@ -114,8 +130,17 @@ def test_a_hybrid_strategy_is_predicted_from_its_own_backends_probe(tmp_path):
     assert probe_names(models, cfg) == ["single", "fsdp1", "fsdp2"]
     probed = ("single", "fsdp1", "fsdp2", "*")
     nothing = StepMemory("none", 0.0, 0.0)
-    probe = Probe(compute={label: pj.ComputeProfile(label, 1, 1.0) for label in probed},
-                  beside={label: nothing for label in probed}, optimizer_bytes={}, device=nothing, micro_batch=1,
-                  runs=Path(tmp_path))
+    probe = Probe(
+        compute={label: pj.ComputeProfile(label, 1, 1.0) for label in probed},
+        beside=dict.fromkeys(probed, nothing),
+        optimizer_bytes={},
+        device=nothing,
+        micro_batch=1,
+        runs=Path(tmp_path),
+    )
     assert {name: stand_in(m, probe, models) for name, m in models.items()} == {
-        "fsdp1": "fsdp1", "fsdp1_hybrid": "fsdp1", "fsdp2": "fsdp2", "hsdp": "fsdp2"}
+        "fsdp1": "fsdp1",
+        "fsdp1_hybrid": "fsdp1",
+        "fsdp2": "fsdp2",
+        "hsdp": "fsdp2",
+    }

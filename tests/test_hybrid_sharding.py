@@ -25,19 +25,35 @@ HYBRID = {
     "fsdp1_hybrid_zero2": {"name": "fsdp1", "sharding_strategy": "_HYBRID_SHARD_ZERO2"},
     "zero3_hpz": {"name": "deepspeed", "config": "configs/deepspeed/zero3_hpz.json"},
 }
-FULL = {"fsdp2": {"name": "fsdp2"}, "ddp": {"name": "ddp"},
-        "zero3": {"name": "deepspeed", "config": "configs/deepspeed/zero3.json"}}
+FULL = {
+    "fsdp2": {"name": "fsdp2"},
+    "ddp": {"name": "ddp"},
+    "zero3": {"name": "deepspeed", "config": "configs/deepspeed/zero3.json"},
+}
 GRID = {"grid_update_every": 3, "grid_update_until": 7}
 
 pytestmark = pytest.mark.slow
 
 
 def experiment(strategy: dict, out: Path, **training) -> dict:
-    return {"name": "hybrid", "model": MODEL, "task": {"name": "quadratic", "n_train": 640, "n_test": 96},
-            "training": {"seed": 3, "lr": 2e-2, "micro_batch": None, "global_batch": 64, "steps": STEPS,
-                         "warmup_steps": 2, **training},
-            "strategy": strategy, "measurement": {"baseline_steps": 1}, "runtime": {"device": "cpu", "threads": 1},
-            "output": {"dir": str(out)}}
+    return {
+        "name": "hybrid",
+        "model": MODEL,
+        "task": {"name": "quadratic", "n_train": 640, "n_test": 96},
+        "training": {
+            "seed": 3,
+            "lr": 2e-2,
+            "micro_batch": None,
+            "global_batch": 64,
+            "steps": STEPS,
+            "warmup_steps": 2,
+            **training,
+        },
+        "strategy": strategy,
+        "measurement": {"baseline_steps": 1},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(out)},
+    }
 
 
 def single(tmp: Path, **training) -> Trainer:
@@ -57,13 +73,17 @@ def two_nodes(tmp_path_factory):
     jobs.append({"id": "hsdp/accum", "config": experiment(HYBRID["hsdp"], tmp / "runs", grad_accum=2)})
     jobs.append({"id": "hsdp/grid", "config": experiment(HYBRID["hsdp"], tmp / "runs", **GRID)})
     # the gradient norm over both mesh dimensions: a norm of one replica's shards only clips differently
-    jobs += [{"id": f"{key}/clip", "config": experiment(HYBRID[key], tmp / "runs", grad_clip=0.5)}
-             for key in ("hsdp", "fsdp1_hybrid")]
+    jobs += [
+        {"id": f"{key}/clip", "config": experiment(HYBRID[key], tmp / "runs", grad_clip=0.5)}
+        for key in ("hsdp", "fsdp1_hybrid")
+    ]
     resumable = experiment(HYBRID["hsdp"], tmp / "resume", steps=12, checkpoint_every=4)
-    jobs += [{"id": "full", "config": resumable},
-             {"id": "failed", "config": {**resumable, "fault": {"rank": "all", "step": 7, "kind": "exception"}}},
-             {"id": "resumed", "config": resumable, "resume": True},
-             {"id": "export", "export": "full", "to": str(tmp / "exported.pt")}]
+    jobs += [
+        {"id": "full", "config": resumable},
+        {"id": "failed", "config": {**resumable, "fault": {"rank": "all", "step": 7, "kind": "exception"}}},
+        {"id": "resumed", "config": resumable, "resume": True},
+        {"id": "export", "export": "full", "to": str(tmp / "exported.pt")},
+    ]
     return tmp, run_jobs(jobs, tmp, nproc=2, nnodes=2)
 
 
@@ -72,8 +92,16 @@ def max_rel_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("key, reference", [*[(k, "plain") for k in {**HYBRID, **FULL}], ("hsdp/accum", "plain"),
-                                            ("hsdp/grid", "grid"), ("hsdp/clip", "clip"), ("fsdp1_hybrid/clip", "clip")])
+@pytest.mark.parametrize(
+    "key, reference",
+    [
+        *[(k, "plain") for k in {**HYBRID, **FULL}],
+        ("hsdp/accum", "plain"),
+        ("hsdp/grid", "grid"),
+        ("hsdp/clip", "clip"),
+        ("fsdp1_hybrid/clip", "clip"),
+    ],
+)
 def test_losses_match_the_single_process_reference(two_nodes, references, key, reference):
     result = two_nodes[1][key]
     assert result["status"] == "ok" and result["ranks_identical"]

@@ -10,7 +10,10 @@ from tests.test_parity import STRATEGIES, experiment
 
 def test_a_failing_job_fails_only_the_tests_that_read_it(tmp_path):
     good = experiment("bspline", STRATEGIES["ddp"], 1, str(tmp_path / "r"))
-    refused = {**good, "training": {**good["training"], "lr": -1.0}}  # refused on every rank, as a backend's start can be
+    refused = {
+        **good,
+        "training": {**good["training"], "lr": -1.0},
+    }  # refused on every rank, as a backend's start can be
     results = run_jobs([{"id": "refused", "config": refused}, {"id": "after", "config": good}], tmp_path)
     assert results["after"]["status"] == "ok" and results["after"]["ranks_identical"]
     with pytest.raises(AssertionError, match="(?s)job refused raised ConfigError.*training.lr"):
@@ -22,8 +25,9 @@ def test_a_failing_job_fails_only_the_tests_that_read_it(tmp_path):
 def test_a_pool_that_dies_keeps_the_results_written_before_it(tmp_path):
     good = experiment("bspline", STRATEGIES["ddp"], 1, str(tmp_path / "r"))
     crash = {**good, "fault": {"rank": "all", "step": 2, "kind": "exit"}}  # every rank exits at once, like a crash
-    results = run_jobs([{"id": "before", "config": good}, {"id": "crash", "config": crash},
-                        {"id": "after", "config": good}], tmp_path)
+    results = run_jobs(
+        [{"id": "before", "config": good}, {"id": "crash", "config": crash}, {"id": "after", "config": good}], tmp_path
+    )
     assert results["before"]["status"] == "ok"
     with pytest.raises(AssertionError, match="job after has no result: the pool stopped before it"):
         results["after"]

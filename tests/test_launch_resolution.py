@@ -43,10 +43,15 @@ def accelerate_yaml(tmp_path: Path, **settings) -> str:
 
 # ports --------------------------------------------------------------------------------------
 
+
 def test_a_free_port_where_every_rank_starts_here(capsys, monkeypatch):
     monkeypatch.delenv("MASTER_PORT", raising=False)
-    ports = {option(dry_run(capsys, "--strategy", "zero2", "--launcher", "deepspeed", "--nproc-per-node", "2"), "master_port")
-             for _ in range(3)}
+    ports = {
+        option(
+            dry_run(capsys, "--strategy", "zero2", "--launcher", "deepspeed", "--nproc-per-node", "2"), "master_port"
+        )
+        for _ in range(3)
+    }
     assert "29500" not in ports and len(ports) > 1  # the OS's free ports, not one fixed number
 
 
@@ -54,10 +59,16 @@ def test_master_port_from_the_environment_and_the_option(capsys, monkeypatch):
     monkeypatch.setenv("MASTER_PORT", "29611")
     accelerate = dry_run(capsys, "--strategy", "accelerate", "--nproc-per-node", "2")
     assert option(accelerate, "main_process_port") == "29611"
-    assert option(dry_run(capsys, "--strategy", "zero2", "--launcher", "deepspeed", "--master-port", "29612"),
-                  "master_port") == "29612"
+    assert (
+        option(
+            dry_run(capsys, "--strategy", "zero2", "--launcher", "deepspeed", "--master-port", "29612"), "master_port"
+        )
+        == "29612"
+    )
     monkeypatch.setenv("MASTER_PORT", "http")
-    assert "MASTER_PORT='http' in the environment is not a port number" in refused(capsys, "--strategy", "ddp", "--dry-run")
+    assert "MASTER_PORT='http' in the environment is not a port number" in refused(
+        capsys, "--strategy", "ddp", "--dry-run"
+    )
 
 
 def test_a_port_in_use_is_refused_with_the_fix(capsys):
@@ -72,25 +83,33 @@ def test_a_port_in_use_is_refused_with_the_fix(capsys):
 
 # the accelerate launch config's own values ---------------------------------------------------
 
+
 def test_the_accelerate_config_sizes_the_launch_unless_the_command_line_does(tmp_path, capsys):
     config = accelerate_yaml(tmp_path, num_processes=2, num_machines=1)
     assert option(dry_run(capsys, "--strategy", "accelerate", "--accelerate-config", config), "num_processes") == "2"
-    err = refused(capsys, "--strategy", "accelerate", "--accelerate-config", config, "--nproc-per-node", "1", "--dry-run")
+    err = refused(
+        capsys, "--strategy", "accelerate", "--accelerate-config", config, "--nproc-per-node", "1", "--dry-run"
+    )
     assert "--nproc-per-node 1 but num_processes: 2 over num_machines: 1 is 2 per node" in err
     assert "drop the option to use the file's value, or change the file" in err
 
 
 def test_a_multi_machine_template_keeps_its_rank_address_and_port(tmp_path, capsys):
-    config = accelerate_yaml(tmp_path, num_processes=2, num_machines=2, machine_rank=1, main_process_ip="10.1.2.3",
-                             main_process_port=29777)
+    config = accelerate_yaml(
+        tmp_path, num_processes=2, num_machines=2, machine_rank=1, main_process_ip="10.1.2.3", main_process_port=29777
+    )
     cmd = dry_run(capsys, "--strategy", "accelerate", "--accelerate-config", config)
-    assert [option(cmd, k) for k in ("num_processes", "num_machines", "machine_rank", "main_process_ip",
-                                     "main_process_port")] == ["2", "2", "1", "10.1.2.3", "29777"]
-    assert "--node-rank 0 but machine_rank: 1" in refused(capsys, "--strategy", "accelerate", "--accelerate-config", config,
-                                                          "--node-rank", "0", "--dry-run")
+    assert [
+        option(cmd, k)
+        for k in ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port")
+    ] == ["2", "2", "1", "10.1.2.3", "29777"]
+    assert "--node-rank 0 but machine_rank: 1" in refused(
+        capsys, "--strategy", "accelerate", "--accelerate-config", config, "--node-rank", "0", "--dry-run"
+    )
 
 
 # sbatch scripts ---------------------------------------------------------------------------
+
 
 def write_script(tmp_path: Path, capsys, *args: str, out: str | None = None) -> str:
     out = out or str(tmp_path / "out")
@@ -104,8 +123,20 @@ def write_script(tmp_path: Path, capsys, *args: str, out: str | None = None) -> 
 @pytest.mark.parametrize("inner", ["torchrun", "deepspeed", "accelerate"])
 def test_a_cpu_cluster_gets_no_gpu_request_and_a_core_per_rank_and_thread(tmp_path, capsys, inner):
     strategy = {"torchrun": "ddp", "deepspeed": "zero2", "accelerate": "accelerate"}[inner]
-    text = write_script(tmp_path, capsys, "--strategy", strategy, "--inner-launcher", inner, "--slurm-device", "cpu",
-                        "--nproc-per-node", "2", "--set", "runtime.threads=3")
+    text = write_script(
+        tmp_path,
+        capsys,
+        "--strategy",
+        strategy,
+        "--inner-launcher",
+        inner,
+        "--slurm-device",
+        "cpu",
+        "--nproc-per-node",
+        "2",
+        "--set",
+        "runtime.threads=3",
+    )
     assert "--gpus-per-node" not in text and "#SBATCH --cpus-per-task=6" in text
     assert "--cpus-per-task=6 bash -c" in text
     if inner == "deepspeed":
@@ -122,7 +153,10 @@ def test_a_gpu_cluster_gets_gpus(tmp_path, capsys):
 def test_auto_without_a_cluster_to_ask_says_what_to_pass(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo here
     err = refused(capsys, "--strategy", "ddp", "--launcher", "slurm", "--out", str(tmp_path))
-    assert "--slurm-device: auto asks the cluster whether its nodes have GPUs" in err and "--slurm-device cuda or cpu" in err
+    assert (
+        "--slurm-device: auto asks the cluster whether its nodes have GPUs" in err
+        and "--slurm-device cuda or cpu" in err
+    )
 
 
 def test_script_paths_are_absolute_and_names_carry_the_strategy(tmp_path, capsys, monkeypatch):
@@ -132,19 +166,35 @@ def test_script_paths_are_absolute_and_names_carry_the_strategy(tmp_path, capsys
     assert f"#SBATCH --output={tmp_path}/relative/slurm/%x-%j.out" in ddp
     assert f"--out {tmp_path}/relative" in ddp and f"launchers.cli train {QUICKSTART}" in ddp
     assert len(list((tmp_path / "relative/slurm").glob("*.sbatch"))) == 2  # one per strategy, none overwritten
-    assert "#SBATCH --job-name=kanscale-quickstart-ddp" in ddp and "#SBATCH --job-name=kanscale-quickstart-zero2" in zero2
+    assert (
+        "#SBATCH --job-name=kanscale-quickstart-ddp" in ddp and "#SBATCH --job-name=kanscale-quickstart-zero2" in zero2
+    )
 
 
 def test_the_head_node_is_reached_at_the_address_slurm_uses(tmp_path, capsys):
     text = write_script(tmp_path, capsys, "--strategy", "ddp", "--slurm-device", "cpu", "--nnodes", "2")
-    assert "scontrol show node \"$head_node\"" in text and "NodeAddr" in text
+    assert 'scontrol show node "$head_node"' in text and "NodeAddr" in text
     assert '"--rdzv_endpoint=$head_addr:$MASTER_PORT"' in text
 
 
 def test_accelerate_checks_hold_under_slurm(tmp_path, capsys):
-    err = refused(capsys, "--strategy", "accelerate", "--launcher", "slurm", "--inner-launcher", "accelerate",
-                  "--slurm-device", "cpu", "--accelerate-config", str(ROOT / "configs/accelerate/fsdp2.yaml"),
-                  "--nproc-per-node", "2", "--out", str(tmp_path))
+    err = refused(
+        capsys,
+        "--strategy",
+        "accelerate",
+        "--launcher",
+        "slurm",
+        "--inner-launcher",
+        "accelerate",
+        "--slurm-device",
+        "cpu",
+        "--accelerate-config",
+        str(ROOT / "configs/accelerate/fsdp2.yaml"),
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(tmp_path),
+    )
     assert "Accelerate's FSDP plugin does not run on CPUs" in err
     assert not (tmp_path / "slurm").exists()
 
@@ -155,6 +205,7 @@ def test_submit_without_slurm_is_refused(tmp_path, capsys):
 
 
 # sweeps that submit -----------------------------------------------------------------------
+
 
 def test_sweep_submit_on_a_local_study_is_refused_before_anything_runs(tmp_path, capsys):
     out = tmp_path / "runs"
@@ -167,21 +218,41 @@ def test_sweep_submit_on_a_local_study_is_refused_before_anything_runs(tmp_path,
 
 # the deepspeed ssh path -------------------------------------------------------------------
 
+
 def test_missing_pdsh_is_named_before_launch(tmp_path, capsys, monkeypatch):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     if shutil.which("ssh"):
         os.symlink(shutil.which("ssh"), bin_dir / "ssh")
     monkeypatch.setenv("PATH", str(bin_dir))
-    err = refused(capsys, "--strategy", "zero2", "--launcher", "deepspeed", "--hosts", "localhost,127.0.0.1",
-                  "--out", str(tmp_path / "out"), "--dry-run")
+    err = refused(
+        capsys,
+        "--strategy",
+        "zero2",
+        "--launcher",
+        "deepspeed",
+        "--hosts",
+        "localhost,127.0.0.1",
+        "--out",
+        str(tmp_path / "out"),
+        "--dry-run",
+    )
     assert "started over ssh with pdsh, which is not installed here" in err and "--no-ssh --node-rank R" in err
 
 
 @pytest.mark.skipif(shutil.which("pdsh") is None or shutil.which("ssh") is None, reason="needs pdsh and an ssh client")
 def test_an_unreachable_host_is_named_before_launch(tmp_path, capsys):
-    err = refused(capsys, "--strategy", "zero2", "--launcher", "deepspeed", "--hosts", "no-such-node.invalid,127.0.0.1",
-                  "--out", str(tmp_path / "out"))
+    err = refused(
+        capsys,
+        "--strategy",
+        "zero2",
+        "--launcher",
+        "deepspeed",
+        "--hosts",
+        "no-such-node.invalid,127.0.0.1",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert "ssh cannot reach no-such-node.invalid without a password" in err
     assert not (tmp_path / "out").exists()
 

@@ -42,11 +42,33 @@ def start_hogs() -> list[subprocess.Popen]:
 @pytest.fixture(scope="module")
 def loaded_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("drift")
-    cmd = [sys.executable, "-m", "launchers.cli", "train", "quickstart", "--out", str(out), "--no-progress",
-           "--set", f"training.steps={STEPS}", "--set", "training.log_every=10",
-           "--set", f"training.micro_batch={MICRO_BATCH}", "--set", f"task.n_train={STEPS * MICRO_BATCH}"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=on_the_core)
+    cmd = [
+        sys.executable,
+        "-m",
+        "launchers.cli",
+        "train",
+        "quickstart",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--set",
+        f"training.steps={STEPS}",
+        "--set",
+        "training.log_every=10",
+        "--set",
+        f"training.micro_batch={MICRO_BATCH}",
+        "--set",
+        f"task.n_train={STEPS * MICRO_BATCH}",
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=on_the_core,
+    )
     hogs: list[subprocess.Popen] = []
     try:
         deadline = time.monotonic() + 240
@@ -68,7 +90,7 @@ def loaded_run(tmp_path_factory):
 
 def halves(steps):
     timed = [s for s in steps if s.timed]
-    return timed[: len(timed) // 3], timed[-len(timed) // 3:]  # well before the load, well into it
+    return timed[: len(timed) // 3], timed[-len(timed) // 3 :]  # well before the load, well into it
 
 
 def test_the_load_slowed_the_training(loaded_run):
@@ -106,7 +128,9 @@ def test_a_run_without_communication_still_reads_about_none(loaded_run):
     fixed = statistics.median(s.compute_s for s in before)
     loaded_step = statistics.median(s.time_s_max for s in during)
     stale = loaded_step - fixed
-    print(f"steps {1e3 * statistics.median(s.time_s_max for s in before):.2f} -> {1e3 * loaded_step:.2f} ms, baseline "
-          f"{1e3 * fixed:.2f} -> {1e3 * statistics.median(s.compute_s for s in during):.2f} ms; a baseline fixed before the "
-          f"load would call {stale / loaded_step:.0%} of a loaded step communication")
+    print(
+        f"steps {1e3 * statistics.median(s.time_s_max for s in before):.2f} -> {1e3 * loaded_step:.2f} ms, baseline "
+        f"{1e3 * fixed:.2f} -> {1e3 * statistics.median(s.compute_s for s in during):.2f} ms; a baseline fixed before the "
+        f"load would call {stale / loaded_step:.0%} of a loaded step communication"
+    )
     assert stale > 0.3 * loaded_step

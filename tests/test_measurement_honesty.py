@@ -25,8 +25,10 @@ QUICKSTART = str(ROOT / "configs/experiments/quickstart.yaml")
 
 
 def windows(replica_ms, blocked_ms, step_ms=10.0):
-    return [WindowTimes(step_s=step_ms / 1e3, data_s=0.0, compute_s=(step_ms - r) / 1e3, blocked_s=b / 1e3)
-            for r, b in zip(replica_ms, blocked_ms)]
+    return [
+        WindowTimes(step_s=step_ms / 1e3, data_s=0.0, compute_s=(step_ms - r) / 1e3, blocked_s=b / 1e3)
+        for r, b in zip(replica_ms, blocked_ms)
+    ]
 
 
 def test_a_negative_check_is_never_the_runs_measurement():
@@ -62,8 +64,24 @@ def test_the_replica_baseline_takes_off_its_tensors_not_its_steps_working_memory
     each step), counted from its tensors. A resident-memory difference across its warm-up also
     counted its step's working memory, which the training's step reuses, and so took that off the
     training's peak as well (the 4M RBF KAN's DDP peak read 546 MiB, 601 MiB without a baseline)."""
-    assert main(["train", QUICKSTART, "--out", str(tmp_path), "--set", "model.widths=[2,256,256,1]", "--set",
-                 "training.steps=12", "--set", "measurement.baseline=replica", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                QUICKSTART,
+                "--out",
+                str(tmp_path),
+                "--set",
+                "model.widths=[2,256,256,1]",
+                "--set",
+                "training.steps=12",
+                "--set",
+                "measurement.baseline=replica",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     record = read_summary(next(tmp_path.iterdir()))
     state = record.memory.model_state  # counted at the last step, the same model and optimizer
     assert record.memory.replica_bytes == state.params + state.optimizer
@@ -71,8 +89,22 @@ def test_the_replica_baseline_takes_off_its_tensors_not_its_steps_working_memory
 
 def test_baseline_off_records_no_exposed_communication(tmp_path, capsys):
     # unquoted off, as a user types it (YAML 1.1 reads it as false)
-    assert main(["train", QUICKSTART, "--out", str(tmp_path), "--set", "training.epochs=1", "--set",
-                 "measurement.baseline=off", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                QUICKSTART,
+                "--out",
+                str(tmp_path),
+                "--set",
+                "training.epochs=1",
+                "--set",
+                "measurement.baseline=off",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "overhead beyond compute (1 process: no comm) not measured" in capsys.readouterr().out
     run_dir = next(tmp_path.iterdir())
     record = read_summary(run_dir)
@@ -85,21 +117,33 @@ def test_baseline_off_records_no_exposed_communication(tmp_path, capsys):
     assert "not measured beyond compute (1 process: no comm)" in capsys.readouterr().out  # never "comm"
 
 
-@pytest.mark.parametrize("preset, world, compile, expected", [
-    ("fsdp2", 2, "none", "layerwise"), ("zero3", 2, "none", "layerwise"), ("zero1", 2, "none", "layerwise"),
-    ("fsdp1", 2, "none", "layerwise"), ("fsdp2", 2, "model", "replica"), ("ddp", 2, "none", "replica"),
-    ("zero0", 2, "none", "replica"), ("tp", 2, "none", "replica"), ("fsdp2_tp", 4, "none", "replica"),
-    ("single", 1, "none", "replica"),
-])
+@pytest.mark.parametrize(
+    "preset, world, compile, expected",
+    [
+        ("fsdp2", 2, "none", "layerwise"),
+        ("zero3", 2, "none", "layerwise"),
+        ("zero1", 2, "none", "layerwise"),
+        ("fsdp1", 2, "none", "layerwise"),
+        ("fsdp2", 2, "model", "replica"),
+        ("ddp", 2, "none", "replica"),
+        ("zero0", 2, "none", "replica"),
+        ("tp", 2, "none", "replica"),
+        ("fsdp2_tp", 4, "none", "replica"),
+        ("single", 1, "none", "replica"),
+    ],
+)
 def test_auto_takes_the_layerwise_baseline_where_the_strategy_shards(preset, world, compile, expected):
     cfg = load_experiment(QUICKSTART, [f"training.compile={compile}"], strategy=preset)
     assert cfg.measurement.baseline_for(cfg.strategy.mesh_shape(world), cfg.training.compile) == expected
 
 
-@pytest.mark.parametrize("overrides, preset, world, words", [
-    (["training.compile=model"], "fsdp2", 2, "training.compile is model"),
-    ([], "tp", 2, "cuts each layer over tensor-parallel ranks"),
-])
+@pytest.mark.parametrize(
+    "overrides, preset, world, words",
+    [
+        (["training.compile=model"], "fsdp2", 2, "training.compile is model"),
+        ([], "tp", 2, "cuts each layer over tensor-parallel ranks"),
+    ],
+)
 def test_layerwise_is_refused_before_launch_where_it_cannot_time_the_run(tmp_path, overrides, preset, world, words):
     base = [f"output.dir={tmp_path}", "measurement.baseline=layerwise", *overrides]
     with pytest.raises(ConfigError, match="measurement.baseline: layerwise") as refused:
@@ -112,10 +156,34 @@ def test_layerwise_is_refused_before_launch_where_it_cannot_time_the_run(tmp_pat
 def test_a_sharded_run_takes_the_layerwise_baseline_by_default(tmp_path):
     """At 2 ranks under torchrun: a real measurement (its memory is tested under a cap in
     tests/test_baseline_memory.py, at a size where RSS can tell)."""
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-                    "launchers.cli", "train", QUICKSTART, "--strategy", "fsdp2", "--set", "training.steps=30",
-                    "--set", "training.epochs=null", "--set", "model.widths=[2,256,1]", "--out", str(tmp_path),
-                    "--no-progress"], check=True, cwd=ROOT, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "launchers.cli",
+            "train",
+            QUICKSTART,
+            "--strategy",
+            "fsdp2",
+            "--set",
+            "training.steps=30",
+            "--set",
+            "training.epochs=null",
+            "--set",
+            "model.widths=[2,256,1]",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=300,
+    )
     record = read_summary(next(tmp_path.iterdir()))
     assert record.status == "ok" and record.measurement.baseline == "layerwise"
     assert "sharded units one at a time" in record.measurement.comm_method
@@ -127,8 +195,24 @@ def test_outside_load_is_measured_and_the_verdict_says_the_machine_was_shared(tm
     # The run in a process of its own, as users start it: the hog is its sibling, not its child.
     hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        subprocess.run([sys.executable, "-m", "launchers.cli", "train", QUICKSTART, "--out", str(tmp_path), "--set",
-                        "training.epochs=4", "--no-progress"], check=True, cwd=ROOT, capture_output=True, timeout=300)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "launchers.cli",
+                "train",
+                QUICKSTART,
+                "--out",
+                str(tmp_path),
+                "--set",
+                "training.epochs=4",
+                "--no-progress",
+            ],
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+            timeout=300,
+        )
     finally:
         hog.kill()
         hog.wait()
@@ -143,8 +227,9 @@ def test_outside_load_is_measured_and_the_verdict_says_the_machine_was_shared(tm
 def test_the_shared_machine_caveat_needs_real_outside_load(tmp_path, cores_busy, shared):
     for i, strategy in enumerate(("single", "ddp")):
         record = make_record(f"r{i}", strategy=strategy, world=1 + i, cpus=2)
-        measurement = record.measurement.model_copy(update={
-            "outside_load": OutsideLoad(cores_busy=cores_busy, run_cores_busy=1.0, cores=2, seconds=1.0)})
+        measurement = record.measurement.model_copy(
+            update={"outside_load": OutsideLoad(cores_busy=cores_busy, run_cores_busy=1.0, cores=2, seconds=1.0)}
+        )
         write_record(tmp_path, record.model_copy(update={"measurement": measurement}))
     notes = verdict(derive(load_runs(tmp_path)[0])).scales[0].caveats
     assert any("the machine was shared" in n for n in notes) == shared

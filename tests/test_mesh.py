@@ -18,8 +18,11 @@ from tests.helpers.launch import ROOT, run
 
 MODEL = parse_model_config({"family": "bspline", "widths": [2, 8, 1]})
 SHAPES = {  # every way 4 ranks split over the three dimensions that the suite's strategies use or will
-    "shard": {"dp_shard": 4}, "replicate": {"dp_replicate": 4}, "tp": {"tp": 4},
-    "hybrid": {"dp_replicate": 2, "dp_shard": 2}, "shard_tp": {"dp_shard": 2, "tp": 2},
+    "shard": {"dp_shard": 4},
+    "replicate": {"dp_replicate": 4},
+    "tp": {"tp": 4},
+    "hybrid": {"dp_replicate": 2, "dp_shard": 2},
+    "shard_tp": {"dp_shard": 2, "tp": 2},
     "replicate_tp": {"dp_replicate": 2, "tp": 2},
 }
 
@@ -28,8 +31,18 @@ SHAPES = {  # every way 4 ranks split over the three dimensions that the suite's
 def placed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mesh")
     (tmp / "shapes.json").write_text(json.dumps(SHAPES))
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
-         str(ROOT / "tests/helpers/mesh_worker.py"), str(tmp / "shapes.json"), str(tmp / "out.json")])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=4",
+            str(ROOT / "tests/helpers/mesh_worker.py"),
+            str(tmp / "shapes.json"),
+            str(tmp / "out.json"),
+        ]
+    )
     return json.loads((tmp / "out.json").read_text())
 
 
@@ -61,12 +74,21 @@ def test_ranks_lie_row_major_with_tp_fastest():
         RunMesh(shape, 8, "cpu")
 
 
-@pytest.mark.parametrize("preset, sizes", [
-    ("single", {"dp_replicate": 4}), ("ddp", {"dp_replicate": 4}), ("zero0", {"dp_replicate": 4}),
-    ("zero2", {"dp_shard": 4}), ("zero3_offload", {"dp_shard": 4}), ("fsdp1", {"dp_shard": 4}),
-    ("fsdp1_grad_op", {"dp_shard": 4}), ("fsdp2", {"dp_shard": 4}), ("tp", {"tp": 4}),
-    ("fsdp2_tp", {"dp_shard": 2, "tp": 2}),
-])
+@pytest.mark.parametrize(
+    "preset, sizes",
+    [
+        ("single", {"dp_replicate": 4}),
+        ("ddp", {"dp_replicate": 4}),
+        ("zero0", {"dp_replicate": 4}),
+        ("zero2", {"dp_shard": 4}),
+        ("zero3_offload", {"dp_shard": 4}),
+        ("fsdp1", {"dp_shard": 4}),
+        ("fsdp1_grad_op", {"dp_shard": 4}),
+        ("fsdp2", {"dp_shard": 4}),
+        ("tp", {"tp": 4}),
+        ("fsdp2_tp", {"dp_shard": 2, "tp": 2}),
+    ],
+)
 def test_each_strategy_declares_its_mesh(preset, sizes):
     shape = load_strategy(preset, MODEL, "strategy").mesh_shape(4)
     assert shape == MeshShape(**sizes) and shape.world_size == 4

@@ -38,14 +38,40 @@ def printing(hidden=8):
 
 def custom(tmp_path: Path, name: str) -> list[str]:
     (tmp_path / "factories.py").write_text(FACTORIES)
-    return ["--set", f'model={{family: custom, widths: [2, 1], factory: "{tmp_path}/factories.py:{name}"}}',
-            "--set", "training.steps=12", "--set", "training.epochs=null", "--out", str(tmp_path / "runs"), "--no-progress"]
+    return [
+        "--set",
+        f'model={{family: custom, widths: [2, 1], factory: "{tmp_path}/factories.py:{name}"}}',
+        "--set",
+        "training.steps=12",
+        "--set",
+        "training.epochs=null",
+        "--out",
+        str(tmp_path / "runs"),
+        "--no-progress",
+    ]
 
 
 def test_a_factory_that_builds_another_model_on_some_rank_is_refused_on_every_rank(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-                           "launchers.cli", "train", QUICKSTART, "--strategy", "ddp", *custom(tmp_path, "by_rank")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "launchers.cli",
+            "train",
+            QUICKSTART,
+            "--strategy",
+            "ddp",
+            *custom(tmp_path, "by_rank"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert proc.stderr.count("model: rank(s) [1] built a model other than rank 0's") == 2, proc.stderr[-3000:]
     assert "model.factory" in proc.stderr
@@ -60,7 +86,23 @@ def test_a_graph_break_in_a_compiled_model_is_recorded(tmp_path, capsys):
 
 def test_a_zoo_model_compiles_to_one_graph_with_the_suites_own_hooks(tmp_path, capsys):
     out = tmp_path / "zoo"
-    assert main(["train", QUICKSTART, "--set", "training.steps=12", "--set", "training.epochs=null", "--set",
-                 "training.compile=model", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                QUICKSTART,
+                "--set",
+                "training.steps=12",
+                "--set",
+                "training.epochs=null",
+                "--set",
+                "training.compile=model",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "one graph per compiled region" in capsys.readouterr().out
     assert read_summary(next(out.iterdir())).compile.graph_breaks == []

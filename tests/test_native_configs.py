@@ -34,16 +34,24 @@ def with_native(name: str, *overrides: str):
 
 # ------------------------------------------------------------------------ "auto" resolved
 
+
 @pytest.mark.parametrize("widths,hidden", [([2, 16, 1], 16), ([2, 64, 40, 1], 64)])
 def test_auto_gets_accelerates_numbers_for_the_experiments_model(widths, hidden):
     cfg = with_native("zero3_offload_auto.json", f"model.widths={widths}")
     resolved = cfg.strategy.resolve(cfg.training, world_size=2)
     zero = resolved["zero_optimization"]
-    assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"], zero["stage3_param_persistence_threshold"]) \
-        == (hidden * hidden, int(0.9 * hidden * hidden), 10 * hidden)
+    assert (
+        zero["reduce_bucket_size"],
+        zero["stage3_prefetch_bucket_size"],
+        zero["stage3_param_persistence_threshold"],
+    ) == (hidden * hidden, int(0.9 * hidden * hidden), 10 * hidden)
     assert zero["stage3_gather_16bit_weights_on_model_save"] is False
-    assert (resolved["train_micro_batch_size_per_gpu"], resolved["gradient_accumulation_steps"],
-            resolved["train_batch_size"], resolved["gradient_clipping"]) == (256, 1, 512, 0.0)
+    assert (
+        resolved["train_micro_batch_size_per_gpu"],
+        resolved["gradient_accumulation_steps"],
+        resolved["train_batch_size"],
+        resolved["gradient_clipping"],
+    ) == (256, 1, 512, 0.0)
     assert resolved["fp16"]["enabled"] is False and resolved["bf16"]["enabled"] is False
     assert auto_paths(resolved) == []  # nothing reaches DeepSpeed as "auto"
     # the options the record stores say the same numbers
@@ -56,8 +64,22 @@ def test_a_strategy_option_given_explicitly_wins_over_auto():
 
 
 def test_the_dry_run_prints_the_resolved_config(capsys):
-    assert main(["run", "quickstart", "--deepspeed-config", str(NATIVE / "zero2_auto.json"), "--launcher", "deepspeed",
-                 "--nproc-per-node", "2", "--dry-run"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "quickstart",
+                "--deepspeed-config",
+                str(NATIVE / "zero2_auto.json"),
+                "--launcher",
+                "deepspeed",
+                "--nproc-per-node",
+                "2",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert '"reduce_bucket_size": 256' in out and '"train_micro_batch_size_per_gpu": 256' in out
     assert '"auto"' not in out
@@ -75,13 +97,16 @@ def test_an_auto_the_suite_cannot_fill_is_refused_naming_the_key():
 
 # ------------------------------------------------------------------------ unknown keys
 
+
 def test_unknown_keys_are_named_in_one_warning():
     cfg = with_native("zero2_unknown_keys.json")
     with pytest.warns(UncheckedDeepSpeedKeys) as caught:
         preflight(cfg, "cpu", 2)
     assert len(caught) == 1
     message = str(caught[0].message)
-    assert "communication_data_type, prescale_gradients, zero_optimization.zero_quantized_nontrainable_weights" in message
+    assert (
+        "communication_data_type, prescale_gradients, zero_optimization.zero_quantized_nontrainable_weights" in message
+    )
     assert "passed to DeepSpeed unchecked" in message
 
 
@@ -93,8 +118,14 @@ def test_only_rank_zero_repeats_the_warning(monkeypatch):
         preflight(cfg, "cpu", 2)
 
 
-@pytest.mark.parametrize("path", [*sorted((ROOT / "configs/deepspeed").glob("*.json")), NATIVE / "zero2_auto.json",
-                                  NATIVE / "zero3_offload_auto.json"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        *sorted((ROOT / "configs/deepspeed").glob("*.json")),
+        NATIVE / "zero2_auto.json",
+        NATIVE / "zero3_offload_auto.json",
+    ],
+)
 def test_the_shipped_configs_and_the_upstream_templates_warn_about_nothing(path):
     cfg = load_experiment("quickstart", ["strategy.name=deepspeed", f"strategy.config={path}"])
     with warnings.catch_warnings():
@@ -103,6 +134,7 @@ def test_the_shipped_configs_and_the_upstream_templates_warn_about_nothing(path)
 
 
 # ------------------------------------------------------------------------ the Accelerate route
+
 
 def accelerate_yaml(tmp_path: Path, native: str | None = None, **settings) -> Path:
     """The template accelerate launch config, pointing at ``native`` (a path as written in it)."""
@@ -116,24 +148,53 @@ def accelerate_yaml(tmp_path: Path, native: str | None = None, **settings) -> Pa
 
 
 def dry_run_accelerate(config: Path) -> int:
-    return main(["run", "quickstart", "--strategy", "accelerate", "--launcher", "accelerate", "--accelerate-config",
-                 str(config), "--nproc-per-node", "2", "--dry-run"])
+    return main(
+        [
+            "run",
+            "quickstart",
+            "--strategy",
+            "accelerate",
+            "--launcher",
+            "accelerate",
+            "--accelerate-config",
+            str(config),
+            "--nproc-per-node",
+            "2",
+            "--dry-run",
+        ]
+    )
 
 
-@pytest.mark.parametrize("native,settings,advice", [
-    # quickstart sets optimizer adam; the file's AdamW contradicts it, and the advice names both ways out
-    ("tests/data/native/zero2_optimizer.json", {},
-     ['optimizer.type is "AdamW", but the experiment sets training.optimizer to adam',
-      "to train with the file's values: --set training.optimizer=adamw"]),
-    # the file's fp16 is the run's where the experiment sets no precision: refused here for this CPU only
-    ("tests/data/native/zero2_fp16.json", {},
-     ["training.precision: fp16 under Accelerate's DeepSpeed plugin cannot run on this cpu machine"]
-     if not cpu_fp16_supported() else []),
-    (None, {"mixed_precision": "no"},
-     ["remove mixed_precision: Accelerate refuses it beside deepspeed_config.deepspeed_config_file"]),
-])
-def test_the_accelerate_route_refuses_before_launch_with_advice_that_works(tmp_path, monkeypatch, capsys, native,
-                                                                          settings, advice):
+@pytest.mark.parametrize(
+    "native,settings,advice",
+    [
+        # quickstart sets optimizer adam; the file's AdamW contradicts it, and the advice names both ways out
+        (
+            "tests/data/native/zero2_optimizer.json",
+            {},
+            [
+                'optimizer.type is "AdamW", but the experiment sets training.optimizer to adam',
+                "to train with the file's values: --set training.optimizer=adamw",
+            ],
+        ),
+        # the file's fp16 is the run's where the experiment sets no precision: refused here for this CPU only
+        (
+            "tests/data/native/zero2_fp16.json",
+            {},
+            ["training.precision: fp16 under Accelerate's DeepSpeed plugin cannot run on this cpu machine"]
+            if not cpu_fp16_supported()
+            else [],
+        ),
+        (
+            None,
+            {"mixed_precision": "no"},
+            ["remove mixed_precision: Accelerate refuses it beside deepspeed_config.deepspeed_config_file"],
+        ),
+    ],
+)
+def test_the_accelerate_route_refuses_before_launch_with_advice_that_works(
+    tmp_path, monkeypatch, capsys, native, settings, advice
+):
     monkeypatch.chdir(ROOT)  # the JSON's path is relative to where accelerate launch (and kanscale run) starts
     assert dry_run_accelerate(accelerate_yaml(tmp_path, native, **settings)) == (2 if advice else 0)
     error = capsys.readouterr().err
@@ -143,8 +204,10 @@ def test_the_accelerate_route_refuses_before_launch_with_advice_that_works(tmp_p
 def test_a_missing_relative_deepspeed_file_is_named_with_where_it_is_looked_up(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # started from another directory: the template's relative path is not there
     assert dry_run_accelerate(ACCELERATE_YAML) == 2
-    assert (f"deepspeed_config.deepspeed_config_file: tests/data/native/zero3_offload_auto.json does not exist in "
-            f"{tmp_path}, the directory accelerate launch reads it from") in capsys.readouterr().err
+    assert (
+        f"deepspeed_config.deepspeed_config_file: tests/data/native/zero3_offload_auto.json does not exist in "
+        f"{tmp_path}, the directory accelerate launch reads it from"
+    ) in capsys.readouterr().err
 
 
 def test_the_template_passes_and_accelerate_agrees_about_mixed_precision(tmp_path, monkeypatch):
@@ -173,12 +236,18 @@ def test_the_template_passes_and_accelerate_agrees_about_mixed_precision(tmp_pat
 
 # ------------------------------------------------------------------------ a real 2-rank run
 
+
 def experiment(strategy: dict, out: Path) -> dict:
-    return {"name": "native", "model": {"family": "bspline", "widths": [2, 16, 1], "grid": 5, "k": 3, "grid_range": [-2, 2]},
-            "task": {"name": "quadratic", "n_train": 2048, "n_test": 128},
-            "training": {"seed": 0, "micro_batch": 64, "steps": 4, "warmup_steps": 1},
-            "strategy": strategy, "measurement": {"baseline_steps": 2}, "runtime": {"device": "cpu", "threads": 1},
-            "output": {"dir": str(out)}}
+    return {
+        "name": "native",
+        "model": {"family": "bspline", "widths": [2, 16, 1], "grid": 5, "k": 3, "grid_range": [-2, 2]},
+        "task": {"name": "quadratic", "n_train": 2048, "n_test": 128},
+        "training": {"seed": 0, "micro_batch": 64, "steps": 4, "warmup_steps": 1},
+        "strategy": strategy,
+        "measurement": {"baseline_steps": 2},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(out)},
+    }
 
 
 @pytest.mark.slow  # the slow tier (make test-slow)
@@ -187,18 +256,39 @@ def test_zero3_offload_with_the_auto_template_shards_on_both_routes(tmp_path):
     threshold 0: every parameter sharded), the auto template on the direct route and through
     Accelerate's DeepSpeed plugin (threshold 10 x 16: the parameters of at most 160 elements stay
     whole, the rest sharded, as under Accelerate)."""
-    jobs = [{"id": "shipped", "config": experiment({"name": "deepspeed", "config": "configs/deepspeed/zero3.json"},
-                                                   tmp_path / "runs")},
-            {"id": "direct", "config": experiment({"name": "deepspeed", "config": str(NATIVE / "zero3_offload_auto.json")},
-                                                  tmp_path / "runs")},
-            {"id": "accelerate", "config": experiment({"name": "accelerate"}, tmp_path / "runs")}]
+    jobs = [
+        {
+            "id": "shipped",
+            "config": experiment({"name": "deepspeed", "config": "configs/deepspeed/zero3.json"}, tmp_path / "runs"),
+        },
+        {
+            "id": "direct",
+            "config": experiment(
+                {"name": "deepspeed", "config": str(NATIVE / "zero3_offload_auto.json")}, tmp_path / "runs"
+            ),
+        },
+        {"id": "accelerate", "config": experiment({"name": "accelerate"}, tmp_path / "runs")},
+    ]
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
-    run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_YAML),
-         str(ROOT / "tests/helpers/dist_worker.py"), str(tmp_path / "jobs.json"), str(tmp_path / "results.json")],
-        DS_ACCELERATOR="cpu")
+    run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(ACCELERATE_YAML),
+            str(ROOT / "tests/helpers/dist_worker.py"),
+            str(tmp_path / "jobs.json"),
+            str(tmp_path / "results.json"),
+        ],
+        DS_ACCELERATOR="cpu",
+    )
     results = json.loads((tmp_path / "results.json").read_text())
-    assert [results[job]["distributed_type"] for job in ("shipped", "direct", "accelerate")] == \
-        ["DEEPSPEED_ZERO3", "DEEPSPEED_ZERO3", "DEEPSPEED"]
+    assert [results[job]["distributed_type"] for job in ("shipped", "direct", "accelerate")] == [
+        "DEEPSPEED_ZERO3",
+        "DEEPSPEED_ZERO3",
+        "DEEPSPEED",
+    ]
     params = {job: results[job]["model_state"]["params"] for job in results}
     model = build_model(parse_experiment(jobs[0]["config"]).model, seed=0)
     total = sum(p.numel() for p in model.parameters())
@@ -208,6 +298,9 @@ def test_zero3_offload_with_the_auto_template_shards_on_both_routes(tmp_path):
     assert params["direct"] == params["accelerate"] == params["shipped"] + 4 * whole < params["shipped"] + 4 * total
     for job in ("direct", "accelerate"):
         zero = read_summary(Path(results[job]["run_dir"])).strategy.backend_config["zero_optimization"]
-        assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"],
-                zero["stage3_param_persistence_threshold"]) == (256, 230, 160), job
+        assert (
+            zero["reduce_bucket_size"],
+            zero["stage3_prefetch_bucket_size"],
+            zero["stage3_param_persistence_threshold"],
+        ) == (256, 230, 160), job
         assert zero["offload_param"]["device"] == "cpu" and results[job]["status"] == "ok"

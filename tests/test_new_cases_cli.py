@@ -37,15 +37,21 @@ def refused(args: list[str], capsys) -> str:
 
 # ------------------------------------------------------------------------------- case 23: export
 
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     """A real one-process run with a checkpoint at step 4."""
     out = tmp_path_factory.mktemp("trained")
-    cfg = {"name": "cli_cases", "model": {"family": "bspline", "widths": [2, 4, 1], "grid": 3, "grid_range": [-2.0, 2.0]},
-           "task": {"name": "quadratic", "n_train": 128, "n_test": 32},
-           "training": {"seed": 1, "micro_batch": 32, "steps": 4, "warmup_steps": 1, "checkpoint_every": 4},
-           "strategy": {"name": "single"}, "measurement": {"baseline_steps": 1},
-           "runtime": {"device": "cpu", "threads": 1}, "output": {"dir": str(out)}}
+    cfg = {
+        "name": "cli_cases",
+        "model": {"family": "bspline", "widths": [2, 4, 1], "grid": 3, "grid_range": [-2.0, 2.0]},
+        "task": {"name": "quadratic", "n_train": 128, "n_test": 32},
+        "training": {"seed": 1, "micro_batch": 32, "steps": 4, "warmup_steps": 1, "checkpoint_every": 4},
+        "strategy": {"name": "single"},
+        "measurement": {"baseline_steps": 1},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(out)},
+    }
     trainer = Trainer(parse_experiment(cfg), DistEnv(), show_progress=False)
     trainer.run()
     return trainer.run_dir
@@ -64,8 +70,9 @@ def test_export_refuses_an_out_inside_the_checkpoint_or_the_run_it_reads(run_dir
     assert f"write the export outside it, e.g. --out {run_dir.parent / (run_dir.name + '.pt')}" in err
     refused(["export", str(run_dir), "--out", str(run_dir / "model.pt")], capsys)
     (tmp_path / "link").symlink_to(run_dir)  # the same run, reached through a symlink
-    assert "lies inside the run directory" in refused(["export", str(run_dir), "--out",
-                                                       str(tmp_path / "link/checkpoints/model.pt")], capsys)
+    assert "lies inside the run directory" in refused(
+        ["export", str(run_dir), "--out", str(tmp_path / "link/checkpoints/model.pt")], capsys
+    )
     assert (checkpoint / "state.pt").read_bytes() == state and not (run_dir / "model.pt").exists()
     assert main(["export", str(tmp_path / "link"), "--out", str(tmp_path / "model.pt")]) == 0  # outside it: exported
 
@@ -84,6 +91,7 @@ def test_export_replaces_its_out_file_rather_than_writing_into_it(run_dir, tmp_p
 
 
 # ------------------------------------------------------------------------------- case 30: analyze
+
 
 @pytest.fixture
 def read_only_runs(tmp_path) -> Path:
@@ -120,6 +128,7 @@ def test_analyze_of_a_read_only_directory_names_the_report_directory_and_out(rea
 
 # ------------------------------------------------------------------------------- case 6: pipes
 
+
 def pipe_of(text: str) -> str:
     """/dev/fd/N of a pipe holding ``text``, as bash's <(...) gives (this process's only)."""
     read, write = os.pipe()
@@ -134,28 +143,59 @@ def test_run_refuses_a_config_the_ranks_cannot_read_again(tmp_path, capsys):
     assert f"config: {piped} is not a regular file" in err and "write it to a file first" in err
     fifo = tmp_path / "ds.json"
     os.mkfifo(fifo)  # no writer: reading it would block, so it must be refused unread
-    err = refused(["run", str(QUICKSTART), "--deepspeed-config", str(fifo), "--nproc-per-node", "2", "--dry-run"], capsys)
+    err = refused(
+        ["run", str(QUICKSTART), "--deepspeed-config", str(fifo), "--nproc-per-node", "2", "--dry-run"], capsys
+    )
     assert f"--deepspeed-config: {fifo} is not a regular file" in err
-    err = refused(["run", str(QUICKSTART), "--strategy", "accelerate", "--accelerate-config", str(fifo), "--dry-run"],
-                  capsys)
+    err = refused(
+        ["run", str(QUICKSTART), "--strategy", "accelerate", "--accelerate-config", str(fifo), "--dry-run"], capsys
+    )
     assert f"--accelerate-config: {fifo} is not a regular file" in err
 
 
 def test_train_in_one_process_still_reads_a_pipe(tmp_path, capsys):
     piped = pipe_of(QUICKSTART.read_text())
-    assert main(["train", piped, "--set", "training.steps=6", "--set", "training.epochs=null", "--set",
-                 "measurement.baseline_steps=1", "--no-progress", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                piped,
+                "--set",
+                "training.steps=6",
+                "--set",
+                "training.epochs=null",
+                "--set",
+                "measurement.baseline_steps=1",
+                "--no-progress",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert len(list(tmp_path.glob("*/summary.json"))) == 1
 
 
 # ------------------------------------------------------------------------------- case 28: sweeps
 
+
 def write_study(tmp_path: Path) -> Path:
     path = tmp_path / "study.yaml"
-    path.write_text(yaml.safe_dump({
-        "study": "owned", "experiment": str(QUICKSTART),
-        "set": {"training.steps": 6, "training.epochs": None, "training.micro_batch": 64, "measurement.baseline_steps": 1},
-        "matrix": {"strategy": ["single"], "topology": ["1x1"], "training.lr": [0.01, 0.02]}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "study": "owned",
+                "experiment": str(QUICKSTART),
+                "set": {
+                    "training.steps": 6,
+                    "training.epochs": None,
+                    "training.micro_batch": 64,
+                    "measurement.baseline_steps": 1,
+                },
+                "matrix": {"strategy": ["single"], "topology": ["1x1"], "training.lr": [0.01, 0.02]},
+            }
+        )
+    )
     return path
 
 
@@ -183,8 +223,16 @@ def test_a_points_run_is_the_record_of_its_own_experiment_not_the_first_new_one(
     write_record(out, make_record("a-foreign").model_copy(update={"config_digest": "f" * 16}))
     write_record(out, make_record("b-mine").model_copy(update={"config_digest": "m" * 16}))
     point = Point(axes={}, strategy="single", nodes=1, procs_per_node=1, overrides=[])
-    result = outcome(point, run_key("m" * 16, 1, 1), out, RunRequest(config=str(QUICKSTART), out=str(out)),
-                     out / "point.log", set(), time.monotonic(), code=0)
+    result = outcome(
+        point,
+        run_key("m" * 16, 1, 1),
+        out,
+        RunRequest(config=str(QUICKSTART), out=str(out)),
+        out / "point.log",
+        set(),
+        time.monotonic(),
+        code=0,
+    )
     assert (result.status, result.run_id) == ("ok", "b-mine")
 
 
@@ -192,7 +240,9 @@ def test_a_points_run_is_the_record_of_its_own_experiment_not_the_first_new_one(
 def test_two_sweeps_started_together_one_runs_every_point_the_other_is_refused(tmp_path):
     study, out = write_study(tmp_path), tmp_path / "runs"
     command = [sys.executable, "-m", "launchers.cli", "sweep", str(study), "--out", str(out)]
-    first = subprocess.Popen(command, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        command, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     time.sleep(0.5)
     second = subprocess.run(command, env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
     first_out, first_err = first.communicate(timeout=300)
@@ -205,24 +255,43 @@ def test_two_sweeps_started_together_one_runs_every_point_the_other_is_refused(t
 
 # ------------------------------------------------------------------------------- case 21: NVMe offload
 
+
 def test_nvme_offload_without_a_path_or_the_async_io_op_is_refused_before_launch(tmp_path, capsys):
     pytest.importorskip("deepspeed")
     from strategies.backends.deepspeed import accelerator_env
 
     # whether this machine has the op, asked of DeepSpeed itself meanwhile (an import of its own: ~2 s)
-    probe = subprocess.Popen([sys.executable, "-c", "import sys; from deepspeed.ops.op_builder import AsyncIOBuilder; "
-                              "sys.exit(0 if AsyncIOBuilder().is_compatible(verbose=False) else 3)"],
-                             env={**os.environ, **accelerator_env("cuda" if torch.cuda.is_available() else "cpu")},
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    probe = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from deepspeed.ops.op_builder import AsyncIOBuilder; "
+            "sys.exit(0 if AsyncIOBuilder().is_compatible(verbose=False) else 3)",
+        ],
+        env={**os.environ, **accelerator_env("cuda" if torch.cuda.is_available() else "cpu")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     native = tmp_path / "ds_nvme.json"
     offload = {"stage": 3, "offload_optimizer": {"device": "nvme"}, "offload_param": {"device": "nvme"}}
     native.write_text(json.dumps({"zero_optimization": offload}))
-    run = ["run", "quickstart", "--deepspeed-config", str(native), "--launcher", "deepspeed", "--nproc-per-node", "2",
-           "--dry-run"]
+    run = [
+        "run",
+        "quickstart",
+        "--deepspeed-config",
+        str(native),
+        "--launcher",
+        "deepspeed",
+        "--nproc-per-node",
+        "2",
+        "--dry-run",
+    ]
     err = refused(run, capsys)
     for block in ("offload_optimizer", "offload_param"):
-        assert (f'zero_optimization.{block}.device is "nvme" but zero_optimization.{block}.nvme_path is not set' in err
-                and f"give zero_optimization.{block}.nvme_path, a directory on a local NVMe drive" in err)
+        assert (
+            f'zero_optimization.{block}.device is "nvme" but zero_optimization.{block}.nvme_path is not set' in err
+            and f"give zero_optimization.{block}.nvme_path, a directory on a local NVMe drive" in err
+        )
     for block in ("offload_optimizer", "offload_param"):
         offload[block]["nvme_path"] = str(tmp_path / "swap")
     native.write_text(json.dumps({"zero_optimization": offload}))

@@ -30,16 +30,19 @@ def refused(*overrides: str) -> str:
 # ------------------------------------------------------------------ case 1: a boolean is no number
 
 
-@pytest.mark.parametrize("override, field, wanted", [
-    ("model.widths=[2,true,1]", "model.widths[1]", "an integer"),
-    ("training.micro_batch=true", "training.micro_batch", "an integer"),
-    ("runtime.threads=on", "runtime.threads", "an integer"),  # YAML 1.1: on is true
-    ("task.n_test=yes", "task.n_test", "an integer"),
-    ("training.lr=true", "training.lr", "a number"),
-    ("training.betas=[0.9, false]", "training.betas[1]", "a number"),
-    ("model.wrap={min_params: true}", "model.wrap.min_params", "an integer"),
-    ("fault={rank: true, step: 1}", "fault.rank", "an integer"),
-])
+@pytest.mark.parametrize(
+    "override, field, wanted",
+    [
+        ("model.widths=[2,true,1]", "model.widths[1]", "an integer"),
+        ("training.micro_batch=true", "training.micro_batch", "an integer"),
+        ("runtime.threads=on", "runtime.threads", "an integer"),  # YAML 1.1: on is true
+        ("task.n_test=yes", "task.n_test", "an integer"),
+        ("training.lr=true", "training.lr", "a number"),
+        ("training.betas=[0.9, false]", "training.betas[1]", "a number"),
+        ("model.wrap={min_params: true}", "model.wrap.min_params", "an integer"),
+        ("fault={rank: true, step: 1}", "fault.rank", "an integer"),
+    ],
+)
 def test_a_boolean_for_a_number_is_refused_naming_the_place(override, field, wanted):
     message = refused(override)
     assert f"{field}: " in message and "is a boolean, not a number" in message and f"give {wanted}" in message
@@ -88,23 +91,33 @@ def test_one_test_sample_is_refused():
 
 def test_r2_is_left_out_where_the_test_targets_have_no_spread():
     goal = OBJECTIVES["regression"]
-    for target in (torch.full((999, 1), 0.0137), torch.full((1, 1), 3.0),  # 0.0137 x 999: r2 -3.6e15 before
-                   torch.cat([torch.linspace(0, 1, 50)[:, None], torch.full((50, 1), 0.3)], dim=1)):
+    for target in (
+        torch.full((999, 1), 0.0137),
+        torch.full((1, 1), 3.0),  # 0.0137 x 999: r2 -3.6e15 before
+        torch.cat([torch.linspace(0, 1, 50)[:, None], torch.full((50, 1), 0.3)], dim=1),
+    ):
         metrics = goal.metrics(goal.metric_sums(target + 0.01, target), len(target))
         assert set(metrics) == {"mse", "rmse"} and metrics["mse"] == pytest.approx(1e-4, rel=1e-3)
     spread = torch.linspace(0, 1, 50)[:, None]
-    assert goal.metrics(goal.metric_sums(spread + 0.01, spread), 50)["r2"] == pytest.approx(1 - 1e-4 / spread.var(unbiased=False).item())
+    assert goal.metrics(goal.metric_sums(spread + 0.01, spread), 50)["r2"] == pytest.approx(
+        1 - 1e-4 / spread.var(unbiased=False).item()
+    )
 
 
 def test_a_run_on_a_constant_target_records_no_r2(tmp_path):
     rows = ["a,b,y"] + [f"{i / 40:.3f},{(i * 7 % 40) / 40:.3f},2.5" for i in range(40)]
     (tmp_path / "flat.csv").write_text("\n".join(rows) + "\n")
-    cfg = parse_experiment({
-        "name": "flat", "model": {"family": "bspline", "widths": [2, 4, 1], "grid": 3},
-        "task": {"name": "file", "path": str(tmp_path / "flat.csv"), "target": "y"},
-        "training": {"steps": 3, "epochs": None, "micro_batch": 8, "warmup_steps": 1},
-        "measurement": {"window_steps": 1, "baseline": "off"},
-        "runtime": {"device": "cpu", "threads": 1}, "output": {"dir": str(tmp_path / "runs")}})
+    cfg = parse_experiment(
+        {
+            "name": "flat",
+            "model": {"family": "bspline", "widths": [2, 4, 1], "grid": 3},
+            "task": {"name": "file", "path": str(tmp_path / "flat.csv"), "target": "y"},
+            "training": {"steps": 3, "epochs": None, "micro_batch": 8, "warmup_steps": 1},
+            "measurement": {"window_steps": 1, "baseline": "off"},
+            "runtime": {"device": "cpu", "threads": 1},
+            "output": {"dir": str(tmp_path / "runs")},
+        }
+    )
     metrics = train(cfg, show_progress=False).record.test_metrics
     assert "r2" not in metrics and math.isfinite(metrics["mse"])
     # the file's target is standardised by default: a constant one is only centred (divided by 1)
@@ -148,15 +161,20 @@ FACTORIES = textwrap.dedent("""
 
 def custom(tmp_path: Path, function: str, widths: list[int]) -> dict:
     (tmp_path / "facs.py").write_text(FACTORIES)
-    return {"name": "c", "model": {"family": "custom", "widths": widths, "factory": f"{tmp_path / 'facs.py'}:{function}"},
-            "task": {"name": "quadratic", "n_train": 64, "n_test": 16},
-            "training": {"steps": 3, "epochs": None, "micro_batch": 16, "warmup_steps": 1},
-            "measurement": {"window_steps": 1, "baseline": "off"},
-            "runtime": {"device": "cpu", "threads": 1}, "output": {"dir": str(tmp_path / "runs")}}
+    return {
+        "name": "c",
+        "model": {"family": "custom", "widths": widths, "factory": f"{tmp_path / 'facs.py'}:{function}"},
+        "task": {"name": "quadratic", "n_train": 64, "n_test": 16},
+        "training": {"steps": 3, "epochs": None, "micro_batch": 16, "warmup_steps": 1},
+        "measurement": {"window_steps": 1, "baseline": "off"},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(tmp_path / "runs")},
+    }
 
 
-@pytest.mark.parametrize("function, why", [("frozen", "all 2 of its parameters have requires_grad=False"),
-                                           ("empty", "it has no parameters")])
+@pytest.mark.parametrize(
+    "function, why", [("frozen", "all 2 of its parameters have requires_grad=False"), ("empty", "it has no parameters")]
+)
 def test_a_custom_model_with_nothing_to_train_is_refused_before_launch(tmp_path, function, why):
     cfg = parse_experiment(custom(tmp_path, function, [2, 1]))
     with pytest.raises(ConfigError, match=r"model\.factory: .* builds a model with no trainable parameter") as err:
@@ -177,13 +195,23 @@ def test_tied_weights_are_counted_once(tmp_path):
 # ------------------------------------------------------------------ case 27: a study's points are distinct
 
 
-@pytest.mark.parametrize("matrix, include, expected", [
-    ("{strategy: [single, single]}", "[]", "matrix: axis strategy gives 'single' twice; .* set repeats: N"),
-    ("{model.widths: [[2, 8, 1], [2, 8, 1]]}", "[]", r"axis model.widths gives \[2, 8, 1\] twice"),
-    ("{task.n_train: [64, '64']}", "[]", "axis task.n_train gives 64 and '64', which both name the point n_train=64"),
-    ("{strategy: [single, ddp], topology: [1x1, 1x2]}", "[{topology: 1x2, strategy: ddp}]",
-     r"include\[0\] \(topology=1x2_strategy=ddp\) is already a point of the matrix .* set repeats: N"),
-])
+@pytest.mark.parametrize(
+    "matrix, include, expected",
+    [
+        ("{strategy: [single, single]}", "[]", "matrix: axis strategy gives 'single' twice; .* set repeats: N"),
+        ("{model.widths: [[2, 8, 1], [2, 8, 1]]}", "[]", r"axis model.widths gives \[2, 8, 1\] twice"),
+        (
+            "{task.n_train: [64, '64']}",
+            "[]",
+            "axis task.n_train gives 64 and '64', which both name the point n_train=64",
+        ),
+        (
+            "{strategy: [single, ddp], topology: [1x1, 1x2]}",
+            "[{topology: 1x2, strategy: ddp}]",
+            r"include\[0\] \(topology=1x2_strategy=ddp\) is already a point of the matrix .* set repeats: N",
+        ),
+    ],
+)
 def test_a_point_given_twice_is_refused_naming_the_axis(tmp_path, matrix, include, expected):
     study = tmp_path / "twice.yaml"
     study.write_text(f"study: twice\nexperiment: quickstart\nmatrix: {matrix}\ninclude: {include}\n")

@@ -17,16 +17,36 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # The source folders of the wheel's packages, and where each lands in it.
-IN_WHEEL = {"analysis": "analysis", "kan_models": "kan_models", "kanscale": "kanscale", "launchers": "launchers",
-            "strategies": "strategies", "configs": "kanscale/configs"}
+IN_WHEEL = {
+    "analysis": "analysis",
+    "kan_models": "kan_models",
+    "kanscale": "kanscale",
+    "launchers": "launchers",
+    "strategies": "strategies",
+    "configs": "kanscale/configs",
+}
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> tuple[Path, str]:
     """The project built into a wheel, and what the build printed."""
     work = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
-                            str(work / "dist"), str(ROOT)], capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(work / "dist"),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = (work / "dist").glob("kanscale-*.whl")
     return wheel, build.stdout + build.stderr
@@ -42,9 +62,20 @@ def test_the_editable_install_make_install_does_is_quiet(tmp_path):
     """``make install`` installs the checkout editable: pip runs setuptools' build_editable, and
     what it prints reaches the user (a package-dir mapping once made it warn on every install)."""
     # -W error: any warning the backend gives (setuptools' InformationOnly included) fails the build
-    build = subprocess.run([sys.executable, "-W", "error", "-c", "import sys, setuptools.build_meta as backend; "
-                            "print(backend.build_editable(sys.argv[1]))", str(tmp_path)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "error",
+            "-c",
+            "import sys, setuptools.build_meta as backend; print(backend.build_editable(sys.argv[1]))",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = tmp_path.glob("kanscale-*.whl")
     finders = [name for name in zipfile.ZipFile(wheel).namelist() if "finder" in name]
@@ -54,9 +85,12 @@ def test_the_editable_install_make_install_does_is_quiet(tmp_path):
 def test_the_wheel_holds_every_data_file_of_its_packages(built):
     wheel, _ = built
     held = set(zipfile.ZipFile(wheel).namelist())
-    data = {f"{into}/{path.relative_to(ROOT / source).as_posix()}" for source, into in IN_WHEEL.items()
-            for path in (ROOT / source).rglob("*")
-            if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts}
+    data = {
+        f"{into}/{path.relative_to(ROOT / source).as_posix()}"
+        for source, into in IN_WHEEL.items()
+        for path in (ROOT / source).rglob("*")
+        if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts
+    }
     assert {"analysis/run_record.schema.json", "kanscale/configs/studies/demo_cpu.yaml"} <= data  # what it looks at
     assert sorted(data - held) == []
 
@@ -67,8 +101,12 @@ def installed(built, tmp_path_factory) -> Path:
     wheel, _ = built
     work = tmp_path_factory.mktemp("site")
     target = work / "site"
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
-                              str(wheel)], capture_output=True, text=True, timeout=300)
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert install.returncode == 0, install.stderr[-3000:]
     return target
 
@@ -76,15 +114,25 @@ def installed(built, tmp_path_factory) -> Path:
 def kanscale(target: Path, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """The console script the wheel installed, run from ``cwd``."""
     env = {**os.environ, "PYTHONPATH": str(target), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([str(target / "bin" / "kanscale"), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [str(target / "bin" / "kanscale"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_the_installed_package_is_the_one_that_runs(installed, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(installed)}
-    where = subprocess.run([sys.executable, "-c", "import kanscale.files, strategies; print(strategies.__file__); "
-                            "print(kanscale.files.configs_dir())"], cwd=tmp_path, env=env, capture_output=True,
-                           text=True, check=True).stdout.split()
+    where = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import kanscale.files, strategies; print(strategies.__file__); print(kanscale.files.configs_dir())",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert all(Path(p).is_relative_to(installed) for p in where), where
     assert (Path(where[1]) / "strategies/zero3.yaml").is_file()
 
@@ -92,14 +140,39 @@ def test_the_installed_package_is_the_one_that_runs(installed, tmp_path):
 def test_presets_resolve_outside_a_checkout(installed, tmp_path):
     version = kanscale(installed, tmp_path, "--version")
     assert version.returncode == 0 and version.stdout.startswith("kanscale ")
-    trained = kanscale(installed, tmp_path, "train", "quickstart", "--strategy", "single", "--no-progress",
-                       "--set", "training.steps=6", "--set", "training.warmup_steps=1", "--out", str(tmp_path / "runs"))
+    trained = kanscale(
+        installed,
+        tmp_path,
+        "train",
+        "quickstart",
+        "--strategy",
+        "single",
+        "--no-progress",
+        "--set",
+        "training.steps=6",
+        "--set",
+        "training.warmup_steps=1",
+        "--out",
+        str(tmp_path / "runs"),
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "quickstart-single-p1" in trained.stdout
-    planned = kanscale(installed, tmp_path, "run", "quickstart", "--strategy", "zero3", "--nproc-per-node", "2",
-                       "--dry-run", "--out", str(tmp_path / "runs"))
+    planned = kanscale(
+        installed,
+        tmp_path,
+        "run",
+        "quickstart",
+        "--strategy",
+        "zero3",
+        "--nproc-per-node",
+        "2",
+        "--dry-run",
+        "--out",
+        str(tmp_path / "runs"),
+    )
     assert planned.returncode == 0, planned.stderr[-3000:]
     assert "--strategy zero3" in planned.stdout
-    studies = kanscale(installed, tmp_path, "sweep", "configs/studies/demo_cpu.yaml", "--out", str(tmp_path / "s"),
-                       "--dry-run")
+    studies = kanscale(
+        installed, tmp_path, "sweep", "configs/studies/demo_cpu.yaml", "--out", str(tmp_path / "s"), "--dry-run"
+    )
     assert studies.returncode == 0, studies.stderr[-3000:]

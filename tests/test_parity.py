@@ -33,11 +33,22 @@ RTOL = 1e-5
 
 def experiment(family: str, strategy: dict, accum: int, out: str, **training) -> dict:
     return {
-        "name": f"parity_{family}", "model": FAMILIES[family],
+        "name": f"parity_{family}",
+        "model": FAMILIES[family],
         "task": {"name": "quadratic", "n_train": 640, "n_test": 128},
-        "training": {"seed": 3, "lr": 1e-2, "micro_batch": None, "global_batch": 64, "grad_accum": accum,
-                     "steps": STEPS, "warmup_steps": 2, **training},
-        "strategy": strategy, "measurement": {"baseline_steps": 1}, "runtime": {"device": "cpu", "threads": 1},
+        "training": {
+            "seed": 3,
+            "lr": 1e-2,
+            "micro_batch": None,
+            "global_batch": 64,
+            "grad_accum": accum,
+            "steps": STEPS,
+            "warmup_steps": 2,
+            **training,
+        },
+        "strategy": strategy,
+        "measurement": {"baseline_steps": 1},
+        "runtime": {"device": "cpu", "threads": 1},
         "output": {"dir": out},
     }
 
@@ -61,11 +72,15 @@ def parity(tmp_path_factory):
         for accum in (1, 2):
             references[family, accum] = single_losses(experiment(family, {"name": "single"}, 1, str(tmp / "single")))
             for key, strategy in STRATEGIES.items():
-                jobs.append({"id": f"{key}/{family}/{accum}", "config": experiment(family, strategy, accum, str(tmp / "runs"))})
+                jobs.append(
+                    {"id": f"{key}/{family}/{accum}", "config": experiment(family, strategy, accum, str(tmp / "runs"))}
+                )
     grid = {"grid_update_every": 4, "grid_update_until": 12}
     references["grid"] = single_losses(experiment("bspline", {"name": "single"}, 1, str(tmp / "single"), **grid))
     for key in ("ddp", "fsdp1", "fsdp2", "zero2", "zero3", "accelerate"):
-        jobs.append({"id": f"grid/{key}", "config": experiment("bspline", STRATEGIES[key], 2, str(tmp / "runs"), **grid)})
+        jobs.append(
+            {"id": f"grid/{key}", "config": experiment("bspline", STRATEGIES[key], 2, str(tmp / "runs"), **grid)}
+        )
     return references, run_jobs(jobs, tmp)
 
 

@@ -26,10 +26,15 @@ SPECIES = {"target": "species", "objective": "classification"}
 
 
 def experiment(task: dict, widths: list[int], out: Path) -> dict:
-    return {"name": "penguins", "model": {"family": "bspline", "widths": widths, "grid": 5, "grid_range": [-3.0, 3.0]},
-            "task": {"name": "file", "path": PENGUINS, **task},
-            "training": {"lr": 0.02, "micro_batch": 32, "epochs": 5, "warmup_steps": 2},
-            "measurement": {"baseline": "off"}, "runtime": {"device": "cpu", "threads": 1}, "output": {"dir": str(out)}}
+    return {
+        "name": "penguins",
+        "model": {"family": "bspline", "widths": widths, "grid": 5, "grid_range": [-3.0, 3.0]},
+        "task": {"name": "file", "path": PENGUINS, **task},
+        "training": {"lr": 0.02, "micro_batch": 32, "epochs": 5, "warmup_steps": 2},
+        "measurement": {"baseline": "off"},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(out)},
+    }
 
 
 def refusal(task: dict, overrides: list[str] = ()) -> list[str]:
@@ -47,26 +52,39 @@ def test_penguins_as_shipped_names_all_its_problems_in_one_run():
         "of task.features",
         f"task.features: column 'sex' {of} is not numeric (row 1: 'male', and 332 more row(s)); its 2 distinct "
         "value(s): female, male; encode it with --set task.categorical=onehot (or =codes), or leave it out of "
-        "task.features"]
+        "task.features",
+    ]
     missing = [line for line in lines if "missing value(s)" in line]
     for column in ("bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g"):
-        assert f"task.features: column '{column}' {of} has 2 missing value(s) (NaN), the first in row 4 (rows 4, 272); " \
-               "fill or drop them: --set task.missing=drop drops every row with a missing value" in missing
-    assert any(line.startswith(f"task.features: column 'sex' {of} has 11 missing value(s) (NaN), the first in row 4 "
-                               "(rows 4, 9, 10, 11, 12, 48, 179, 219, ... (11 in all))") for line in missing)
+        assert (
+            f"task.features: column '{column}' {of} has 2 missing value(s) (NaN), the first in row 4 (rows 4, 272); "
+            "fill or drop them: --set task.missing=drop drops every row with a missing value" in missing
+        )
+    assert any(
+        line.startswith(
+            f"task.features: column 'sex' {of} has 11 missing value(s) (NaN), the first in row 4 "
+            "(rows 4, 9, 10, 11, 12, 48, 179, 219, ... (11 in all))"
+        )
+        for line in missing
+    )
     assert len(missing) == 5 and lines[-1] == (
         f"task: to train on {PENGUINS} as it is, set both: --set task.categorical=onehot --set task.missing=drop "
-        f"(which drops {ROWS - KEPT} of its {ROWS} rows)")
+        f"(which drops {ROWS - KEPT} of its {ROWS} rows)"
+    )
     regression = refusal({"target": "body_mass_g"})
-    assert f"task.target: column 'body_mass_g' {of} has 2 missing value(s) (NaN), the first in row 4 (rows 4, 272); " \
-           "fill or drop them: --set task.missing=drop drops every row with a missing value" in regression
+    assert (
+        f"task.target: column 'body_mass_g' {of} has 2 missing value(s) (NaN), the first in row 4 (rows 4, 272); "
+        "fill or drop them: --set task.missing=drop drops every row with a missing value" in regression
+    )
     assert sum("is not numeric" in line for line in regression) == 3  # species is an input here
 
 
 def test_either_option_alone_leaves_what_the_other_mends():
     assert all("missing value" in line for line in refusal(SPECIES, FIX[1:]))
     assert all("is not numeric" in line for line in refusal(SPECIES, FIX[:1]))
-    codes = parse_experiment(experiment(SPECIES, [7, 8, 3], Path("runs")), ["task.missing=drop", "task.categorical=codes"])
+    codes = parse_experiment(
+        experiment(SPECIES, [7, 8, 3], Path("runs")), ["task.missing=drop", "task.categorical=codes"]
+    )
     assert codes.task.input_dim == 7 and codes.task.n_train + codes.task.n_test == KEPT
 
 
@@ -77,8 +95,10 @@ def test_penguin_species_train_with_the_two_options(tmp_path):
     assert record.task.n_train + record.task.n_test == KEPT
     prepared = record.task.preparation  # the record says what was done to the file
     assert prepared["rows_dropped"] == 11 and prepared["first_rows_dropped"][0] == 4
-    assert prepared["encoding"] == "onehot" and prepared["encoded"] == {"island": ["Biscoe", "Dream", "Torgersen"],
-                                                                          "sex": ["female", "male"]}
+    assert prepared["encoding"] == "onehot" and prepared["encoded"] == {
+        "island": ["Biscoe", "Dream", "Torgersen"],
+        "sex": ["female", "male"],
+    }
     assert record.test_metrics["accuracy"] >= ACCURACY, record.test_metrics
 
 
@@ -93,13 +113,30 @@ def test_penguin_body_mass_is_standardised_by_default_and_scored_in_grams(tmp_pa
 
 
 def test_the_readme_command_trains_penguins(tmp_path, capsys):
-    code = main(["train", "quickstart", "--set", f"task={{name: file, path: {PENGUINS}, target: species, "
-                 "objective: classification}", "--set", "task.missing=drop", "--set", "task.categorical=onehot",
-                 "--set", "model.widths=[10,16,3]", "--set", "training.micro_batch=32", "--out", str(tmp_path),
-                 "--no-progress"])
+    code = main(
+        [
+            "train",
+            "quickstart",
+            "--set",
+            f"task={{name: file, path: {PENGUINS}, target: species, objective: classification}}",
+            "--set",
+            "task.missing=drop",
+            "--set",
+            "task.categorical=onehot",
+            "--set",
+            "model.widths=[10,16,3]",
+            "--set",
+            "training.micro_batch=32",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "task       file penguins.csv (11 row(s) with missing values dropped; one-hot: island, sex)  266 train / " \
-           "67 test samples" in out
+    assert (
+        "task       file penguins.csv (11 row(s) with missing values dropped; one-hot: island, sex)  266 train / "
+        "67 test samples" in out
+    )
     (summary,) = tmp_path.glob("*/summary.json")
     assert json.loads(summary.read_text())["test_metrics"]["accuracy"] >= ACCURACY

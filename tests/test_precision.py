@@ -34,15 +34,24 @@ def lacks(precision: str, strategy: str) -> str | None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("precision")
-    refs = {p: single_losses(experiment("bspline", {"name": "single"}, 1, str(tmp / "s"), precision=p))
-            for p in ("fp32", "bf16", "fp16")}
+    refs = {
+        p: single_losses(experiment("bspline", {"name": "single"}, 1, str(tmp / "s"), precision=p))
+        for p in ("fp32", "bf16", "fp16")
+    }
     refs["grid"] = single_losses(experiment("bspline", {"name": "single"}, 1, str(tmp / "s"), precision="bf16", **GRID))
-    jobs = [{"id": f"bf16/{k}", "config": experiment("bspline", STRATEGIES[k], 1, str(tmp / "r"), precision="bf16")}
-            for k in BF16]
-    jobs += [{"id": f"fp16/{k}", "config": experiment("bspline", STRATEGIES[k], 1, str(tmp / "r"), precision="fp16")}
-             for k in FP16 if lacks("fp16", k) is None]
-    jobs += [{"id": f"grid/{k}", "config": experiment("bspline", STRATEGIES[k], 2, str(tmp / "r"), precision="bf16", **GRID)}
-             for k in ("ddp", "zero0", "zero3")]
+    jobs = [
+        {"id": f"bf16/{k}", "config": experiment("bspline", STRATEGIES[k], 1, str(tmp / "r"), precision="bf16")}
+        for k in BF16
+    ]
+    jobs += [
+        {"id": f"fp16/{k}", "config": experiment("bspline", STRATEGIES[k], 1, str(tmp / "r"), precision="fp16")}
+        for k in FP16
+        if lacks("fp16", k) is None
+    ]
+    jobs += [
+        {"id": f"grid/{k}", "config": experiment("bspline", STRATEGIES[k], 2, str(tmp / "r"), precision="bf16", **GRID)}
+        for k in ("ddp", "zero0", "zero3")
+    ]
     return refs, run_jobs(jobs, tmp)
 
 
@@ -99,19 +108,33 @@ def test_the_record_says_what_was_computed_in_even_where_autocast_does_not_reach
     """pykan's layers compute with operations autocast leaves in float32: asked for bf16, the record
     says so instead of claiming bf16."""
     cfg = experiment("pykan", {"name": "single"}, 1, str(tmp_path), precision="bf16")
-    record = Trainer(parse_experiment({**cfg, "training": {**cfg["training"], "steps": 3}}), DistEnv(),
-                     show_progress=False).run()
+    record = Trainer(
+        parse_experiment({**cfg, "training": {**cfg["training"], "steps": 3}}), DistEnv(), show_progress=False
+    ).run()
     assert record.precision.setting == "bf16" and record.precision.compute_dtype == "float32"
     assert record.precision.mechanism == "torch.autocast(bfloat16)"
 
 
-@pytest.mark.parametrize("training,strategy,message", [
-    ({"precision": "bf16", "dtype": "float64"}, {"name": "single"}, "training: precision bf16 keeps float32 master weights, but dtype is float64"),
-    ({"precision": "fp32"}, {"name": "fsdp2", "param_dtype": "bfloat16"},
-     "strategy.param_dtype: bfloat16 contradicts training.precision=fp32"),
-    ({"precision": "fp16"}, {"name": "accelerate", "config_file": "configs/accelerate/ddp_cpu.yaml"},
-     "Accelerate does not autocast fp16 on CPUs"),
-])
+@pytest.mark.parametrize(
+    "training,strategy,message",
+    [
+        (
+            {"precision": "bf16", "dtype": "float64"},
+            {"name": "single"},
+            "training: precision bf16 keeps float32 master weights, but dtype is float64",
+        ),
+        (
+            {"precision": "fp32"},
+            {"name": "fsdp2", "param_dtype": "bfloat16"},
+            "strategy.param_dtype: bfloat16 contradicts training.precision=fp32",
+        ),
+        (
+            {"precision": "fp16"},
+            {"name": "accelerate", "config_file": "configs/accelerate/ddp_cpu.yaml"},
+            "Accelerate does not autocast fp16 on CPUs",
+        ),
+    ],
+)
 def test_precisions_a_backend_cannot_run_are_refused_before_launch(training, strategy, message):
     from strategies.lifecycle.preflight import preflight
 
@@ -132,14 +155,20 @@ def no_cpu_fp16(monkeypatch):
     monkeypatch.setattr("strategies.precision_support.cpu_fp16_supported", lambda: False)
 
 
-@pytest.mark.parametrize("launch,backend", [
-    (["--strategy", "zero2"], "zero2"),
-    (["--deepspeed-config", "configs/deepspeed/zero3.json"], "zero3"),
-    (["--strategy", "accelerate", "--accelerate-config", "configs/accelerate/deepspeed_zero2.yaml"],
-     "Accelerate's DeepSpeed plugin"),
-])
-def test_fp16_where_deepspeed_cannot_run_it_is_refused_before_launch_by_name(no_cpu_fp16, launch, backend, tmp_path,
-                                                                              capsys):
+@pytest.mark.parametrize(
+    "launch,backend",
+    [
+        (["--strategy", "zero2"], "zero2"),
+        (["--deepspeed-config", "configs/deepspeed/zero3.json"], "zero3"),
+        (
+            ["--strategy", "accelerate", "--accelerate-config", "configs/accelerate/deepspeed_zero2.yaml"],
+            "Accelerate's DeepSpeed plugin",
+        ),
+    ],
+)
+def test_fp16_where_deepspeed_cannot_run_it_is_refused_before_launch_by_name(
+    no_cpu_fp16, launch, backend, tmp_path, capsys
+):
     from launchers.cli import main
 
     out = tmp_path / "out"
@@ -176,17 +205,34 @@ def test_the_fp16_check_answers_as_deepspeeds_own_cpu_accelerator():
 def test_on_this_cpu_fp16_under_deepspeed_is_refused_without_forcing(tmp_path, capsys):
     from launchers.cli import main
 
-    assert main(["run", "quickstart", "--strategy", "zero1", "--nproc-per-node", "2", "--out", str(tmp_path),
-                 "--set", "training.precision=fp16"]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "quickstart",
+                "--strategy",
+                "zero1",
+                "--nproc-per-node",
+                "2",
+                "--out",
+                str(tmp_path),
+                "--set",
+                "training.precision=fp16",
+            ]
+        )
+        == 2
+    )
     assert "fp16 under zero1 cannot run on this cpu machine" in capsys.readouterr().err
 
 
 def test_precision_is_an_axis_the_analysis_keeps_apart(tmp_path):
     """Runs that differ only in precision are different strategies in the tables, and each is
     measured against the one-process run of its own precision."""
-    for record in (make_record("s32", strategy="single", samples_per_s=1000.0),
-                   make_record("s16", strategy="single", samples_per_s=2000.0, precision="bf16"),
-                   make_record("d16", strategy="ddp", world=2, micro_batch=32, samples_per_s=3000.0, precision="bf16")):
+    for record in (
+        make_record("s32", strategy="single", samples_per_s=1000.0),
+        make_record("s16", strategy="single", samples_per_s=2000.0, precision="bf16"),
+        make_record("d16", strategy="ddp", world=2, micro_batch=32, samples_per_s=3000.0, precision="bf16"),
+    ):
         write_record(tmp_path, record)
     runs = derive(load_runs(tmp_path)[0]).set_index("run_id")
     assert runs.loc["d16", "strategy_label"] == "ddp+bf16" and runs.loc["s32", "strategy_label"] == "single"
@@ -196,15 +242,19 @@ def test_precision_is_an_axis_the_analysis_keeps_apart(tmp_path):
 def test_the_verdict_measures_each_precision_against_one_process_of_the_same_precision(tmp_path):
     from analysis.verdict import verdict
 
-    for record in (make_record("s32", strategy="single", samples_per_s=1000, window=(950, 1050)),
-                   make_record("s16", strategy="single", samples_per_s=600, window=(580, 620), precision="bf16"),
-                   make_record("d32", world=2, micro_batch=32, samples_per_s=800, window=(780, 820)),
-                   make_record("d16", world=2, micro_batch=32, samples_per_s=700, window=(680, 720), precision="bf16")):
+    for record in (
+        make_record("s32", strategy="single", samples_per_s=1000, window=(950, 1050)),
+        make_record("s16", strategy="single", samples_per_s=600, window=(580, 620), precision="bf16"),
+        make_record("d32", world=2, micro_batch=32, samples_per_s=800, window=(780, 820)),
+        make_record("d16", world=2, micro_batch=32, samples_per_s=700, window=(680, 720), precision="bf16"),
+    ):
         write_record(tmp_path, record)
     runs = load_runs(tmp_path)[0]
     (scale,) = verdict(derive(runs), runs[runs["status"] != "ok"]).scales
     findings = dict(scale.findings)
     # ddp+bf16 is slower than single in fp32 but faster than single in bf16: it scales
-    assert findings["Does not scale"] == ("slower than one process of the same precision: ddp at 2 ranks (800 samples/s "
-                                          "[780-820]) against single at 1 rank (1,000 samples/s [950-1,050])")
+    assert findings["Does not scale"] == (
+        "slower than one process of the same precision: ddp at 2 ranks (800 samples/s "
+        "[780-820]) against single at 1 rank (1,000 samples/s [950-1,050])"
+    )
     assert any("bf16 is slower than fp32 here (0.60x in one process" in text for text in scale.caveats)

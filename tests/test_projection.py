@@ -26,8 +26,9 @@ PROFILE = pj.ComputeProfile(source="hand", samples=100, compute_s=1e-3, forward_
 
 
 def network(overlap: bool = False, **links: pj.LinkCost) -> pj.Network:
-    return pj.Network(source="hand", links={(name, "any"): cost for name, cost in links.items()}, ranks_per_node=2,
-                      overlap=overlap)
+    return pj.Network(
+        source="hand", links={(name, "any"): cost for name, cost in links.items()}, ranks_per_node=2, overlap=overlap
+    )
 
 
 FLAT = network(intra=pj.LinkCost(10 * US, 1e-9), inter=pj.LinkCost(10 * US, 1e-9))
@@ -38,12 +39,17 @@ COST = {m.label: m for m in cost_models(None, {"family": "bspline", "widths": [2
 
 
 def step(strategy: str, ranks: int, net: pj.Network = FLAT, shape: pj.ModelShape = SHAPE, **scenario) -> pj.Projection:
-    return pj.project_step(COST[strategy], shape, PROFILE, net,
-                           pj.Scenario(ranks, pj.nodes_for(ranks, net.ranks_per_node), 100, **scenario))
+    return pj.project_step(
+        COST[strategy],
+        shape,
+        PROFILE,
+        net,
+        pj.Scenario(ranks, pj.nodes_for(ranks, net.ranks_per_node), 100, **scenario),
+    )
 
 
 def test_alpha_beta_fit_recovers_known_parameters():
-    sizes = [4 ** k for k in range(1, 14)]
+    sizes = [4**k for k in range(1, 14)]
     wobble = [1.02, 0.98, 1.01, 0.99] * 4  # +-2% deterministic noise
     fit = pj.fit_alpha_beta(sizes, [(50 * US + 1e-9 * s) * w for s, w in zip(sizes, wobble)])
     assert fit.alpha_s == pytest.approx(50 * US, rel=0.05) and fit.beta_s_per_byte == pytest.approx(1e-9, rel=0.05)
@@ -90,8 +96,10 @@ def test_ddp_overlaps_all_but_the_last_bucket():
     assert pj.ddp_buckets([100, 200, 300]) == [600]  # small models: one bucket, ready at the end of backward
     slow = pj.ComputeProfile(source="hand", samples=100, compute_s=1.0, forward_fraction=0.5)
     links = FLAT.links
-    serial, overlapped = (pj.project_step(COST["ddp"], big, slow, pj.Network("hand", links, 4, overlap),
-                                          pj.Scenario(4, 1, 100)) for overlap in (False, True))
+    serial, overlapped = (
+        pj.project_step(COST["ddp"], big, slow, pj.Network("hand", links, 4, overlap), pj.Scenario(4, 1, 100))
+        for overlap in (False, True)
+    )
     all_reduce = 60 * US + 1.5 * (32 << 20) * 1e-9
     assert serial.step_s == pytest.approx(1.0 + 2 * all_reduce)
     assert overlapped.step_s == pytest.approx(1.0 + all_reduce)  # the first bucket hides behind the second's backward
@@ -118,8 +126,12 @@ def test_model_state_per_rank_by_hand():
         "fsdp2": (8000, 6000, 12000, 0),  # FSDP leaves frozen parameters whole
     }
     for strategy, (params, grads, optimizer, master) in expect.items():
-        assert pj.model_state(COST[strategy], SHAPE, 2) == {"params": params, "grads": grads, "optimizer": optimizer,
-                                                     "master_params": master}, strategy
+        assert pj.model_state(COST[strategy], SHAPE, 2) == {
+            "params": params,
+            "grads": grads,
+            "optimizer": optimizer,
+            "master_params": master,
+        }, strategy
     offload = step("zero3_offload", 2, network(intra=pj.LinkCost(10 * US, 1e-9), host=pj.LinkCost(5 * US, 1e-10)))
     assert offload.host_bytes == 18000 and offload.state_bytes == 31000
 
@@ -143,8 +155,9 @@ def test_every_shipped_preset_describes_its_own_cost_and_help_names_those_projec
 def test_speedup_efficiency_probe_and_takeover():
     rows = pj.project([COST["ddp"]], SHAPE, {"*": PROFILE}, FLAT, [1, 2], 2)
     # single combines no gradients: projected at one rank only
-    assert [(r.strategy, r.ranks) for r in pj.project([COST["single"], COST["ddp"]], SHAPE, {"*": PROFILE}, FLAT, [1, 2], 2)] == [
-        ("single", 1), ("ddp", 1), ("ddp", 2)]
+    assert [
+        (r.strategy, r.ranks) for r in pj.project([COST["single"], COST["ddp"]], SHAPE, {"*": PROFILE}, FLAT, [1, 2], 2)
+    ] == [("single", 1), ("ddp", 1), ("ddp", 2)]
     assert rows[0].efficiency == 1.0
     assert rows[1].speedup == pytest.approx(2 * 1e-3 / (1e-3 + 32 * US))  # all-reduce at P=2: 2*10us + 12,000 B * 1 ns
     probed = step("ddp", 2, probe=True)
@@ -170,7 +183,9 @@ def test_the_shipped_cluster_and_the_published_8_gpu_run():
     # docs/projection.md: forward share 0.32 (pykan's, measured with kanscale bench); the published
     # 8-GPU efficiency is 74.7%. Communication alone costs almost nothing; the probe's forward does.
     probed = replace(profile, forward_fraction=0.32)
-    plain, with_probe = (pj.project([COST["ddp"]], shape, {"*": probed}, net, [8], 2, probe=p)[0] for p in (False, True))
+    plain, with_probe = (
+        pj.project([COST["ddp"]], shape, {"*": probed}, net, [8], 2, probe=p)[0] for p in (False, True)
+    )
     assert plain.efficiency > 0.99
     assert abs(with_probe.efficiency - 0.747) < 0.03
 
@@ -186,10 +201,19 @@ def test_profiles_from_runs_fall_back_on_the_one_process_reference(tmp_path):
 
 
 def test_bench_profile_and_bad_cli_input(tmp_path, capsys):
-    bench = {"environment": {"gpu": None, "cpu": "test CPU", "date": "2026-11-30T00:00:00+00:00"},
-             "workloads": {"study": {"widths": [2, 64, 1], "grid": 10, "k": 3, "batch": 512}},
-             "results": [{"workload": "study", "impl": "fast", "status": "ok", "batch": 512,
-                          **{k: {"median": v} for k, v in (("forward_ms", 1.0), ("backward_ms", 3.0), ("step_ms", 4.5))}}]}
+    bench = {
+        "environment": {"gpu": None, "cpu": "test CPU", "date": "2026-11-30T00:00:00+00:00"},
+        "workloads": {"study": {"widths": [2, 64, 1], "grid": 10, "k": 3, "batch": 512}},
+        "results": [
+            {
+                "workload": "study",
+                "impl": "fast",
+                "status": "ok",
+                "batch": 512,
+                **{k: {"median": v} for k, v in (("forward_ms", 1.0), ("backward_ms", 3.0), ("step_ms", 4.5))},
+            }
+        ],
+    }
     profile, workload, impl = pj.profile_from_bench(bench, None)
     assert (workload, impl, profile.samples) == ("study", "fast", 512)
     assert profile.compute_s == pytest.approx(4e-3) and profile.optimizer_s == pytest.approx(0.5e-3)
@@ -199,17 +223,35 @@ def test_bench_profile_and_bad_cli_input(tmp_path, capsys):
     path = tmp_path / "bench.json"
     path.write_text(json.dumps(bench))
     cluster = str(ROOT / "configs/clusters/a100_ib.yaml")
-    assert main(["project", "--profile", str(path), "--cluster", cluster, "--ranks", "1,2,4", "--strategies", "ddp,fsdp2",
-                 "--out", str(tmp_path / "p.json")]) == 0
+    assert (
+        main(
+            [
+                "project",
+                "--profile",
+                str(path),
+                "--cluster",
+                cluster,
+                "--ranks",
+                "1,2,4",
+                "--strategies",
+                "ddp,fsdp2",
+                "--out",
+                str(tmp_path / "p.json"),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "**Projected**" in text and "| fsdp2" in text and "| 2x2" in text
     doc = json.loads((tmp_path / "p.json").read_text())
     assert doc["projected"] is True and len(doc["rows"]) == 6 and doc["assumptions"]
     assert (tmp_path / "p.md").read_text().strip() == text.strip()  # the Markdown twin is the printed table
-    for argv, message in [(["--profile", str(tmp_path)], "--profile: "),
-                          (["--profile", str(path), "--strategies", "zero9"], "--strategies"),
-                          (["--profile", str(path), "--forward-fraction", "2"], "--forward-fraction"),
-                          (["--profile", str(path), "--out", str(tmp_path / "q.md")], "--out: give a .json file")]:
+    for argv, message in [
+        (["--profile", str(tmp_path)], "--profile: "),
+        (["--profile", str(path), "--strategies", "zero9"], "--strategies"),
+        (["--profile", str(path), "--forward-fraction", "2"], "--forward-fraction"),
+        (["--profile", str(path), "--out", str(tmp_path / "q.md")], "--out: give a .json file"),
+    ]:
         assert main(["project", *argv, "--cluster", cluster]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "q.md").exists()  # refused before anything is written
@@ -222,11 +264,22 @@ def test_projection_of_a_measured_two_rank_run(tmp_path, tmp_path_factory):
     2-rank steps of one config vary by tens of percent (docs/projection.md), so a tighter bound
     would fail on noise, while a wrong model (a missing collective, bookkeeping counted twice,
     times off by 1000) lands far outside it."""
-    study = {"study": "proj", "preset": "cpu", "experiment": str(ROOT / "configs/experiments/quickstart.yaml"),
-             "launcher": "torchrun", "set": {"model.widths": [2, 64, 1], "model.grid": 10, "training.micro_batch": 4096,
-                                             "task.n_train": 16384, "training.steps": 12, "training.warmup_steps": 3,
-                                             "measurement.baseline_steps": 3},
-             "matrix": {"strategy": ["ddp"], "topology": ["1x1", "2x1"]}}
+    study = {
+        "study": "proj",
+        "preset": "cpu",
+        "experiment": str(ROOT / "configs/experiments/quickstart.yaml"),
+        "launcher": "torchrun",
+        "set": {
+            "model.widths": [2, 64, 1],
+            "model.grid": 10,
+            "training.micro_batch": 4096,
+            "task.n_train": 16384,
+            "training.steps": 12,
+            "training.warmup_steps": 3,
+            "measurement.baseline_steps": 3,
+        },
+        "matrix": {"strategy": ["ddp"], "topology": ["1x1", "2x1"]},
+    }
     (tmp_path / "proj.yaml").write_text(yaml.safe_dump(study))
     runs = tmp_path / "runs"
     run([sys.executable, "-m", "launchers.cli", "sweep", str(tmp_path / "proj.yaml"), "--out", str(runs)], timeout=300)
@@ -242,8 +295,9 @@ def test_projection_of_a_measured_two_rank_run(tmp_path, tmp_path_factory):
     measured = two.timings.step_mean_s
     assert abs(projected.step_s - measured) / measured < 0.5, (projected, two.timings)
     state = two.memory.model_state
-    assert projected.state_bytes == pytest.approx(state.params + state.grads + state.optimizer + state.master_params,
-                                                  rel=0.01)
+    assert projected.state_bytes == pytest.approx(
+        state.params + state.grads + state.optimizer + state.master_params, rel=0.01
+    )
 
 
 def test_tensor_parallel_by_hand():
@@ -251,8 +305,9 @@ def test_tensor_parallel_by_hand():
     (all-reduce of its 100 x 20 output forward), layer 2 rowwise left over (all-reduce of its
     100 x 1 output forward, all-gather of its input gradient backward); the model's input needs no
     gradient, and within a pair the shard is handed over with no exchange."""
-    shape = pj.ModelShape(label="tp", tensors=(1000, 2000, 3000), units=(1000, 2000, 3000), params=6000,
-                          widths=(2, 10, 20, 1))
+    shape = pj.ModelShape(
+        label="tp", tensors=(1000, 2000, 3000), units=(1000, 2000, 3000), params=6000, widths=(2, 10, 20, 1)
+    )
     exchanges = [(f and (f.op, f.nbytes), b and (b.op, b.nbytes)) for f, b in pj.tp_exchanges(shape, 100)]
     assert exchanges == [(None, None), (("all_reduce", 8000), None), (("all_reduce", 400), ("all_gather", 8000))]
     one_node = pj.Network(source="hand", links=FLAT.links, ranks_per_node=4, overlap=False)
@@ -262,7 +317,12 @@ def test_tensor_parallel_by_hand():
     assert tp.compute_s == pytest.approx(1e-3 / 4) and tp.step_s == pytest.approx(1e-3 / 4 + comm)
     assert tp.samples_per_s == pytest.approx(100 / tp.step_s)  # one replica: every rank trains on the same samples
     # every tensor cut by the TP degree; fsdp2_tp (tp_degree 2) shards over the 2 replicas on top
-    assert pj.model_state(COST["tp"], shape, 4) == {"params": 6000, "grads": 6000, "optimizer": 12000, "master_params": 0}
+    assert pj.model_state(COST["tp"], shape, 4) == {
+        "params": 6000,
+        "grads": 6000,
+        "optimizer": 12000,
+        "master_params": 0,
+    }
     assert pj.model_state(COST["fsdp2_tp"], shape, 4) == pj.model_state(COST["tp"], shape, 4)
     assert pj.model_state(COST["fsdp2_tp"], shape, 8)["params"] == 3000
     two_d = step("fsdp2_tp", 4, one_node, shape=shape)  # + per layer over the 2 replicas: gather x2, reduce-scatter

@@ -37,13 +37,21 @@ NOTICES = textwrap.dedent("""
 
 @pytest.mark.parametrize("rank", ["0", "1"])
 def test_each_deprecation_kind_is_shown_once_on_one_line_by_the_reporting_rank(rank):
-    proc = subprocess.run([sys.executable, "-c", NOTICES], capture_output=True, text=True, timeout=60,
-                          env=child_env(RANK=rank), check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", NOTICES],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=child_env(RANK=rank),
+        check=True,
+    )
     lines = proc.stderr.splitlines()
     notices = [line for line in lines if DEPRECATION.search(line)]
     if rank == "0":
         assert [DEPRECATION.search(line).group(2) for line in notices] == [
-            "`all_gather_into_tensor` is deprecated", "`reduce_scatter_tensor` is deprecated"]
+            "`all_gather_into_tensor` is deprecated",
+            "`reduce_scatter_tensor` is deprecated",
+        ]
         assert not any(line.startswith("  warnings.warn(") for line in lines)  # no source line under them
     else:
         assert notices == []  # every rank holds the same libraries: rank 0 says it
@@ -55,11 +63,30 @@ def test_a_zero2_run_builds_nothing_and_shows_each_library_deprecation_once_and_
     native = json.loads((ROOT / "configs/deepspeed/zero2.json").read_text())
     native["activation_checkpointing"] = {"partition_activations": False}  # a key the suite does not check
     (tmp_path / "ds.json").write_text(json.dumps(native))
-    proc = subprocess.run([sys.executable, "-m", "launchers.cli", "run", "quickstart", "--deepspeed-config",
-                           str(tmp_path / "ds.json"), "--nproc-per-node", "2", "--set", "training.steps=6",
-                           "--set", "training.warmup_steps=1", "--out", str(tmp_path / "runs")],
-                          cwd=ROOT, env=child_env(TORCH_EXTENSIONS_DIR=str(tmp_path / "extensions"), CXX="no-such-c++"),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launchers.cli",
+            "run",
+            "quickstart",
+            "--deepspeed-config",
+            str(tmp_path / "ds.json"),
+            "--nproc-per-node",
+            "2",
+            "--set",
+            "training.steps=6",
+            "--set",
+            "training.warmup_steps=1",
+            "--out",
+            str(tmp_path / "runs"),
+        ],
+        cwd=ROOT,
+        env=child_env(TORCH_EXTENSIONS_DIR=str(tmp_path / "extensions"), CXX="no-such-c++"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     # nothing compiled, so nothing to wait for or to fail without a compiler (CXX names none)
     assert not (tmp_path / "extensions").exists() or not any((tmp_path / "extensions").iterdir())
@@ -74,9 +101,11 @@ def test_the_suites_processes_keep_their_builds_in_their_virtual_environment(tmp
     """Run from a virtual environment without TORCH_EXTENSIONS_DIR, the entry point sets it inside
     that environment, and puts the environment's ninja first on PATH (the ranks it starts inherit
     both); a TORCH_EXTENSIONS_DIR that is set stays as it is."""
-    probe = ("import os, runpy, sys; sys.argv = ['kanscale', '--version']\n"
-             "try:\n    runpy.run_module('launchers.cli', run_name='__main__')\n"
-             "except SystemExit:\n    print(os.environ.get('TORCH_EXTENSIONS_DIR'), os.environ['PATH'].split(':')[0])\n")
+    probe = (
+        "import os, runpy, sys; sys.argv = ['kanscale', '--version']\n"
+        "try:\n    runpy.run_module('launchers.cli', run_name='__main__')\n"
+        "except SystemExit:\n    print(os.environ.get('TORCH_EXTENSIONS_DIR'), os.environ['PATH'].split(':')[0])\n"
+    )
     env = {**child_env(), "PATH": "/usr/bin:/bin"}
     env.pop("TORCH_EXTENSIONS_DIR", None)
     unset = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
@@ -84,8 +113,13 @@ def test_the_suites_processes_keep_their_builds_in_their_virtual_environment(tmp
     assert extensions == str(environment_cache(Path(sys.prefix)))
     tools = Path(sys.executable).parent
     assert first_on_path == (str(tools) if (tools / "ninja").is_file() else "/usr/bin")
-    chosen = subprocess.run([sys.executable, "-c", probe], env={**env, "TORCH_EXTENSIONS_DIR": str(tmp_path)},
-                            capture_output=True, text=True, check=True)
+    chosen = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**env, "TORCH_EXTENSIONS_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert chosen.stdout.splitlines()[-1].split()[0] == str(tmp_path)
 
 

@@ -49,7 +49,11 @@ def test_the_largest_micro_batch_is_the_last_that_fits():
     beside = StepMemory("test", fixed=3e6, per_sample=1234.5)
     capacity = 50e6
     n = largest_micro_batch(m, shape, 2, beside, capacity, offload_on_device=True)
-    assert peak_memory(m, shape, 2, n, beside, True).total <= capacity < peak_memory(m, shape, 2, n + 1, beside, True).total
+    assert (
+        peak_memory(m, shape, 2, n, beside, True).total
+        <= capacity
+        < peak_memory(m, shape, 2, n + 1, beside, True).total
+    )
     assert largest_micro_batch(m, shape, 2, beside, peak_memory(m, shape, 2, 0, beside, True).total - 1, True) == 0
 
 
@@ -77,7 +81,9 @@ def test_a_global_batch_that_does_not_fit_is_accumulated_and_a_model_that_fits_n
     # room for 256 samples beside ddp's whole state: four micro-batches of 128 per step
     tight_memory = peak_memory(ddp, shape, 2, 200, beside, True).total
     tight = lay_out(ddp, shape, profile, beside, target(tight_memory), 1024, 0.0)
-    assert tight.fits and (tight.micro_batch, tight.grad_accum) == (128, 4) and "4 micro-batches" in ranked([tight])[0].why
+    assert (
+        tight.fits and (tight.micro_batch, tight.grad_accum) == (128, 4) and "4 micro-batches" in ranked([tight])[0].why
+    )
     # zero3 holds less, so it fits (in small micro-batches) where ddp does not before its first sample
     nothing_fits_ddp = peak_memory(ddp, shape, 2, 0, beside, True).total - 1
     order = ranked([lay_out(m, shape, profile, beside, target(nothing_fits_ddp), 1024, 0.0) for m in (ddp, zero3)])
@@ -86,17 +92,26 @@ def test_a_global_batch_that_does_not_fit_is_accumulated_and_a_model_that_fits_n
 
 
 def kanscale(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launchers.cli", "recommend", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env=child_env(DS_ACCELERATOR="cpu"))
+    return subprocess.run(
+        [sys.executable, "-m", "launchers.cli", "recommend", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=child_env(DS_ACCELERATOR="cpu"),
+    )
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--cluster", "NOMEM"], "has no device_memory_GiB (the memory of one device (GPU)"),
-    (["--cluster", str(CLUSTER), "--validate", "1"], "--validate trains the picks on this machine"),
-    (["--json", "out.txt"], "--json: give a .json file"),
-    (["--strategies", "ddp,zer02"], "zer02"),
-    (["--memory-per-device", "lots"], "is not a byte count"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--cluster", "NOMEM"], "has no device_memory_GiB (the memory of one device (GPU)"),
+        (["--cluster", str(CLUSTER), "--validate", "1"], "--validate trains the picks on this machine"),
+        (["--json", "out.txt"], "--json: give a .json file"),
+        (["--strategies", "ddp,zer02"], "zer02"),
+        (["--memory-per-device", "lots"], "is not a byte count"),
+    ],
+)
 def test_bad_input_is_refused_before_anything_is_measured(tmp_path, args, says):
     if "NOMEM" in args:
         doc = yaml.safe_load(CLUSTER.read_text())
@@ -114,17 +129,41 @@ def test_a_cluster_recommendation_ranks_fits_and_names_its_command(tmp_path):
     """The probes train here (three presets, one rank each), the cluster file gives links, memory
     and rate; the JSON holds the pick, the ranking, exact model state and the command."""
     out = tmp_path / "rec"
-    proc = kanscale("quickstart", "--set", "model.widths=[8,64,64,1]", "--set", "task.name=high_dim",
-                    "--set", "task.dim=8", "--set", "model.grid_range=[-1,1]", "--cluster", str(CLUSTER),
-                    "--nnodes", "2", "--strategies", "ddp,zero2,fsdp2", "--global-batch", "1024",
-                    "--json", str(out / "rec.json"), "--out", str(out))
+    proc = kanscale(
+        "quickstart",
+        "--set",
+        "model.widths=[8,64,64,1]",
+        "--set",
+        "task.name=high_dim",
+        "--set",
+        "task.dim=8",
+        "--set",
+        "model.grid_range=[-1,1]",
+        "--cluster",
+        str(CLUSTER),
+        "--nnodes",
+        "2",
+        "--strategies",
+        "ddp,zero2,fsdp2",
+        "--global-batch",
+        "1024",
+        "--json",
+        str(out / "rec.json"),
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((out / "rec.json").read_text())
-    assert doc["predicted"] and doc["target"] == {"name": "a100_ib", "nodes": 2, "ranks_per_node": 2,
-                                                  "memory_per_rank": 40 * 2**30}
-    assert [c["strategy"] for c in doc["ranking"]] == sorted((c["strategy"] for c in doc["ranking"]),
-                                                               key=lambda s: -next(c["samples_per_s"]["predicted"]
-                                                                                   for c in doc["ranking"] if c["strategy"] == s))
+    assert doc["predicted"] and doc["target"] == {
+        "name": "a100_ib",
+        "nodes": 2,
+        "ranks_per_node": 2,
+        "memory_per_rank": 40 * 2**30,
+    }
+    assert [c["strategy"] for c in doc["ranking"]] == sorted(
+        (c["strategy"] for c in doc["ranking"]),
+        key=lambda s: -next(c["samples_per_s"]["predicted"] for c in doc["ranking"] if c["strategy"] == s),
+    )
     shape = model_shape({**MODEL, "grid_range": [-1, 1]})
     for c in doc["ranking"]:
         state = pj.model_state(strategy(c["strategy"]), shape, 4)
@@ -141,8 +180,14 @@ def test_a_cluster_recommendation_ranks_fits_and_names_its_command(tmp_path):
     command = doc["command"]
     assert command[:2] == ["kanscale", "run"] and command[command.index("--strategy") + 1] == pick["strategy"]
     assert "--nnodes" in command and "Rates and memory are **predicted**" in proc.stdout
-    planned = subprocess.run([sys.executable, "-m", "launchers.cli", *command[1:], "--dry-run"], capture_output=True,
-                             text=True, cwd=ROOT, env=child_env(), timeout=120)
+    planned = subprocess.run(
+        [sys.executable, "-m", "launchers.cli", *command[1:], "--dry-run"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=child_env(),
+        timeout=120,
+    )
     assert planned.returncode == 0, planned.stderr[-2000:]  # the command the pick prints is one kanscale runs
     assert f"training.grad_accum={pick['grad_accum']}" in " ".join(command)
     assert "device_tflops in" in proc.stdout  # the compute assumption is printed
@@ -151,8 +196,19 @@ def test_a_cluster_recommendation_ranks_fits_and_names_its_command(tmp_path):
 @pytest.mark.slow  # probes, commbench and two 2-rank runs
 def test_validate_trains_the_picks_and_sets_the_prediction_beside_the_measurement(tmp_path):
     out = tmp_path / "rec"
-    proc = kanscale("quickstart", "--nproc-per-node", "2", "--strategies", "ddp,zero2", "--validate", "1",
-                    "--json", str(out / "rec.json"), "--out", str(out))
+    proc = kanscale(
+        "quickstart",
+        "--nproc-per-node",
+        "2",
+        "--strategies",
+        "ddp,zero2",
+        "--validate",
+        "1",
+        "--json",
+        str(out / "rec.json"),
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (out / "commbench.json").exists()  # this machine's links, measured for it
     rows = json.loads((out / "rec.json").read_text())["validation"]
@@ -167,8 +223,14 @@ def test_validate_trains_the_picks_and_sets_the_prediction_beside_the_measuremen
     assert f"kanscale analyze {runs}" in proc.stdout
     # the peak compared is the strategy's own: no compute baseline's working memory in it
     assert {read_summary(p).measurement.baseline for p in runs.glob("*/summary.json")} == {"off"}
-    report = subprocess.run([sys.executable, "-m", "launchers.cli", "analyze", str(runs)],
-                            capture_output=True, text=True, cwd=ROOT, env=child_env(), timeout=300)
+    report = subprocess.run(
+        [sys.executable, "-m", "launchers.cli", "analyze", str(runs)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=child_env(),
+        timeout=300,
+    )
     assert report.returncode == 0, report.stderr[-2000:]
     page = (runs / "report" / "report.html").read_text()
     assert "Predicted by kanscale recommend, and measured" in page and "zero2" in page
@@ -183,10 +245,23 @@ def test_a_users_own_model_on_a_file_task_is_recommended_the_same_way(tmp_path):
     rows = np.random.default_rng(0).uniform(-1, 1, size=(600, 4))
     (tmp_path / "houses.csv").write_text("a,b,c,price\n" + "\n".join(",".join(f"{v:.4f}" for v in r) for r in rows))
     out = tmp_path / "rec"
-    proc = kanscale("quickstart", "--set", f"task={{name: file, path: {tmp_path / 'houses.csv'}, target: price}}",
-                    "--set", 'model={family: custom, widths: [3, 1], factory: "examples/my_kan.py:build", '
-                             'options: {hidden: [16]}}', "--cluster", str(CLUSTER), "--strategies", "ddp,fsdp2",
-                    "--global-batch", "256", "--json", str(out / "rec.json"), "--out", str(out))
+    proc = kanscale(
+        "quickstart",
+        "--set",
+        f"task={{name: file, path: {tmp_path / 'houses.csv'}, target: price}}",
+        "--set",
+        'model={family: custom, widths: [3, 1], factory: "examples/my_kan.py:build", options: {hidden: [16]}}',
+        "--cluster",
+        str(CLUSTER),
+        "--strategies",
+        "ddp,fsdp2",
+        "--global-batch",
+        "256",
+        "--json",
+        str(out / "rec.json"),
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((out / "rec.json").read_text())
     assert doc["model"].startswith("custom [3, 1]") and doc["pick"] is not None
@@ -202,8 +277,17 @@ def test_a_users_own_model_on_a_file_task_is_recommended_the_same_way(tmp_path):
 
 
 def test_a_model_that_fits_nowhere_is_refused_naming_what_to_change(tmp_path):
-    proc = kanscale("quickstart", "--set", "model.widths=[2,4096,4096,1]", "--memory-per-device", "64MiB",
-                    "--strategies", "ddp,zero3", "--out", str(tmp_path / "rec"))
+    proc = kanscale(
+        "quickstart",
+        "--set",
+        "model.widths=[2,4096,4096,1]",
+        "--memory-per-device",
+        "64MiB",
+        "--strategies",
+        "ddp,zero3",
+        "--out",
+        str(tmp_path / "rec"),
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "fits nowhere" in proc.stderr and "zero3, the least of the candidates" in proc.stderr
     # ZeRO-3 gathers every parameter for its step: more ranks would not make room, so it does not say so
@@ -225,6 +309,12 @@ def test_the_ranks_a_refusal_names_fit_the_model_and_a_layer_too_wide_for_any_is
     ranks = int(str(refused.value).split("give at least ")[1].split()[0])
     check_state_fits(models, shape, ranks, 2, capacity, offload_on_device=True)  # fits: nothing raised
     with pytest.raises(ConfigError) as refused:
-        check_state_fits({"fsdp2": strategy("fsdp2")}, model_shape({**MODEL, "widths": [2, 4096, 4096, 1]}), 2,
-                         2, 64 * 2**20, offload_on_device=True)
+        check_state_fits(
+            {"fsdp2": strategy("fsdp2")},
+            model_shape({**MODEL, "widths": [2, 4096, 4096, 1]}),
+            2,
+            2,
+            64 * 2**20,
+            offload_on_device=True,
+        )
     assert "more ranks do not help" in str(refused.value)

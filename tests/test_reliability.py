@@ -25,9 +25,13 @@ from tests.helpers.launch import ROOT, child_env, run_jobs
 pytestmark = pytest.mark.slow
 
 STRATEGIES = {
-    "ddp": {"name": "ddp"}, "fsdp1": {"name": "fsdp1"}, "fsdp2": {"name": "fsdp2"},
-    "zero0": {"name": "deepspeed", "zero_stage": 0}, "zero1": {"name": "deepspeed", "zero_stage": 1},
-    "zero2": {"name": "deepspeed", "zero_stage": 2}, "zero3": {"name": "deepspeed", "zero_stage": 3},
+    "ddp": {"name": "ddp"},
+    "fsdp1": {"name": "fsdp1"},
+    "fsdp2": {"name": "fsdp2"},
+    "zero0": {"name": "deepspeed", "zero_stage": 0},
+    "zero1": {"name": "deepspeed", "zero_stage": 1},
+    "zero2": {"name": "deepspeed", "zero_stage": 2},
+    "zero3": {"name": "deepspeed", "zero_stage": 3},
     "zero3_offload": {"name": "deepspeed", "zero_stage": 3, "offload_optimizer": True},
     "accelerate": {"name": "accelerate"},
 }
@@ -35,11 +39,24 @@ MODEL = {"family": "bspline", "widths": [2, 8, 1], "grid": 5, "grid_range": [-2.
 
 
 def experiment(name: str, strategy: dict, out: Path, **training) -> dict:
-    return {"name": name, "model": MODEL, "task": {"name": "quadratic", "n_train": 640, "n_test": 64},
-            "training": {"seed": 1, "lr": 0.01, "micro_batch": 32, "steps": 12, "warmup_steps": 1,
-                         "checkpoint_every": 4, **training},
-            "strategy": strategy, "measurement": {"baseline_steps": 1}, "runtime": {"device": "cpu", "threads": 1},
-            "output": {"dir": str(out)}}
+    return {
+        "name": name,
+        "model": MODEL,
+        "task": {"name": "quadratic", "n_train": 640, "n_test": 64},
+        "training": {
+            "seed": 1,
+            "lr": 0.01,
+            "micro_batch": 32,
+            "steps": 12,
+            "warmup_steps": 1,
+            "checkpoint_every": 4,
+            **training,
+        },
+        "strategy": strategy,
+        "measurement": {"baseline_steps": 1},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(out)},
+    }
 
 
 def interrupted(config: dict, step: int = 10) -> dict:
@@ -52,13 +69,17 @@ def worker(tmp_path_factory):
     jobs = []
     for key, strategy in STRATEGIES.items():
         cfg = experiment(f"resume_{key}", strategy, tmp / key)
-        jobs += [{"id": f"{key}/full", "config": cfg}, {"id": f"{key}/failed", "config": interrupted(cfg)},
-                 {"id": f"{key}/resumed", "config": cfg, "resume": True}]
+        jobs += [
+            {"id": f"{key}/full", "config": cfg},
+            {"id": f"{key}/failed", "config": interrupted(cfg)},
+            {"id": f"{key}/resumed", "config": cfg, "resume": True},
+        ]
     export_to = tmp / "zero3.pt"
     jobs.append({"id": "export", "export": "zero3/full", "to": str(export_to)})
     for key in ("fsdp2", "ddp"):
-        cfg = experiment(f"continue_{key}", STRATEGIES[key], tmp / "continued", steps=4, checkpoint_every=0,
-                         init_from=str(export_to))
+        cfg = experiment(
+            f"continue_{key}", STRATEGIES[key], tmp / "continued", steps=4, checkpoint_every=0, init_from=str(export_to)
+        )
         jobs.append({"id": f"continue/{key}", "config": cfg})
     return tmp, run_jobs(jobs, tmp)
 
@@ -83,8 +104,9 @@ def test_single_process_resume(tmp_path):
     full.run()
     with pytest.raises(RuntimeError, match="injected fault"):
         Trainer(parse_experiment(interrupted(cfg, step=7)), DistEnv(), show_progress=False).run()
-    resumed = Trainer(parse_experiment(cfg), DistEnv(), show_progress=False,
-                      resume=find_resumable(parse_experiment(cfg), 1))
+    resumed = Trainer(
+        parse_experiment(cfg), DistEnv(), show_progress=False, resume=find_resumable(parse_experiment(cfg), 1)
+    )
     record = resumed.run()
     assert record.resumed_at_steps == [4]
     assert [s.loss for s in resumed.combined] == [s.loss for s in full.combined]
@@ -130,17 +152,50 @@ def test_export_refuses_what_is_not_a_checkpoint(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------- failures
 
-QUICK = [sys.executable, "-m", "launchers.cli", "run", str(ROOT / "configs/experiments/quickstart.yaml"),
-         "--strategy", "ddp", "--nproc-per-node", "2", "--set", "training.steps=20", "--set", "training.micro_batch=64",
-         "--set", "measurement.baseline_steps=1", "--set", "runtime.timeout_s=5", "--set", "training.log_every=1"]
+QUICK = [
+    sys.executable,
+    "-m",
+    "launchers.cli",
+    "run",
+    str(ROOT / "configs/experiments/quickstart.yaml"),
+    "--strategy",
+    "ddp",
+    "--nproc-per-node",
+    "2",
+    "--set",
+    "training.steps=20",
+    "--set",
+    "training.micro_batch=64",
+    "--set",
+    "measurement.baseline_steps=1",
+    "--set",
+    "runtime.timeout_s=5",
+    "--set",
+    "training.log_every=1",
+]
 
 
 @pytest.mark.parametrize("kind,error_type", [("exception", "RuntimeError"), ("exit", "RankLost"), ("hang", "RankHung")])
 def test_a_failing_rank_ends_the_run_in_bounded_time_with_a_record(tmp_path, kind, error_type):
     start = time.monotonic()
-    proc = subprocess.run([*QUICK, "--out", str(tmp_path), "--set", "fault.rank=1", "--set", "fault.step=6",
-                           "--set", f"fault.kind={kind}"], cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                          timeout=240)
+    proc = subprocess.run(
+        [
+            *QUICK,
+            "--out",
+            str(tmp_path),
+            "--set",
+            "fault.rank=1",
+            "--set",
+            "fault.step=6",
+            "--set",
+            f"fault.kind={kind}",
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     elapsed = time.monotonic() - start
     assert proc.returncode != 0
     assert elapsed < 120, f"took {elapsed:.0f} s"  # start-up + runtime.timeout_s + the launcher's grace period
@@ -152,9 +207,25 @@ def test_a_failing_rank_ends_the_run_in_bounded_time_with_a_record(tmp_path, kin
 
 
 def test_a_killed_run_reads_as_incomplete(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "launchers.cli", "train", str(ROOT / "configs/experiments/quickstart.yaml"),
-                             "--out", str(tmp_path), "--no-progress", "--set", "training.steps=100000",
-                             "--set", "training.log_every=5"], cwd=ROOT, env=child_env(), stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "launchers.cli",
+            "train",
+            str(ROOT / "configs/experiments/quickstart.yaml"),
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+            "--set",
+            "training.steps=100000",
+            "--set",
+            "training.log_every=5",
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("*/steps.jsonl")) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -169,8 +240,21 @@ def test_a_killed_run_reads_as_incomplete(tmp_path):
 
 
 def test_a_diverging_loss_stops_the_run(tmp_path, capsys):
-    code = main(["train", str(ROOT / "configs/experiments/quickstart.yaml"), "--out", str(tmp_path), "--no-progress",
-                 "--set", "training.steps=30", "--set", "training.optimizer=sgd", "--set", "training.lr=1e8"])
+    code = main(
+        [
+            "train",
+            str(ROOT / "configs/experiments/quickstart.yaml"),
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+            "--set",
+            "training.steps=30",
+            "--set",
+            "training.optimizer=sgd",
+            "--set",
+            "training.lr=1e8",
+        ]
+    )
     assert code == 1
     assert "NonFiniteLoss: the training loss became" in capsys.readouterr().err
     (run_dir,) = list(tmp_path.iterdir())
@@ -181,12 +265,24 @@ def test_a_diverging_loss_stops_the_run(tmp_path, capsys):
 def test_a_sweep_resumes_an_interrupted_point_from_its_checkpoint(tmp_path, capsys):
     def study(fault: bool) -> Path:
         path = tmp_path / "study.yaml"
-        settings = {"training.steps": 12, "training.checkpoint_every": 4, "training.micro_batch": 64,
-                    "measurement.baseline_steps": 1}
+        settings = {
+            "training.steps": 12,
+            "training.checkpoint_every": 4,
+            "training.micro_batch": 64,
+            "measurement.baseline_steps": 1,
+        }
         if fault:
             settings.update({"fault.rank": "all", "fault.step": 10})
-        path.write_text(yaml.safe_dump({"study": "interrupted", "experiment": str(ROOT / "configs/experiments/quickstart.yaml"),
-                                        "set": settings, "matrix": {"strategy": ["ddp"], "topology": ["1x2"]}}))
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "study": "interrupted",
+                    "experiment": str(ROOT / "configs/experiments/quickstart.yaml"),
+                    "set": settings,
+                    "matrix": {"strategy": ["ddp"], "topology": ["1x2"]},
+                }
+            )
+        )
         return path
 
     out = tmp_path / "runs"
@@ -204,10 +300,14 @@ def test_a_second_sigterm_does_not_cut_the_failure_report_short(tmp_path):
     """Launchers often signal a rank twice (slurmstepd and the deepspeed launcher, milliseconds
     apart): the first SIGTERM becomes Terminated, and the report it triggers must still finish."""
     done = tmp_path / "reported"
-    script = ("import sys, time\nfrom strategies.lifecycle.failures import Terminated, raise_on_sigterm\nraise_on_sigterm()\n"
-              "print('ready', flush=True)\ntry:\n    time.sleep(60)\nexcept Terminated:\n    time.sleep(1.0)\n"
-              f"    open({str(done)!r}, 'w').write('done')\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, text=True)
+    script = (
+        "import sys, time\nfrom strategies.lifecycle.failures import Terminated, raise_on_sigterm\nraise_on_sigterm()\n"
+        "print('ready', flush=True)\ntry:\n    time.sleep(60)\nexcept Terminated:\n    time.sleep(1.0)\n"
+        f"    open({str(done)!r}, 'w').write('done')\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)

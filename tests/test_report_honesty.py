@@ -25,8 +25,14 @@ PAPER_MODEL = dict(family="pykan", widths=(2, 64, 1), grid=10, order=3, micro_ba
 def kanscale(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """The real ``kanscale`` in a subprocess, as a user runs it (a timeout fails, not hangs, the test)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "launchers.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "launchers.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def derived_from(directory: Path, records):
@@ -67,8 +73,11 @@ def test_analyze_of_a_directory_without_records_writes_a_report_that_says_so(tmp
 def probed_run(directory: Path, run_id: str, steps_bytes: bytes) -> Path:
     """A finished 2-rank run that ran the published study's probe, with ``steps_bytes`` as its steps file."""
     record = make_record(run_id, world=2, **PAPER_MODEL)
-    record = record.model_copy(update={"measurement": record.measurement.model_copy(
-        update={"comm_probe": "paper", "paper_probe_overhead": 0.4})})
+    record = record.model_copy(
+        update={
+            "measurement": record.measurement.model_copy(update={"comm_probe": "paper", "paper_probe_overhead": 0.4})
+        }
+    )
     run_dir = write_record(directory, record)
     (run_dir / "steps.jsonl").write_bytes(steps_bytes)
     return run_dir
@@ -94,12 +103,17 @@ def test_every_unreadable_record_is_listed_and_the_rest_analysed(tmp_path):
 
     done = kanscale("analyze", str(runs), "--out", str(tmp_path / "report"), timeout=120)
     assert done.returncode == 0, done.stderr
-    listed = [line.removeprefix("not analysed: ") for line in done.stderr.splitlines() if line.startswith("not analysed: ")]
+    listed = [
+        line.removeprefix("not analysed: ") for line in done.stderr.splitlines() if line.startswith("not analysed: ")
+    ]
     expected = {
-        latin1: "not a run summary: byte 0xe4", runs / "deep" / "summary.json": "nested too deeply to read",
-        runs / "a_directory" / "summary.json": "not a regular file", runs / "a_pipe" / "summary.json": "not a regular file",
+        latin1: "not a run summary: byte 0xe4",
+        runs / "deep" / "summary.json": "nested too deeply to read",
+        runs / "a_directory" / "summary.json": "not a regular file",
+        runs / "a_pipe" / "summary.json": "not a regular file",
         io_error: "cannot be read: Input/output error",
-        bad_steps / "steps.jsonl": "not UTF-8 text: byte 0xff at line 1", torn_steps / "steps.jsonl": ":1: not a valid step record",
+        bad_steps / "steps.jsonl": "not UTF-8 text: byte 0xff at line 1",
+        torn_steps / "steps.jsonl": ":1: not a valid step record",
         no_steps / "steps.jsonl": "no timed probed and unprobed steps",
     }
     for path, reason in expected.items():
@@ -119,12 +133,17 @@ def strategy_lines(fig) -> dict[str, tuple[list, list]]:
 
 
 def test_scaling_plots_draw_only_measured_points_and_the_single_process_baseline_apart(tmp_path):
-    derived = derived_from(tmp_path, [
-        make_record("single", strategy="single", world=1, micro_batch=128, samples_per_s=1000),
-        make_record("fsdp2", strategy="fsdp2", world=2, micro_batch=64, samples_per_s=1500),  # global 128: vs single
-        make_record("ddp1", world=1, micro_batch=64, samples_per_s=900),
-        make_record("ddp2", world=2, micro_batch=64, samples_per_s=1200),
-    ])
+    derived = derived_from(
+        tmp_path,
+        [
+            make_record("single", strategy="single", world=1, micro_batch=128, samples_per_s=1000),
+            make_record(
+                "fsdp2", strategy="fsdp2", world=2, micro_batch=64, samples_per_s=1500
+            ),  # global 128: vs single
+            make_record("ddp1", world=1, micro_batch=64, samples_per_s=900),
+            make_record("ddp2", world=2, micro_batch=64, samples_per_s=1200),
+        ],
+    )
     measured = derived.groupby("strategy_label")["world_size"].apply(set).to_dict()
     for plot, one in ((speedup_plot, 1.0), (efficiency_plot, 100.0)):
         lines = strategy_lines(plot(derived))
@@ -149,10 +168,23 @@ def test_no_baseline_marker_where_every_strategy_has_its_own_one_rank_run(tmp_pa
 
 def test_memory_plots_put_model_state_in_the_context_of_peak_memory(tmp_path):
     mib = 2**20
-    derived = derived_from(tmp_path, [
-        make_record(f"{s}-{p}", study="memory", strategy=s, world=2, params=p, widths=(2, p // 10, 1), peak_rss=350 * mib,
-                    state=(1024, 1024, 2048, 0) if s == "fsdp2" else (2048, 2048, 4096, 0))
-        for s in ("ddp", "fsdp2") for p in (1000, 100000)])
+    derived = derived_from(
+        tmp_path,
+        [
+            make_record(
+                f"{s}-{p}",
+                study="memory",
+                strategy=s,
+                world=2,
+                params=p,
+                widths=(2, p // 10, 1),
+                peak_rss=350 * mib,
+                state=(1024, 1024, 2048, 0) if s == "fsdp2" else (2048, 2048, 4096, 0),
+            )
+            for s in ("ddp", "fsdp2")
+            for p in (1000, 100000)
+        ],
+    )
     fig = state_stack_plot(derived)
     texts = [" ".join(t.get_text().split()) for ax in fig.axes for t in ax.texts]
     # fsdp2's 4 KiB of model state is 4096 / (350 * 2**20) of its peak
@@ -183,8 +215,11 @@ def test_the_published_study_section_says_what_to_run_when_no_run_matches(tmp_pa
     found = commands(caption)
     assert "kanscale sweep configs/studies/strong_cpu.yaml --out runs/strong" in found
     assert "kanscale sweep configs/studies/weak_paper.yaml --out runs/weak --submit" in found
-    assert {c.split()[2] for c in found} == {f"configs/studies/{s}_{kind}.yaml" for s in ("strong", "weak", "comm", "model_size")
-                                             for kind in ("cpu", "paper")}
+    assert {c.split()[2] for c in found} == {
+        f"configs/studies/{s}_{kind}.yaml"
+        for s in ("strong", "weak", "comm", "model_size")
+        for kind in ("cpu", "paper")
+    }
     for command in found:  # each is a real sweep of a shipped study that runs the published configuration
         args = build_parser().parse_args(shlex.split(command)[1:])
         study = load_study(ROOT / args.study)
@@ -193,13 +228,15 @@ def test_the_published_study_section_says_what_to_run_when_no_run_matches(tmp_pa
         assert not {"model.family", "model.grid", "model.k", "training.micro_batch", "task.name"} & set(study.set)
     assert main(["analyze", str(runs), "--out", str(tmp_path / "report")]) == 0
     page = (tmp_path / "report" / "report.html").read_text()
-    section = page[page.index("The published study side by side"):]
+    section = page[page.index("The published study side by side") :]
     assert "None of these runs matches the published configuration" in section
     assert "<code>kanscale sweep configs/studies/strong_cpu.yaml --out runs/strong</code>" in section
 
 
 def test_the_published_study_section_names_only_the_studies_without_a_matching_run(tmp_path):
-    derived = derived_from(tmp_path, [make_record("p1", world=1, **PAPER_MODEL), make_record("p2", world=2, **PAPER_MODEL)])
+    derived = derived_from(
+        tmp_path, [make_record("p1", world=1, **PAPER_MODEL), make_record("p2", world=2, **PAPER_MODEL)]
+    )
     caption = paper_comparison(derived).caption
     assert "None of these runs" not in caption and "beside 2 kanscale point(s)" in caption
     assert caption.startswith("No run here matches the published weak, comm, model_size studies")
@@ -211,7 +248,7 @@ def test_the_published_study_section_names_only_the_studies_without_a_matching_r
 
 def test_the_python_api_example_in_docs_analysis_runs_as_written(tmp_path, monkeypatch, capsys):
     doc = (ROOT / "docs" / "analysis.md").read_text()
-    example = doc[doc.index("## From Python"):]
+    example = doc[doc.index("## From Python") :]
     code = re.search(r"```python\n(.*?)```", example, re.S).group(1)
     runs = tmp_path / "runs" / "demo"
     write_record(runs, make_record("single", strategy="single", world=1, micro_batch=128, samples_per_s=1000))

@@ -43,9 +43,19 @@ def deepspeeds_lrs(name: str, warmup_type: str, steps: int, warmup: int, total: 
 @pytest.mark.parametrize("name", ["warmup", "warmup_decay", "warmup_cosine"])
 def test_each_step_has_deepspeeds_learning_rate(name, warmup_type):
     # the run goes past total_steps, where DeepSpeed's decay stops at its floor
-    training = TrainingConfig(lr=PEAK, steps=STEPS, schedule={
-        "name": name, "warmup_steps": 4, "warmup_type": warmup_type, "total_steps": 12, "warmup_min_lr": 0.001,
-        "warmup_min_ratio": 0.1, "cos_min_ratio": 0.01})
+    training = TrainingConfig(
+        lr=PEAK,
+        steps=STEPS,
+        schedule={
+            "name": name,
+            "warmup_steps": 4,
+            "warmup_type": warmup_type,
+            "total_steps": 12,
+            "warmup_min_lr": 0.001,
+            "warmup_min_ratio": 0.1,
+            "cos_min_ratio": 0.01,
+        },
+    )
     ours = [lr_at(training, step, STEPS) for step in range(STEPS)]
     theirs = deepspeeds_lrs(name, warmup_type, STEPS, warmup=4, total=12)
     assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-15)
@@ -62,8 +72,9 @@ def test_defaults_warm_up_over_a_tenth_of_the_run_and_decay_to_its_end():
 
 def deepspeeds_lrs_with_min_zero(steps: int, warmup: int, total: int) -> list[float]:
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=PEAK)
-    scheduler = WarmupDecayLR(optimizer, total, warmup_min_lr=0.0, warmup_max_lr=PEAK, warmup_num_steps=warmup,
-                              warmup_type="linear")
+    scheduler = WarmupDecayLR(
+        optimizer, total, warmup_min_lr=0.0, warmup_max_lr=PEAK, warmup_num_steps=warmup, warmup_type="linear"
+    )
     lrs = []
     for _ in range(steps):
         lrs.append(optimizer.param_groups[0]["lr"])
@@ -83,21 +94,40 @@ def test_compiling_the_step_under_a_schedule_is_refused_and_compile_model_is_the
 MODEL = {"family": "bspline", "widths": [2, 8, 1], "grid": 5, "grid_range": [-2.0, 2.0]}
 SCHEDULE = {"name": "warmup_decay", "warmup_steps": 4, "warmup_type": "linear"}
 BACKENDS = {
-    "ddp": {"name": "ddp"}, "fsdp1": {"name": "fsdp1"}, "fsdp2": {"name": "fsdp2"},
-    "zero0": {"name": "deepspeed", "zero_stage": 0}, "zero1": {"name": "deepspeed", "zero_stage": 1},
-    "zero2": {"name": "deepspeed", "zero_stage": 2}, "zero3": {"name": "deepspeed", "zero_stage": 3},
+    "ddp": {"name": "ddp"},
+    "fsdp1": {"name": "fsdp1"},
+    "fsdp2": {"name": "fsdp2"},
+    "zero0": {"name": "deepspeed", "zero_stage": 0},
+    "zero1": {"name": "deepspeed", "zero_stage": 1},
+    "zero2": {"name": "deepspeed", "zero_stage": 2},
+    "zero3": {"name": "deepspeed", "zero_stage": 3},
     "zero3_offload": {"name": "deepspeed", "zero_stage": 3, "offload_optimizer": True},
-    "accelerate": {"name": "accelerate"}, "tp": {"name": "tp"},
+    "accelerate": {"name": "accelerate"},
+    "tp": {"name": "tp"},
 }
 RTOL = 1e-5  # the parity tests' tolerance
 
 
 def experiment(strategy: dict, out: Path, steps: int = 10, **training) -> dict:
-    return {"name": "schedule", "model": MODEL, "task": {"name": "quadratic", "n_train": 640, "n_test": 64},
-            "training": {"seed": 2, "lr": 0.02, "micro_batch": None, "global_batch": 64, "steps": steps,
-                         "warmup_steps": 1, "schedule": SCHEDULE, **training},
-            "strategy": strategy, "measurement": {"baseline_steps": 1}, "runtime": {"device": "cpu", "threads": 1},
-            "output": {"dir": str(out)}}
+    return {
+        "name": "schedule",
+        "model": MODEL,
+        "task": {"name": "quadratic", "n_train": 640, "n_test": 64},
+        "training": {
+            "seed": 2,
+            "lr": 0.02,
+            "micro_batch": None,
+            "global_batch": 64,
+            "steps": steps,
+            "warmup_steps": 1,
+            "schedule": SCHEDULE,
+            **training,
+        },
+        "strategy": strategy,
+        "measurement": {"baseline_steps": 1},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(out)},
+    }
 
 
 def one_process(cfg: dict, resume: bool = False) -> Trainer:
@@ -130,8 +160,9 @@ def test_one_process_warms_up_then_decays_and_trains(tmp_path):
 @pytest.mark.slow  # every backend in one launch (about a minute here)
 def test_every_backend_steps_with_the_one_process_learning_rates(tmp_path):
     reference = one_process(experiment({"name": "single"}, tmp_path / "single"))
-    results = run_jobs([{"id": key, "config": experiment(strategy, tmp_path / "runs")}
-                        for key, strategy in BACKENDS.items()], tmp_path)
+    results = run_jobs(
+        [{"id": key, "config": experiment(strategy, tmp_path / "runs")} for key, strategy in BACKENDS.items()], tmp_path
+    )
     for key in BACKENDS:
         assert results[key]["status"] == "ok" and results[key]["ranks_identical"], key
         assert_same_schedule(results[key]["run_dir"], reference)
@@ -142,8 +173,9 @@ def interrupted(cfg: dict, step: int) -> dict:
 
 
 def test_a_run_resumed_mid_warmup_continues_the_schedule_exactly(tmp_path):
-    cfg = experiment({"name": "single"}, tmp_path, steps=12, checkpoint_every=3,
-                     schedule={**SCHEDULE, "warmup_steps": 8})
+    cfg = experiment(
+        {"name": "single"}, tmp_path, steps=12, checkpoint_every=3, schedule={**SCHEDULE, "warmup_steps": 8}
+    )
     full = one_process(cfg)
     with pytest.raises(RuntimeError, match="injected fault"):
         one_process(interrupted(cfg, step=5))  # checkpoint at step 3, inside the 8-step warm-up
@@ -151,7 +183,9 @@ def test_a_run_resumed_mid_warmup_continues_the_schedule_exactly(tmp_path):
     assert resumed.record.resumed_at_steps == [3]
     assert [s.lr for s in resumed.combined] == [s.lr for s in full.combined]
     assert [s.loss for s in resumed.combined] == [s.loss for s in full.combined]
-    assert math.isclose(full.combined[3].lr, lr_at(parse_experiment(cfg).training, 3, 12)) and full.combined[3].lr < 0.02
+    assert (
+        math.isclose(full.combined[3].lr, lr_at(parse_experiment(cfg).training, 3, 12)) and full.combined[3].lr < 0.02
+    )
 
 
 def test_the_schedule_section_refuses_what_deepspeed_would(tmp_path):

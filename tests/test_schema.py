@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    cfg = load_experiment(ROOT / "configs/experiments/quickstart.yaml",
-                          [f"output.dir={out}", "training.steps=30", "task.n_train=2000"])
+    cfg = load_experiment(
+        ROOT / "configs/experiments/quickstart.yaml", [f"output.dir={out}", "training.steps=30", "task.n_train=2000"]
+    )
     result = train(cfg, show_progress=False)
     return result.record, result.run_dir
 
@@ -71,8 +72,18 @@ def test_malformed_records_are_rejected(finished_run, tmp_path):
     with pytest.raises(ValueError):
         RunRecord.model_validate({**record.model_dump(), "unexpected": 1})
     with pytest.raises(ValueError):
-        StepRecord.model_validate({"step": 0, "loss": 1.0, "time_s_max": 1, "time_s_mean": 1, "comm_s_max": 0,
-                                   "comm_s_mean": 0, "samples": 1, "timed": True})
+        StepRecord.model_validate(
+            {
+                "step": 0,
+                "loss": 1.0,
+                "time_s_max": 1,
+                "time_s_mean": 1,
+                "comm_s_max": 0,
+                "comm_s_mean": 0,
+                "samples": 1,
+                "timed": True,
+            }
+        )
 
     path = tmp_path / "summary.json"
     path.write_text(json.dumps({**record.model_dump(), "throughput": {"samples_per_s": -1}}))
@@ -166,8 +177,13 @@ def test_a_v5_record_of_a_negative_reading_is_read_with_its_raw_figure(finished_
     # only for readings smaller than the step, and this machine's quickstart step can be under 2 ms
     below = record.timings.step_mean_s / 5
     replica = record.comm.replica.model_copy(update={"median_s": -below, "low_s": -1.5 * below, "high_s": -0.5 * below})
-    negative = record.model_copy(update={"comm": record.comm.model_copy(
-        update={"replica": replica, "check": None, "difference_s": None, "trusted": "none"})})
+    negative = record.model_copy(
+        update={
+            "comm": record.comm.model_copy(
+                update={"replica": replica, "check": None, "difference_s": None, "trusted": "none"}
+            )
+        }
+    )
     v5 = as_v5(negative)
     jsonschema.validate(v5, json.loads((ROOT / "analysis/run_record.v5.schema.json").read_text()))
     (tmp_path / "summary.json").write_text(json.dumps(v5))
@@ -224,9 +240,14 @@ def as_v2(record: RunRecord) -> dict:
     data["timings"]["comm_exposed_s"] = max(0.0, comm["replica"]["median_s"])
     data["timings"]["comm_exposed_check_s"] = max(0.0, comm["check"]["median_s"]) if comm["check"] else None
     data["comm_overhead"] = data["timings"]["comm_exposed_s"] / data["timings"]["step_mean_s"]
-    for section, fields in {"measurement": ["timing", "window_steps", "windows"], "environment": ["cpu_count"],
-                            "throughput": ["samples_per_s_low", "samples_per_s_high"], "topology": ["threads_per_rank"],
-                            "memory": ["replica_bytes"], "task": ["label", "goal"]}.items():
+    for section, fields in {
+        "measurement": ["timing", "window_steps", "windows"],
+        "environment": ["cpu_count"],
+        "throughput": ["samples_per_s_low", "samples_per_s_high"],
+        "topology": ["threads_per_rank"],
+        "memory": ["replica_bytes"],
+        "task": ["label", "goal"],
+    }.items():
         for field in fields:
             data[section].pop(field)
     return data
@@ -255,12 +276,19 @@ def test_v2_records_are_migrated_on_read(finished_run, tmp_path):
     assert json_schema(2) == shipped_v2
 
 
-@pytest.mark.parametrize("name,options,backend_config,label", [
-    ("deepspeed", {"zero_stage": 0}, {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
-     "zero3_offload"),
-    ("fsdp1", {"sharding_strategy": "SHARD_GRAD_OP"}, None, "fsdp1_grad_op"),
-    ("single", {}, None, "single"),
-])
+@pytest.mark.parametrize(
+    "name,options,backend_config,label",
+    [
+        (
+            "deepspeed",
+            {"zero_stage": 0},
+            {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}},
+            "zero3_offload",
+        ),
+        ("fsdp1", {"sharding_strategy": "SHARD_GRAD_OP"}, None, "fsdp1_grad_op"),
+        ("single", {}, None, "single"),
+    ],
+)
 def test_v1_records_are_migrated_on_read(finished_run, tmp_path, name, options, backend_config, label):
     record, _ = finished_run
     v1 = as_v1(record, backend_config, name, options)

@@ -36,7 +36,7 @@ HOSTILE = {
     "semicolon": "x; touch PWNED",
     "and": "x && touch PWNED",
     "pipe": "x | touch PWNED",
-    "quotes": "it's \"$(touch PWNED)\"",
+    "quotes": 'it\'s "$(touch PWNED)"',
     "single_quoted": "'$(touch PWNED)'",
     "line_break": "x\n$(touch PWNED)",
     "variables": "$HOME ${PATH}",
@@ -82,8 +82,14 @@ def shell(tmp_path, monkeypatch):
         script = tmp_path / "under_test.sh"
         script.write_text(text.replace(sys.executable, str(bin_dir / "python")))
         subprocess.run(["bash", "-n", str(script)], check=True)
-        done = subprocess.run(["bash", str(script)], cwd=cwd, capture_output=True, text=True, timeout=60,
-                              env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "ARGV_DIR": str(argv_dir), **env})
+        done = subprocess.run(
+            ["bash", str(script)],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "ARGV_DIR": str(argv_dir), **env},
+        )
         assert done.returncode == 0, done.stderr
         assert_nothing_ran(tmp_path)
         return [f.read_bytes().decode().split("\0")[:-1] for f in sorted(argv_dir.iterdir())]
@@ -92,7 +98,9 @@ def shell(tmp_path, monkeypatch):
 
 
 def assert_nothing_ran(tmp_path: Path) -> None:
-    made = list(tmp_path.rglob("PWNED")) + [p for p in (ROOT / "PWNED", Path(tempfile.gettempdir()) / "PWNED") if p.exists()]
+    made = list(tmp_path.rglob("PWNED")) + [
+        p for p in (ROOT / "PWNED", Path(tempfile.gettempdir()) / "PWNED") if p.exists()
+    ]
     assert made == [], f"a hostile value ran: {made}"
 
 
@@ -118,7 +126,9 @@ LAUNCHES = {
 def test_a_dry_run_runs_exactly_the_command_it_shows(shell, tmp_path, capsys, launcher, name):
     value = HOSTILE[name]
     config, out = hostile_paths(tmp_path, value)
-    assert main(["run", str(config), *LAUNCHES[launcher], "--set", f"study={value}", "--out", str(out), "--dry-run"]) == 0
+    assert (
+        main(["run", str(config), *LAUNCHES[launcher], "--set", f"study={value}", "--out", str(out), "--dry-run"]) == 0
+    )
     (argv,) = shell(capsys.readouterr().out)
     for expected in (f"study={value}", str(config), str(out)):
         assert expected in argv  # intact, as one argument
@@ -138,9 +148,29 @@ def test_an_sbatch_script_expands_only_its_own_variables(shell, tmp_path, inner,
     value = HOSTILE[name]
     config, out = hostile_paths(tmp_path, value)
     out = out.with_name(out.name.replace("\n", " "))  # a line break in --out is refused under SLURM (below)
-    assert main(["run", str(config), "--launcher", "slurm", "--slurm-device", "cpu", "--inner-launcher", inner,
-                 "--nnodes", "2", "--set", f"study={value}", "--partition", value.replace("\n", " "),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(config),
+                "--launcher",
+                "slurm",
+                "--slurm-device",
+                "cpu",
+                "--inner-launcher",
+                inner,
+                "--nnodes",
+                "2",
+                "--set",
+                f"study={value}",
+                "--partition",
+                value.replace("\n", " "),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     (script,) = (out / "slurm").glob("*.sbatch")
     records = shell(script.read_text(), SLURM_JOB_NODELIST="node[0-1]", SLURM_JOB_ID=str(JOB_ID))
     assert len(records) == 2  # one launcher per node
@@ -189,13 +219,40 @@ def sbatch_arguments(line: str) -> list[str]:
 def test_sbatch_reads_each_directive_as_the_one_value_given(in_tmp_cwd, name):
     value = HOSTILE[name]
     out = in_tmp_cwd / f"out-{value}%j"
-    assert main(["run", str(VALID), "--launcher", "slurm", "--slurm-device", "cpu", "--nnodes", "2", "--partition", value,
-                 "--account", value, "--time", value, "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(VALID),
+                "--launcher",
+                "slurm",
+                "--slurm-device",
+                "cpu",
+                "--nnodes",
+                "2",
+                "--partition",
+                value,
+                "--account",
+                value,
+                "--time",
+                value,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     (script,) = (out / "slurm").glob("*.sbatch")
-    options = [arg for line in script.read_text().splitlines() if line.startswith("#SBATCH") for arg in sbatch_arguments(line)]
+    options = [
+        arg for line in script.read_text().splitlines() if line.startswith("#SBATCH") for arg in sbatch_arguments(line)
+    ]
     # %% is SLURM's escape for a literal % in a file name pattern
-    for expected in (f"--partition={value}", f"--account={value}", f"--time={value}",
-                     f"--output={str(out).replace('%', '%%')}/slurm/%x-%j.out"):
+    for expected in (
+        f"--partition={value}",
+        f"--account={value}",
+        f"--time={value}",
+        f"--output={str(out).replace('%', '%%')}/slurm/%x-%j.out",
+    ):
         assert expected in options
     assert len(options) == 8  # job name, nodes, tasks, cores, output, time, partition, account: nothing split off
 
@@ -205,11 +262,29 @@ def test_the_ssh_path_refuses_what_deepspeeds_pdsh_would_hand_a_shell(in_tmp_cwd
     cannot be quoted from here: what a shell would act on there is refused."""
     spec = LaunchSpec(launcher="deepspeed", hostfile="hosts", master_addr="node1", master_port=29500)
     # DeepSpeed puts an argument with a space in double quotes, where ; & | are inert
-    safe = ["cfg.yaml", "--set", "model.widths=[2,32,1]", "--set", 'strategy={"name": "ddp", "bucket": 25}', "--out", "runs/a",
-            "--set", "study=x; touch PWNED && it's | fine"]
+    safe = [
+        "cfg.yaml",
+        "--set",
+        "model.widths=[2,32,1]",
+        "--set",
+        'strategy={"name": "ddp", "bucket": 25}',
+        "--out",
+        "runs/a",
+        "--set",
+        "study=x; touch PWNED && it's | fine",
+    ]
     assert "--no_ssh_check" in deepspeed_launch(spec, safe).commands[0]
     spaced_and_inert = {HOSTILE[name] for name in ("semicolon", "and", "pipe")}
-    for hostile in [*(set(HOSTILE.values()) - spaced_and_inert), "x;touch", "a&&b", "x|y", "{a,b}", "~root", "*", "it's"]:
+    for hostile in [
+        *(set(HOSTILE.values()) - spaced_and_inert),
+        "x;touch",
+        "a&&b",
+        "x|y",
+        "{a,b}",
+        "~root",
+        "*",
+        "it's",
+    ]:
         with pytest.raises(ConfigError, match="would reach each node's shell unquoted"):
             deepspeed_launch(spec, ["cfg.yaml", "--set", f"study={hostile}"])
     spaced = in_tmp_cwd / "a b"
@@ -222,13 +297,28 @@ def test_the_ssh_path_refuses_what_deepspeeds_pdsh_would_hand_a_shell(in_tmp_cwd
 def test_host_names_and_addresses_are_accepted_and_nothing_else():
     for good in ("node1", "worker-0.svc", "n1.cluster.example.org.", "10.0.0.1", "::1", "fe80::1%eth0", "a" * 63):
         check_host_name(good, "--hosts")
-    for bad in ("a;b", "$(x)", "node 1", "-oProxyCommand=x", "node1:22", "a..b", "-node", "node-", "a" * 64, "",
-                "user@node1", "node_1", "nøde", "node1\n"):
+    for bad in (
+        "a;b",
+        "$(x)",
+        "node 1",
+        "-oProxyCommand=x",
+        "node1:22",
+        "a..b",
+        "-node",
+        "node-",
+        "a" * 64,
+        "",
+        "user@node1",
+        "node_1",
+        "nøde",
+        "node1\n",
+    ):
         with pytest.raises(ConfigError, match="is not a host name"):
             check_host_name(bad, "--hosts")
 
 
 # ------------------------------------------------------------------------------- unpickling
+
 
 class Payload:
     """What a crafted checkpoint holds: unpickling it runs ``touch <path>``."""
@@ -244,8 +334,22 @@ def test_init_from_never_unpickles_a_file(tmp_path, capsys):
     marker = tmp_path / "PWNED"
     crafted = tmp_path / "model.pt"
     torch.save({"model_state": {"w": torch.zeros(1)}, "model": Payload(marker)}, crafted)
-    assert main(["train", str(VALID), "--strategy", "single", "--set", f"training.init_from={crafted}",
-                 "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                str(VALID),
+                "--strategy",
+                "single",
+                "--set",
+                f"training.init_from={crafted}",
+                "--out",
+                str(tmp_path / "out"),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"training.init_from: {crafted} is not a kanscale export, or it holds Python objects" in err
     assert "never unpickles" in err and len(err) < 1000
@@ -257,9 +361,18 @@ def test_export_never_unpickles_a_checkpoint_file(tmp_path, capsys):
     checkpoint = tmp_path / "run/checkpoints/step-000010"
     checkpoint.mkdir(parents=True)
     model = {"family": "bspline", "widths": [2, 8, 1], "grid": 5, "k": 3}
-    (checkpoint / "meta.json").write_text(json.dumps({"run_id": "r", "step": 10, "strategy": "single", "format": "torch",
-                                                      "world_size": 1, "config": {"model": model,
-                                                                                  "training": {"dtype": "float32"}}}))
+    (checkpoint / "meta.json").write_text(
+        json.dumps(
+            {
+                "run_id": "r",
+                "step": 10,
+                "strategy": "single",
+                "format": "torch",
+                "world_size": 1,
+                "config": {"model": model, "training": {"dtype": "float32"}},
+            }
+        )
+    )
     torch.save({"model": {"w": Payload(marker)}, "optimizer": {}}, checkpoint / "state.pt")
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "model.pt")]) == 2
     err = capsys.readouterr().err
@@ -281,12 +394,26 @@ def test_an_export_is_plain_data_and_starts_a_run(tmp_path, capsys):
     assert main(["train", *common, "--set", f"training.init_from={model}", "--out", str(tmp_path / "b")]) == 0
     # an export of another grid is refused before training, naming what differs (the family says what counts)
     capsys.readouterr()
-    assert main(["train", *common, "--set", f"training.init_from={model}", "--set", "model.grid=7",
-                 "--out", str(tmp_path / "c")]) == 2
+    assert (
+        main(
+            [
+                "train",
+                *common,
+                "--set",
+                f"training.init_from={model}",
+                "--set",
+                "model.grid=7",
+                "--out",
+                str(tmp_path / "c"),
+            ]
+        )
+        == 2
+    )
     assert "differs from this experiment's in grid; use an export of the same model" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------- bounded messages
+
 
 def alias_bomb(depth: int = 9, width: int = 9) -> str:
     """Flow-style YAML whose anchors nest ``depth`` deep: a few hundred characters that expand
@@ -299,8 +426,14 @@ def alias_bomb(depth: int = 9, width: int = 9) -> str:
 
 def kanscale(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     """``kanscale ARGS`` in its own process: a hang is a failure (the timeout), not a stuck suite."""
-    return subprocess.run([sys.executable, "-m", "launchers.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "launchers.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def test_an_alias_bomb_in_an_experiment_gets_a_short_message_quickly(tmp_path):
@@ -311,8 +444,9 @@ def test_an_alias_bomb_in_an_experiment_gets_a_short_message_quickly(tmp_path):
 
 
 def test_an_alias_bomb_in_a_set_value_gets_a_short_message_quickly(tmp_path):
-    done = kanscale("run", str(VALID), "--set", f"study={alias_bomb()}", "--dry-run", "--out", str(tmp_path / "out"),
-                    cwd=tmp_path)
+    done = kanscale(
+        "run", str(VALID), "--set", f"study={alias_bomb()}", "--dry-run", "--out", str(tmp_path / "out"), cwd=tmp_path
+    )
     assert done.returncode == 2 and done.stderr.startswith("kanscale: error: ") and len(done.stderr) < 2000
 
 
@@ -320,7 +454,9 @@ def test_an_alias_bomb_in_a_study_gets_a_short_message_quickly(tmp_path):
     """A study's ``set`` values are written out into every point's overrides: the expansion
     itself must be refused where the YAML is read (9**7 strings: 30 MB of override text)."""
     study = tmp_path / "study.yaml"
-    study.write_text(f"study: bomb\nexperiment: {VALID}\nset:\n  study: {alias_bomb(depth=7)}\n"
-                     "matrix:\n  strategy: [single]\n  topology: [1x1]\n")
+    study.write_text(
+        f"study: bomb\nexperiment: {VALID}\nset:\n  study: {alias_bomb(depth=7)}\n"
+        "matrix:\n  strategy: [single]\n  topology: [1x1]\n"
+    )
     done = kanscale("sweep", str(study), "--dry-run", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.startswith("kanscale: error: ") and len(done.stderr) < 2000

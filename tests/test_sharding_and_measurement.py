@@ -18,10 +18,13 @@ DELAY_S = 0.03
 
 def experiment(strategy: dict, widths: list[int], steps: int, out: str) -> dict:
     return {
-        "name": "sharding", "model": {"family": "bspline", "widths": widths, "grid": 10, "grid_range": [-2.0, 2.0]},
+        "name": "sharding",
+        "model": {"family": "bspline", "widths": widths, "grid": 10, "grid_range": [-2.0, 2.0]},
         "task": {"name": "quadratic", "n_train": 4096, "n_test": 128},
         "training": {"seed": 0, "micro_batch": 64, "steps": steps, "warmup_steps": 2},
-        "strategy": strategy, "measurement": {"baseline_steps": 5}, "runtime": {"device": "cpu", "threads": 1},
+        "strategy": strategy,
+        "measurement": {"baseline_steps": 5},
+        "runtime": {"device": "cpu", "threads": 1},
         "output": {"dir": out},
     }
 
@@ -31,10 +34,14 @@ def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sharding")
     out = str(tmp / "runs")
     jobs = [{"id": key, "config": experiment(s, [2, 64, 64, 1], 3, out)} for key, s in MEMORY_STRATEGIES.items()]
-    jobs += [{"id": "ddp_plain", "config": experiment({"name": "ddp"}, [2, 8, 1], 25, out)},
-             {"id": "ddp_delayed", "config": experiment({"name": "ddp"}, [2, 8, 1], 25, out), "comm_delay_s": DELAY_S}]
+    jobs += [
+        {"id": "ddp_plain", "config": experiment({"name": "ddp"}, [2, 8, 1], 25, out)},
+        {"id": "ddp_delayed", "config": experiment({"name": "ddp"}, [2, 8, 1], 25, out), "comm_delay_s": DELAY_S},
+    ]
     probed = experiment({"name": "ddp"}, [2, 8, 1], 25, out)
-    jobs.append({"id": "ddp_paper_probe", "config": {**probed, "measurement": {"baseline_steps": 5, "comm_probe": "paper"}}})
+    jobs.append(
+        {"id": "ddp_paper_probe", "config": {**probed, "measurement": {"baseline_steps": 5, "comm_probe": "paper"}}}
+    )
     return run_jobs(jobs, tmp)
 
 
@@ -54,7 +61,9 @@ def test_zero_1_and_2_hold_half_the_optimizer_state_but_all_parameters(results, 
     assert ratio(results, strategy, "optimizer") == pytest.approx(0.5, abs=0.03)
     assert ratio(results, strategy, "params") == pytest.approx(1.0, abs=0.03)
     # ZeRO keeps an fp32 master copy of its parameter partition even when training in fp32
-    assert results[strategy]["model_state"]["master_params"] / results["ddp"]["model_state"]["params"] == pytest.approx(0.5, abs=0.03)
+    assert results[strategy]["model_state"]["master_params"] / results["ddp"]["model_state"]["params"] == pytest.approx(
+        0.5, abs=0.03
+    )
 
 
 def test_ddp_holds_everything(results):

@@ -36,12 +36,24 @@ QUICKSTART = str(ROOT / "configs/experiments/quickstart.yaml")
 def small(out: Path, strategy: dict | None = None, **training) -> dict:
     """A run of seconds: 12 steps, a checkpoint every 3 (the newest two kept: 6 and 9 when it
     fails at step 11)."""
-    return {"name": "safety", "model": {"family": "bspline", "widths": [2, 4, 1], "grid": 3, "grid_range": [-2.0, 2.0]},
-            "task": {"name": "quadratic", "n_train": 512, "n_test": 64},
-            "training": {"seed": 3, "lr": 0.02, "micro_batch": 32, "steps": 12, "warmup_steps": 1, "checkpoint_every": 3,
-                         **training},
-            "strategy": strategy or {"name": "single"}, "measurement": {"baseline_steps": 1},
-            "runtime": {"device": "cpu", "threads": 1}, "output": {"dir": str(out)}}
+    return {
+        "name": "safety",
+        "model": {"family": "bspline", "widths": [2, 4, 1], "grid": 3, "grid_range": [-2.0, 2.0]},
+        "task": {"name": "quadratic", "n_train": 512, "n_test": 64},
+        "training": {
+            "seed": 3,
+            "lr": 0.02,
+            "micro_batch": 32,
+            "steps": 12,
+            "warmup_steps": 1,
+            "checkpoint_every": 3,
+            **training,
+        },
+        "strategy": strategy or {"name": "single"},
+        "measurement": {"baseline_steps": 1},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(out)},
+    }
 
 
 def failing(config: dict, step: int = 11, rank: int | str = "all", kind: str = "exception") -> dict:
@@ -127,7 +139,10 @@ def test_a_checkpoint_without_checksums_is_used_and_said_to_be_unverified(tmp_pa
     meta_file.write_text(json.dumps({k: v for k, v in meta.items() if k != "files"}))  # as an older kanscale wrote it
     assert trained(config, resume=run_dir).record.resumed_at_steps == [9]
     assert losses(run_dir) == [s.loss for s in full.combined]
-    assert "step-000009 was written without checksums (by an earlier kanscale) and is used unverified" in capsys.readouterr().err
+    assert (
+        "step-000009 was written without checksums (by an earlier kanscale) and is used unverified"
+        in capsys.readouterr().err
+    )
 
 
 def corrupt(path: Path, how: str) -> None:
@@ -136,7 +151,7 @@ def corrupt(path: Path, how: str) -> None:
         path.write_bytes(data[: len(data) // 2])
     else:  # one flipped bit in the middle: a file that still loads, with a wrong number in it
         middle = len(data) // 2
-        path.write_bytes(data[:middle] + bytes([data[middle] ^ 0x10]) + data[middle + 1:])
+        path.write_bytes(data[:middle] + bytes([data[middle] ^ 0x10]) + data[middle + 1 :])
 
 
 CORRUPTED = {"ddp": ("state.pt", "truncate"), "fsdp2": ("__1_0.distcp", "flip")}  # fsdp2: rank 1's own shard
@@ -148,9 +163,14 @@ def corrupted_runs(tmp_path_factory):
     (step 9) is then corrupted, and its resume."""
     tmp = tmp_path_factory.mktemp("corrupted")
     configs = {key: small(tmp / key, {"name": key}) for key in CORRUPTED}
-    first = run_jobs([job for key, cfg in configs.items()
-                      for job in ({"id": f"{key}/full", "config": cfg}, {"id": f"{key}/failed", "config": failing(cfg)})],
-                     tmp)
+    first = run_jobs(
+        [
+            job
+            for key, cfg in configs.items()
+            for job in ({"id": f"{key}/full", "config": cfg}, {"id": f"{key}/failed", "config": failing(cfg)})
+        ],
+        tmp,
+    )
     for key, (name, how) in CORRUPTED.items():
         assert first[f"{key}/full"]["status"] == "ok" and "injected fault" in first[f"{key}/failed"]["error"]
         (failed,) = [d for d in (tmp / key).iterdir() if read_summary(d).status == "failed"]
@@ -174,8 +194,14 @@ def test_a_corrupt_latest_checkpoint_is_set_aside_and_the_previous_one_resumed(c
 # ------------------------------------------------------------- owners, attempts, signals
 
 TWO_RANKS = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-LONG = ["training.steps=100000", "training.micro_batch=64", "training.checkpoint_every=400", "training.log_every=200",
-        "measurement.baseline_steps=1", "runtime.timeout_s=10"]
+LONG = [
+    "training.steps=100000",
+    "training.micro_batch=64",
+    "training.checkpoint_every=400",
+    "training.log_every=200",
+    "measurement.baseline_steps=1",
+    "runtime.timeout_s=10",
+]
 
 
 def train_cmd(out: Path, *settings: str, resume: Path | None = None) -> list[str]:
@@ -201,10 +227,24 @@ def two_plain_ranks(cmd: list[str]) -> list[subprocess.CompletedProcess]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, *cmd], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), LOCAL_RANK=str(r),
-                                            WORLD_SIZE="2", LOCAL_WORLD_SIZE="2"))
-             for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, *cmd],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                RANK=str(r),
+                LOCAL_RANK=str(r),
+                WORLD_SIZE="2",
+                LOCAL_WORLD_SIZE="2",
+            ),
+        )
+        for r in range(2)
+    ]
     deadline = time.monotonic() + 60  # refusing takes seconds; a rank that is not refused trains on
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         time.sleep(0.2)
@@ -220,16 +260,23 @@ def contested_run(tmp_path_factory):
     SIGTERM like a user's kill; 3 resumes again and loses rank 0 (os._exit) two steps later."""
     out = tmp_path_factory.mktemp("contested")
     seen = {}
-    first = subprocess.run([*TWO_RANKS, *train_cmd(out, "fault.rank=1", "fault.step=411", "fault.kind=exception")],
-                           cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        [*TWO_RANKS, *train_cmd(out, "fault.rank=1", "fault.step=411", "fault.kind=exception")],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert first.returncode != 0
     (run_dir,) = list(out.iterdir())
     seen["first"] = (read_summary(run_dir), read_steps(run_dir))
     lock = run_dir / LOCK_FILE
     seen["lock_after_first"] = text_of(lock)
     log = open(out.parent / "second.log", "w")
-    second = subprocess.Popen([*TWO_RANKS, *train_cmd(out, resume=run_dir)], cwd=ROOT, env=child_env(), stdout=log,
-                              stderr=subprocess.STDOUT)
+    second = subprocess.Popen(
+        [*TWO_RANKS, *train_cmd(out, resume=run_dir)], cwd=ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT
+    )
     try:
         wait_for(lambda: len(read_steps(run_dir)) >= 600)  # training, past its first write after the resume
         seen["owner"] = json.loads(text_of(lock) or "{}")
@@ -244,9 +291,14 @@ def contested_run(tmp_path_factory):
     seen["lock_after_second"] = text_of(lock)
     seen["attempts_after_second"] = sorted(p.name for p in (run_dir / "failures").iterdir())
     latest = complete_checkpoints(run_dir)[-1].step
-    third = subprocess.run([*TWO_RANKS, *train_cmd(out, "fault.rank=0", f"fault.step={latest + 3}", "fault.kind=exit",
-                                                   resume=run_dir)],
-                           cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=300)
+    third = subprocess.run(
+        [*TWO_RANKS, *train_cmd(out, "fault.rank=0", f"fault.step={latest + 3}", "fault.kind=exit", resume=run_dir)],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert third.returncode != 0
     seen["third"] = (read_summary(run_dir), read_steps(run_dir), latest)
     return run_dir, seen
@@ -255,7 +307,12 @@ def contested_run(tmp_path_factory):
 def test_every_step_completed_before_a_failure_is_written(contested_run):
     _, seen = contested_run
     record, steps = seen["first"]
-    assert (record.status, record.error.type, record.error.rank, record.error.step) == ("failed", "RuntimeError", 1, 410)
+    assert (record.status, record.error.type, record.error.rank, record.error.step) == (
+        "failed",
+        "RuntimeError",
+        1,
+        410,
+    )
     assert [s.step for s in steps] == list(range(1, 411))  # the last write before the failure was at step 400
 
 
@@ -289,11 +346,18 @@ def test_sigterm_of_a_healthy_run_is_recorded_as_a_stop_with_every_completed_ste
 def test_an_earlier_attempts_failure_is_not_the_cause_of_a_later_one(contested_run):
     run_dir, seen = contested_run
     record, steps, latest = seen["third"]
-    assert (record.status, record.error.type, record.error.rank, record.error.step) == ("failed", "RankLost", 0, latest + 2)
+    assert (record.status, record.error.type, record.error.rank, record.error.step) == (
+        "failed",
+        "RankLost",
+        0,
+        latest + 2,
+    )
     assert record.resumed_at_steps == [400, latest]
     assert [s.step for s in steps] == list(range(1, latest + 1))  # rank 0, the writer, died before its next write
-    reports = {p.relative_to(run_dir / "failures").as_posix(): json.loads(p.read_text())
-               for p in sorted((run_dir / "failures").rglob("rank*.json"))}
+    reports = {
+        p.relative_to(run_dir / "failures").as_posix(): json.loads(p.read_text())
+        for p in sorted((run_dir / "failures").rglob("rank*.json"))
+    }
     assert reports["attempt-1/rank1.json"]["type"] == "RuntimeError"  # kept, and not taken for attempt 3's cause
     # the stop: each rank got SIGTERM, or lost its peer to it first
     stop = {FailureReport(**reports[f"attempt-2/rank{r}.json"]).kind for r in range(2)}
@@ -302,8 +366,22 @@ def test_an_earlier_attempts_failure_is_not_the_cause_of_a_later_one(contested_r
 
 
 def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path):
-    cmd = [sys.executable, "-m", "launchers.cli", "train", QUICKSTART, "--out", str(tmp_path), "--no-progress",
-           "--set", "training.steps=100000", "--set", "training.checkpoint_every=20", "--set", "training.micro_batch=64"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "launchers.cli",
+        "train",
+        QUICKSTART,
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+        "--set",
+        "training.steps=100000",
+        "--set",
+        "training.checkpoint_every=20",
+        "--set",
+        "training.micro_batch=64",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stderr=subprocess.DEVNULL)
     wait_for(lambda: any(complete_checkpoints(d) for d in tmp_path.iterdir()))
     proc.send_signal(signal.SIGKILL)
@@ -311,9 +389,24 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path):
     (run_dir,) = list(tmp_path.iterdir())
     assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == proc.pid  # the name is left behind, the flock is not
     latest = complete_checkpoints(run_dir)[-1].step
-    resumed = subprocess.run([*cmd, "--resume", str(run_dir), "--set", "fault.rank=all", "--set", f"fault.step={latest + 2}",
-                              "--set", "fault.kind=exception"], cwd=ROOT, env=child_env(), capture_output=True, text=True,
-                             timeout=300)
+    resumed = subprocess.run(
+        [
+            *cmd,
+            "--resume",
+            str(run_dir),
+            "--set",
+            "fault.rank=all",
+            "--set",
+            f"fault.step={latest + 2}",
+            "--set",
+            "fault.kind=exception",
+        ],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 1
     assert f"took over the lock of an earlier run that did not end cleanly (pid {proc.pid} on" in resumed.stderr
     record = read_summary(run_dir)
@@ -322,12 +415,20 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path):
 
 def test_a_lock_still_held_for_an_ended_owner_is_refused_with_how_to_find_the_holder(tmp_path, capsys):
     """The owner ended, but a process it forked inherited the lock and still holds it."""
-    script = ("import os, sys, time\nfrom pathlib import Path\nfrom strategies.lifecycle.run_lock import RunLock\n"
-              "lock = RunLock.acquire(Path(sys.argv[1]))\nchild = os.fork()\nif child == 0:\n"
-              "    quiet = os.open(os.devnull, os.O_WRONLY)\n    os.dup2(quiet, 1)\n    os.dup2(quiet, 2)\n"
-              "    time.sleep(120)\n    os._exit(0)\nprint(os.getpid(), child, flush=True)\nos._exit(0)\n")
-    owner = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, env=child_env(), capture_output=True,
-                           text=True, timeout=60)
+    script = (
+        "import os, sys, time\nfrom pathlib import Path\nfrom strategies.lifecycle.run_lock import RunLock\n"
+        "lock = RunLock.acquire(Path(sys.argv[1]))\nchild = os.fork()\nif child == 0:\n"
+        "    quiet = os.open(os.devnull, os.O_WRONLY)\n    os.dup2(quiet, 1)\n    os.dup2(quiet, 2)\n"
+        "    time.sleep(120)\n    os._exit(0)\nprint(os.getpid(), child, flush=True)\nos._exit(0)\n"
+    )
+    owner = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     owner_pid, child_pid = map(int, owner.stdout.split())
     try:
         with pytest.raises(ConfigError) as refused:
@@ -355,15 +456,31 @@ def test_a_lock_still_held_for_an_ended_owner_is_refused_with_how_to_find_the_ho
 def test_every_file_of_a_run_follows_the_umask(tmp_path, umask):
     """A failed run and its resume, so that checkpoints, failure reports, locks and a rewritten
     steps.jsonl are among the files."""
-    args = ["train", QUICKSTART, "--out", str(tmp_path), "--no-progress", "--set", "training.steps=12",
-            "--set", "training.checkpoint_every=4"]
+    args = [
+        "train",
+        QUICKSTART,
+        "--out",
+        str(tmp_path),
+        "--no-progress",
+        "--set",
+        "training.steps=12",
+        "--set",
+        "training.checkpoint_every=4",
+    ]
     fault = ["--set", "fault.rank=all", "--set", "fault.step=10", "--set", "fault.kind=exception"]
-    script = (f"import os, sys\nos.umask({umask})\nfrom launchers.cli import main\n"
-              f"assert main({[*args, *fault]!r}) == 1\nassert main({[*args, '--resume']!r}) == 0\n")
+    script = (
+        f"import os, sys\nos.umask({umask})\nfrom launchers.cli import main\n"
+        f"assert main({[*args, *fault]!r}) == 1\nassert main({[*args, '--resume']!r}) == 0\n"
+    )
     run([sys.executable, "-c", script])
     (run_dir,) = list(tmp_path.iterdir())
     paths = list(run_dir.rglob("*"))
-    wrong = {str(p.relative_to(run_dir)): oct(p.stat().st_mode & 0o777) for p in paths
-             if p.stat().st_mode & 0o777 != (0o777 if p.is_dir() else 0o666) & ~umask}
+    wrong = {
+        str(p.relative_to(run_dir)): oct(p.stat().st_mode & 0o777)
+        for p in paths
+        if p.stat().st_mode & 0o777 != (0o777 if p.is_dir() else 0o666) & ~umask
+    }
     assert wrong == {}
-    assert {"summary.json", "config.yaml", "steps.jsonl", LOCK_FILE, "meta.json", "state.pt", "rank0.json"} <= {p.name for p in paths}
+    assert {"summary.json", "config.yaml", "steps.jsonl", LOCK_FILE, "meta.json", "state.pt", "rank0.json"} <= {
+        p.name for p in paths
+    }

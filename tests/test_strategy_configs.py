@@ -39,6 +39,7 @@ def deepspeed(tmp_path, native: dict | None = None, **options) -> DeepSpeedConfi
 
 # ------------------------------------------------------------------------------- DeepSpeed
 
+
 def test_the_experiment_fills_every_training_value_explicitly(tmp_path):
     training = TrainingConfig(micro_batch=32, grad_accum=2, grad_clip=0.0)
     resolved = deepspeed(tmp_path, zero_stage=3).resolve(training, world_size=2)
@@ -49,16 +50,29 @@ def test_the_experiment_fills_every_training_value_explicitly(tmp_path):
     assert resolved["zero_optimization"]["stage3_param_persistence_threshold"] == 0
 
 
-@pytest.mark.parametrize("native,message", [
-    ({"gradient_clipping": 1.0}, 'gradient_clipping=1.0, but training.grad_clip implies 0.0: set it to 0.0 or "auto" in'),
-    ({"train_micro_batch_size_per_gpu": 16}, "train_micro_batch_size_per_gpu=16, but training.micro_batch implies 512"),
-    ({"optimizer": {"type": "Lamb"}}, "optimizer.type is 'Lamb', which the suite does not build"),
-    ({"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}},
-     "optimizer.params.lr is 0.1, but the experiment sets training.lr to 0.001"),
-    ({"scheduler": {"type": "OneCycle"}}, "scheduler.type is 'OneCycle'; the suite runs DeepSpeed's WarmupLR"),
-    ({"bf16": {"enabled": True}}, "bf16.enabled=true, but training.precision=fp32 implies false: set it to false or "
-                                  '"auto" in'),
-])
+@pytest.mark.parametrize(
+    "native,message",
+    [
+        (
+            {"gradient_clipping": 1.0},
+            'gradient_clipping=1.0, but training.grad_clip implies 0.0: set it to 0.0 or "auto" in',
+        ),
+        (
+            {"train_micro_batch_size_per_gpu": 16},
+            "train_micro_batch_size_per_gpu=16, but training.micro_batch implies 512",
+        ),
+        ({"optimizer": {"type": "Lamb"}}, "optimizer.type is 'Lamb', which the suite does not build"),
+        (
+            {"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}},
+            "optimizer.params.lr is 0.1, but the experiment sets training.lr to 0.001",
+        ),
+        ({"scheduler": {"type": "OneCycle"}}, "scheduler.type is 'OneCycle'; the suite runs DeepSpeed's WarmupLR"),
+        (
+            {"bf16": {"enabled": True}},
+            'bf16.enabled=true, but training.precision=fp32 implies false: set it to false or "auto" in',
+        ),
+    ],
+)
 def test_a_native_file_that_contradicts_the_experiment_is_refused(tmp_path, native, message):
     # the experiment sets what the file contradicts (a field it leaves open is taken from the file)
     training = TrainingConfig(precision="fp32", lr=0.001, optimizer="adamw")
@@ -72,8 +86,15 @@ def test_a_native_file_that_sets_bf16_runs_when_the_experiment_asks_for_bf16(tmp
     assert resolved["bf16"]["enabled"] is True and resolved["fp16"]["enabled"] is False
     fp16 = deepspeed(tmp_path, {"fp16": {"enabled": "auto"}}).resolve(TrainingConfig(precision="fp16"), world_size=2)
     # DeepSpeed's loss scaling follows torch.amp.GradScaler's schedule, as the other strategies' fp16 does
-    assert fp16["fp16"] == {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "hysteresis": 1,
-                            "consecutive_hysteresis": False, "loss_scale_window": 2000, "min_loss_scale": 1}
+    assert fp16["fp16"] == {
+        "enabled": True,
+        "loss_scale": 0,
+        "initial_scale_power": 16,
+        "hysteresis": 1,
+        "consecutive_hysteresis": False,
+        "loss_scale_window": 2000,
+        "min_loss_scale": 1,
+    }
 
 
 def test_the_native_file_decides_what_the_strategy_leaves_at_its_default(tmp_path):
@@ -83,10 +104,13 @@ def test_the_native_file_decides_what_the_strategy_leaves_at_its_default(tmp_pat
         deepspeed(tmp_path, native, zero_stage=3).resolve(TrainingConfig(), 2)
 
 
-@pytest.mark.parametrize("options,message", [
-    ({"offload_optimizer": True}, "strategy.offload_optimizer: optimizer offload needs ZeRO stage 1, 2 or 3"),
-    ({"zero_stage": 2, "offload_param": True}, "strategy.offload_param: parameter offload needs ZeRO stage 3"),
-])
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        ({"offload_optimizer": True}, "strategy.offload_optimizer: optimizer offload needs ZeRO stage 1, 2 or 3"),
+        ({"zero_stage": 2, "offload_param": True}, "strategy.offload_param: parameter offload needs ZeRO stage 3"),
+    ],
+)
 def test_offload_without_the_zero_stage_it_needs(tmp_path, options, message):
     with pytest.raises(ConfigError, match=message):
         deepspeed(tmp_path, **options).resolve(TrainingConfig(), 2)
@@ -108,18 +132,35 @@ def test_zero_stage_4_and_unknown_strategy_options():
 
 # ------------------------------------------------------------------------ preflight, presets
 
-@pytest.mark.parametrize("overrides,world,message", [
-    (["strategy.name=fsdp2", "strategy.cpu_offload=true"], 2, "strategy.cpu_offload: CPUOffloadPolicy"),
-    (["strategy.name=fsdp1", "strategy.cpu_offload=true"], 2, "strategy.cpu_offload"),
-    (["strategy.name=fsdp1", "strategy.sharding_strategy=HYBRID_SHARD", "strategy.shard_degree=3"], 4,
-     "strategy.shard_degree: 3 ranks per shard group does not divide the world size 4"),
-    (["strategy.name=deepspeed", "strategy.zero_stage=3", "strategy.quantized_gradients=true"], 2,
-     "strategy.quantized_gradients: ZeRO++'s quantized collectives run DeepSpeed's CUDA quantizer kernels"),
-    (["strategy.name=single"], 2, "strategy.name: single trains in one process but 2 ranks"),
-    (["training.micro_batch=null", "training.global_batch=1000", "strategy.name=ddp"], 3,
-     "training.global_batch: 1000 samples cannot be split evenly over grad_accum (1) x data-parallel ranks (3)"),
-    (["strategy.name=fsdp2", "measurement.comm_probe=paper"], 2, "measurement.comm_probe: strategy fsdp2 does not support the paper probe"),
-])
+
+@pytest.mark.parametrize(
+    "overrides,world,message",
+    [
+        (["strategy.name=fsdp2", "strategy.cpu_offload=true"], 2, "strategy.cpu_offload: CPUOffloadPolicy"),
+        (["strategy.name=fsdp1", "strategy.cpu_offload=true"], 2, "strategy.cpu_offload"),
+        (
+            ["strategy.name=fsdp1", "strategy.sharding_strategy=HYBRID_SHARD", "strategy.shard_degree=3"],
+            4,
+            "strategy.shard_degree: 3 ranks per shard group does not divide the world size 4",
+        ),
+        (
+            ["strategy.name=deepspeed", "strategy.zero_stage=3", "strategy.quantized_gradients=true"],
+            2,
+            "strategy.quantized_gradients: ZeRO++'s quantized collectives run DeepSpeed's CUDA quantizer kernels",
+        ),
+        (["strategy.name=single"], 2, "strategy.name: single trains in one process but 2 ranks"),
+        (
+            ["training.micro_batch=null", "training.global_batch=1000", "strategy.name=ddp"],
+            3,
+            "training.global_batch: 1000 samples cannot be split evenly over grad_accum (1) x data-parallel ranks (3)",
+        ),
+        (
+            ["strategy.name=fsdp2", "measurement.comm_probe=paper"],
+            2,
+            "measurement.comm_probe: strategy fsdp2 does not support the paper probe",
+        ),
+    ],
+)
 def test_preflight_refuses_what_cannot_run_here(overrides, world, message):
     cfg = load_experiment(QUICKSTART, overrides)
     with pytest.raises(ConfigError) as err:
@@ -132,8 +173,9 @@ def test_a_missing_native_file_is_refused_when_the_experiment_loads():
         load_experiment(QUICKSTART, ["strategy.name=deepspeed", "strategy.config=missing.json"])
 
 
-@pytest.mark.parametrize("preset,stage,offload", [("zero0", 0, False), ("zero2", 2, False), ("zero3", 3, False),
-                                                  ("zero3_offload", 3, True)])
+@pytest.mark.parametrize(
+    "preset,stage,offload", [("zero0", 0, False), ("zero2", 2, False), ("zero3", 3, False), ("zero3_offload", 3, True)]
+)
 def test_the_options_say_what_the_native_file_decides(preset, stage, offload):
     """The zero3 preset names only its DeepSpeed JSON; the experiment still says stage 3."""
     strategy = load_experiment(QUICKSTART, strategy=preset).strategy
@@ -143,7 +185,18 @@ def test_the_options_say_what_the_native_file_decides(preset, stage, offload):
 
 def test_every_strategy_preset_validates_and_passes_preflight_on_cpu():
     presets = sorted((ROOT / "configs/strategies").glob("*.yaml"))
-    assert {p.stem for p in presets} >= {"single", "ddp", "fsdp1", "fsdp2", "zero0", "zero1", "zero2", "zero3", "zero3_offload", "accelerate"}
+    assert {p.stem for p in presets} >= {
+        "single",
+        "ddp",
+        "fsdp1",
+        "fsdp2",
+        "zero0",
+        "zero1",
+        "zero2",
+        "zero3",
+        "zero3_offload",
+        "accelerate",
+    }
     for path in presets:
         cfg = load_experiment(QUICKSTART, strategy=path.stem)
         assert cfg.strategy.name in STRATEGIES
@@ -153,6 +206,7 @@ def test_every_strategy_preset_validates_and_passes_preflight_on_cpu():
 
 
 # ------------------------------------------------------------------------------- Accelerate
+
 
 def accelerate_launch_env(config: Path) -> dict[str, str]:
     """The environment `accelerate launch --config_file CONFIG` gives its processes, built by
@@ -167,8 +221,14 @@ def accelerate_launch_env(config: Path) -> dict[str, str]:
 
 def test_shipped_accelerate_configs_load_with_accelerate():
     kinds = {p.stem: load_config_from_file(str(p)).distributed_type.name for p in ACCELERATE.glob("*.yaml")}
-    assert kinds == {"ddp": "MULTI_GPU", "ddp_cpu": "MULTI_GPU", "fsdp1": "FSDP", "fsdp2": "FSDP",
-                     "deepspeed_zero2": "DEEPSPEED", "deepspeed_zero3": "DEEPSPEED"}
+    assert kinds == {
+        "ddp": "MULTI_GPU",
+        "ddp_cpu": "MULTI_GPU",
+        "fsdp1": "FSDP",
+        "fsdp2": "FSDP",
+        "deepspeed_zero2": "DEEPSPEED",
+        "deepspeed_zero3": "DEEPSPEED",
+    }
 
 
 def kan_model():
@@ -210,13 +270,16 @@ def test_deepspeed_plugin_gets_the_experiments_values(monkeypatch, stage):
     plugin.deepspeed_config["gradient_clipping"] = 1.0
     assert resolve_native(plugin.deepspeed_config, training, 2, 16, "the plugin").problems == [
         'gradient_clipping=1.0, but training.grad_clip implies 0.5: set it to 0.5 or "auto" in the plugin, or '
-        '--set training.grad_clip=1.0']
+        "--set training.grad_clip=1.0"
+    ]
     followed = training.model_copy(update={"grad_clip": 1.0})  # what the --set line does
     assert resolve_native(plugin.deepspeed_config, followed, 2, 16, "the plugin").problems == []
 
 
 def test_accelerate_fsdp_is_refused_on_cpu_before_launch():
-    cfg = load_experiment(QUICKSTART, ["strategy.name=accelerate", "strategy.config_file=configs/accelerate/fsdp2.yaml"])
+    cfg = load_experiment(
+        QUICKSTART, ["strategy.name=accelerate", "strategy.config_file=configs/accelerate/fsdp2.yaml"]
+    )
     with pytest.raises(ConfigError, match="accelerate \\+ FSDP needs CUDA devices here.*use strategy fsdp2"):
         preflight(cfg, "cpu", 2)
     preflight(cfg, "cuda", 2)  # the same config is fine where there are GPUs
@@ -235,19 +298,39 @@ def test_an_accelerate_config_that_starts_one_process_is_refused_for_two_ranks(t
     """`accelerate config default` writes distributed_type: NO; launched with 2 ranks Accelerate
     would start one process and exit 0. Refused before launch, naming the key."""
     default = tmp_path / "default_config.yaml"
-    default.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: 'no'\n"
-                       "num_processes: 1\nuse_cpu: true\n")
+    default.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nmixed_precision: 'no'\n"
+        "num_processes: 1\nuse_cpu: true\n"
+    )
     from launchers.cli import main
 
-    assert main(["run", "quickstart", "--strategy", "accelerate", "--launcher", "accelerate", "--accelerate-config",
-                 str(default), "--nproc-per-node", "2", "--dry-run"]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "quickstart",
+                "--strategy",
+                "accelerate",
+                "--launcher",
+                "accelerate",
+                "--accelerate-config",
+                str(default),
+                "--nproc-per-node",
+                "2",
+                "--dry-run",
+            ]
+        )
+        == 2
+    )
     assert launch_config_conflicts({"distributed_type": "NO"}, TrainingConfig(), "cpu", 2, model=MODEL) == [
         "distributed_type: NO starts one process, but 2 ranks were asked for; set distributed_type: MULTI_GPU with "
         "use_cpu: true (configs/accelerate/ddp_cpu.yaml: torchrun starts the ranks and the Accelerator runs MULTI_CPU "
-        "over gloo)"]
+        "over gloo)"
+    ]
     assert launch_config_conflicts({"distributed_type": "NO"}, TrainingConfig(), "cpu", 1, model=MODEL) == []
     assert launch_config_conflicts({"distributed_type": "NO"}, TrainingConfig(), "cuda", 2, model=MODEL) == [
-        "distributed_type: NO starts one process, but 2 ranks were asked for; set distributed_type: MULTI_GPU"]
+        "distributed_type: NO starts one process, but 2 ranks were asked for; set distributed_type: MULTI_GPU"
+    ]
 
 
 def test_accelerate_multi_cpu_without_mpi_is_refused_when_more_ranks_are_asked_for(tmp_path):
@@ -255,36 +338,61 @@ def test_accelerate_multi_cpu_without_mpi_is_refused_when_more_ranks_are_asked_f
     starts one process, which trained alone and exited 0 (the record said world size 1)."""
     multi_cpu = {"distributed_type": "MULTI_CPU", "use_cpu": True}
     (problem,) = launch_config_conflicts(multi_cpu, TrainingConfig(), "cpu", 2, model=MODEL)
-    assert problem.startswith("distributed_type: MULTI_CPU starts one process unless MPI is configured "
-                              "(mpirun_config.mpirun_hostfile), but 2 ranks were asked for; set distributed_type: MULTI_GPU "
-                              "with use_cpu: true")
+    assert problem.startswith(
+        "distributed_type: MULTI_CPU starts one process unless MPI is configured "
+        "(mpirun_config.mpirun_hostfile), but 2 ranks were asked for; set distributed_type: MULTI_GPU "
+        "with use_cpu: true"
+    )
     assert launch_config_conflicts(multi_cpu, TrainingConfig(), "cpu", 1, model=MODEL) == []
     with_mpi = {**multi_cpu, "mpirun_config": {"mpirun_hostfile": str(tmp_path / "hosts")}}
     assert launch_config_conflicts(with_mpi, TrainingConfig(), "cpu", 2, model=MODEL) == []
     launch = tmp_path / "multi_cpu.yaml"
-    launch.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nmixed_precision: 'no'\n"
-                      "use_cpu: true\n")
+    launch.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nmixed_precision: 'no'\nuse_cpu: true\n"
+    )
     from launchers.cli import main
 
-    assert main(["run", "quickstart", "--strategy", "accelerate", "--launcher", "accelerate", "--accelerate-config",
-                 str(launch), "--nproc-per-node", "2", "--dry-run"]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "quickstart",
+                "--strategy",
+                "accelerate",
+                "--launcher",
+                "accelerate",
+                "--accelerate-config",
+                str(launch),
+                "--nproc-per-node",
+                "2",
+                "--dry-run",
+            ]
+        )
+        == 2
+    )
 
 
 def test_accelerate_launch_config_conflicts():
-    launch = {"distributed_type": "DEEPSPEED", "mixed_precision": "bf16",
-              "deepspeed_config": {"gradient_accumulation_steps": 4, "gradient_clipping": 1.0}}
+    launch = {
+        "distributed_type": "DEEPSPEED",
+        "mixed_precision": "bf16",
+        "deepspeed_config": {"gradient_accumulation_steps": 4, "gradient_clipping": 1.0},
+    }
     problems = launch_config_conflicts(launch, TrainingConfig(grad_accum=2), "cuda", model=MODEL)
-    assert problems == ["mixed_precision='bf16' but training.precision is fp32; set mixed_precision: 'no' (or "
-                        "training.precision to match)",
-                        "deepspeed_config.gradient_accumulation_steps=4 but the experiment sets 2",
-                        "deepspeed_config.gradient_clipping=1.0 but the experiment sets 0.0"]
+    assert problems == [
+        "mixed_precision='bf16' but training.precision is fp32; set mixed_precision: 'no' (or "
+        "training.precision to match)",
+        "deepspeed_config.gradient_accumulation_steps=4 but the experiment sets 2",
+        "deepspeed_config.gradient_clipping=1.0 but the experiment sets 0.0",
+    ]
     # The experiment asking for bf16 lifts the refusal; 'no' (accelerate config's default) defers to it.
     bf16 = TrainingConfig(grad_accum=4, grad_clip=1.0, precision="bf16")
     assert launch_config_conflicts(launch, bf16, "cuda", model=MODEL) == []
     assert launch_config_conflicts({**launch, "mixed_precision": "no"}, bf16, "cuda", model=MODEL) == []
     assert launch_config_conflicts({**launch, "mixed_precision": "fp16"}, bf16, "cuda", model=MODEL) == [
         "mixed_precision='fp16' but training.precision is bf16; set mixed_precision: 'bf16' (or training.precision to "
-        "match)"]
+        "match)"
+    ]
 
 
 def test_kanscale_run_loads_the_experiment_once_and_resolves_the_deepspeed_config_once(monkeypatch, tmp_path, capsys):
@@ -300,13 +408,28 @@ def test_kanscale_run_loads_the_experiment_once_and_resolves_the_deepspeed_confi
         def counted(*args, **kwargs):
             counts[name] += 1
             return function(*args, **kwargs)
+
         return counted
 
     monkeypatch.setattr(experiment, "parse_experiment", counting("parse", experiment.parse_experiment))
     monkeypatch.setattr(deepspeed, "resolve_native", counting("resolve", deepspeed.resolve_native))
     monkeypatch.setattr(deepspeed, "read_mapping", counting("read", deepspeed.read_mapping))
-    assert main(["run", "quickstart", "--deepspeed-config", "configs/deepspeed/zero2.json", "--nproc-per-node", "2",
-                 "--out", str(tmp_path), "--dry-run"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "quickstart",
+                "--deepspeed-config",
+                "configs/deepspeed/zero2.json",
+                "--nproc-per-node",
+                "2",
+                "--out",
+                str(tmp_path),
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     assert '"stage": 2' in capsys.readouterr().out  # the preview shows the resolved file
     assert counts == {"parse": 1, "resolve": 1, "read": 1}
 
@@ -322,4 +445,6 @@ def test_a_rank_resolves_the_deepspeed_config_once_for_its_checks_and_its_backen
     preflight(cfg, "cpu", 2)
     first, again = cfg.strategy.resolve(cfg.training, 2), cfg.strategy.resolve(cfg.training, 2)  # as apply() does
     assert len(resolutions) == 1 and first == again and first is not again  # each caller gets its own copy
-    assert cfg.strategy.resolve(cfg.training, 4)["train_batch_size"] != first["train_batch_size"] and len(resolutions) == 2
+    assert (
+        cfg.strategy.resolve(cfg.training, 4)["train_batch_size"] != first["train_batch_size"] and len(resolutions) == 2
+    )

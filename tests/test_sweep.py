@@ -49,47 +49,77 @@ def test_memory_study_reaches_tens_of_millions_of_parameters():
 
     study = load_study(ROOT / "configs/studies/memory_cpu.yaml")
     widths = [size["model.widths"] for size in study.matrix["size"]]
-    largest = count_parameters(build_model(parse_model_config({"family": "bspline", "widths": widths[-1], "grid": 10}), 0))
+    largest = count_parameters(
+        build_model(parse_model_config({"family": "bspline", "widths": widths[-1], "grid": 10}), 0)
+    )
     assert largest.trainable > 10_000_000
 
 
 def write_study(tmp_path, **changes) -> Path:
-    study = {"study": "tiny", "preset": "cpu", "experiment": str(ROOT / "configs/experiments/quickstart.yaml"),
-             "launcher": "torchrun",
-             "set": {"training.steps": 8, "training.micro_batch": 64, "measurement.baseline_steps": 2},
-             "matrix": {"strategy": ["ddp", "zero2"], "topology": ["1x2"]},
-             "include": [{"strategy": "single", "topology": "1x1"}], **changes}
+    study = {
+        "study": "tiny",
+        "preset": "cpu",
+        "experiment": str(ROOT / "configs/experiments/quickstart.yaml"),
+        "launcher": "torchrun",
+        "set": {"training.steps": 8, "training.micro_batch": 64, "measurement.baseline_steps": 2},
+        "matrix": {"strategy": ["ddp", "zero2"], "topology": ["1x2"]},
+        "include": [{"strategy": "single", "topology": "1x1"}],
+        **changes,
+    }
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(study, sort_keys=False))
     return path
 
 
 def test_expansion_per_rank_bundles_and_skips(tmp_path):
-    study = load_study(write_study(tmp_path, per_rank={"task.n_train": 100},
-                                   matrix={"strategy": ["single", "ddp"], "topology": ["1x1", "1x2"],
-                                           "size": [{"label": "big", "model.widths": [2, 32, 1], "model.grid": 7}]}))
+    study = load_study(
+        write_study(
+            tmp_path,
+            per_rank={"task.n_train": 100},
+            matrix={
+                "strategy": ["single", "ddp"],
+                "topology": ["1x1", "1x2"],
+                "size": [{"label": "big", "model.widths": [2, 32, 1], "model.grid": 7}],
+            },
+        )
+    )
     points, skipped = expand(study)
-    assert [p.key for p in points] == ["strategy=single_topology=1x1_size=big", "strategy=ddp_topology=1x1_size=big",
-                                       "strategy=ddp_topology=1x2_size=big", "strategy=single_topology=1x1"]
+    assert [p.key for p in points] == [
+        "strategy=single_topology=1x1_size=big",
+        "strategy=ddp_topology=1x1_size=big",
+        "strategy=ddp_topology=1x2_size=big",
+        "strategy=single_topology=1x1",
+    ]
     assert skipped == ["strategy=single with topology 1x2: single runs one process"]
     two = points[2]
-    assert "task.n_train=200" in two.overrides and "model.grid=7" in two.overrides and "model.widths=[2, 32, 1]" in two.overrides
+    assert (
+        "task.n_train=200" in two.overrides
+        and "model.grid=7" in two.overrides
+        and "model.widths=[2, 32, 1]" in two.overrides
+    )
     assert matches(two, ["strategy=ddp", "topology=1x2"]) and not matches(two, ["strategy=zero2"])
     repeated, _ = expand(load_study(write_study(tmp_path, repeats=2, include=[])))
     # repeats are the outer loop: round 1 of every point, then round 2
-    assert [p.key for p in repeated] == ["strategy=ddp_topology=1x2_run=1of2", "strategy=zero2_topology=1x2_run=1of2",
-                                         "strategy=ddp_topology=1x2_run=2of2", "strategy=zero2_topology=1x2_run=2of2"]
+    assert [p.key for p in repeated] == [
+        "strategy=ddp_topology=1x2_run=1of2",
+        "strategy=zero2_topology=1x2_run=1of2",
+        "strategy=ddp_topology=1x2_run=2of2",
+        "strategy=zero2_topology=1x2_run=2of2",
+    ]
     assert repeated[0].overrides == repeated[2].overrides
     with pytest.raises(ConfigError, match="no axis 'nodes'"):
         matches(two, ["nodes=2"])
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"matrix": {"strategy": ["zero9"]}}, "no preset named 'zero9'"),
-    ({"matrix": {"topology": ["2by2"]}}, "topology '2by2' is not NODESxRANKS"),
-    ({"launcher": "mpirun"}, "launcher"),
-    ({"matrixx": {}}, "matrixx: unknown key"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"matrix": {"strategy": ["zero9"]}}, "no preset named 'zero9'"),
+        ({"matrix": {"topology": ["2by2"]}}, "topology '2by2' is not NODESxRANKS"),
+        ({"launcher": "mpirun"}, "launcher"),
+        ({"matrixx": {}}, "matrixx: unknown key"),
+    ],
+)
 def test_bad_studies_are_refused(tmp_path, capsys, change, message):
     path = write_study(tmp_path, **change)
     assert main(["sweep", str(path), "--out", str(tmp_path / "runs")]) == 2
@@ -101,8 +131,11 @@ def test_a_sweep_runs_every_point_goes_on_past_a_failure_and_resumes(tmp_path, c
     # fsdp2's CPU offload is refused on CPUs: that point fails, the others still run.
     offload = tmp_path / "offload.yaml"
     offload.write_text("name: fsdp2\ncpu_offload: true\n")
-    path = write_study(tmp_path, matrix={"strategy": ["ddp", str(offload), "zero2"], "topology": ["1x2"]},
-                       include=[{"strategy": "single", "topology": "1x1"}, {"strategy": "ddp", "topology": "1x1"}])
+    path = write_study(
+        tmp_path,
+        matrix={"strategy": ["ddp", str(offload), "zero2"], "topology": ["1x2"]},
+        include=[{"strategy": "single", "topology": "1x1"}, {"strategy": "ddp", "topology": "1x1"}],
+    )
     out = tmp_path / "runs"
     assert main(["sweep", str(path), "--out", str(out)]) == 1  # a failed point makes the exit code non-zero
     text = capsys.readouterr().out
@@ -110,7 +143,12 @@ def test_a_sweep_runs_every_point_goes_on_past_a_failure_and_resumes(tmp_path, c
     assert "CPUOffloadPolicy" in text and "next: kanscale analyze" in text and "| zero2" in text
     records = [read_summary(p) for p in out.glob("*/summary.json")]
     # the same experiment on 1 and on 2 ranks is two points, both run
-    assert sorted((r.strategy.name, r.topology.world_size) for r in records) == [("ddp", 1), ("ddp", 2), ("deepspeed", 2), ("single", 1)]
+    assert sorted((r.strategy.name, r.topology.world_size) for r in records) == [
+        ("ddp", 1),
+        ("ddp", 2),
+        ("deepspeed", 2),
+        ("single", 1),
+    ]
     assert {r.study for r in records} == {"tiny"} and all(r.status == "ok" for r in records)
     log = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
     assert [entry["status"] for entry in log].count("failed") == 1
@@ -122,7 +160,19 @@ def test_a_sweep_runs_every_point_goes_on_past_a_failure_and_resumes(tmp_path, c
 
 def test_slurm_presets_write_one_script_per_point(tmp_path, capsys):
     out = tmp_path / "runs"
-    assert main(["sweep", str(ROOT / "configs/studies/model_size_paper.yaml"), "--out", str(out), "--only", "strategy=zero3"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(ROOT / "configs/studies/model_size_paper.yaml"),
+                "--out",
+                str(out),
+                "--only",
+                "strategy=zero3",
+            ]
+        )
+        == 0
+    )
     scripts = sorted((out / "slurm").glob("*.sbatch"))
     assert len(scripts) == 4  # one per model width
     assert "4 sbatch script(s)" in capsys.readouterr().out
@@ -139,7 +189,9 @@ def test_a_sweeps_set_lines_reach_every_point_and_a_misspelled_key_is_refused_fi
     assert main(["sweep", study, "--out", str(tmp_path), "--set", "training.steps=30", "--dry-run"]) == 0
     commands = [line for line in capsys.readouterr().out.splitlines() if "launchers.cli train" in line]
     assert len(commands) == len(expand(load_study(study))[0])
-    assert all(line.index("training.epochs=1") < line.index("--set training.steps=30") for line in commands)  # after the study's
+    assert all(
+        line.index("training.epochs=1") < line.index("--set training.steps=30") for line in commands
+    )  # after the study's
 
 
 def test_set_is_checked_with_each_points_axes_so_a_study_that_leaves_the_batch_to_its_axes_takes_it(tmp_path, capsys):

@@ -27,23 +27,34 @@ from tests.helpers.records import make_record, write_record
 ROOT = Path(__file__).resolve().parents[1]
 # A model factory that makes every rank ignore SIGTERM (the sweep's own validation, which builds
 # the model too, has no LOCAL_RANK): a rank stuck where the launcher's signal does not reach it.
-DEAF_FACTORY = '''import os, signal
+DEAF_FACTORY = """import os, signal
 from torch import nn
 
 def build():
     if "LOCAL_RANK" in os.environ:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return nn.Linear(2, 1)
-'''
+"""
 
 
 def write_study(tmp_path: Path, strategy: str, topology: str, axes: dict | None = None, **settings) -> Path:
     path = tmp_path / "study.yaml"  # rewritten in place: with a fault, then without (not part of the point)
-    path.write_text(yaml.safe_dump({
-        "study": "interrupted", "experiment": str(ROOT / "configs/experiments/quickstart.yaml"),
-        "set": {"training.steps": 6, "training.micro_batch": 64, "training.log_every": 1,
-                "measurement.baseline_steps": 1, **settings},
-        "matrix": {"strategy": [strategy], "topology": [topology], **(axes or {})}}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "study": "interrupted",
+                "experiment": str(ROOT / "configs/experiments/quickstart.yaml"),
+                "set": {
+                    "training.steps": 6,
+                    "training.micro_batch": 64,
+                    "training.log_every": 1,
+                    "measurement.baseline_steps": 1,
+                    **settings,
+                },
+                "matrix": {"strategy": [strategy], "topology": [topology], **(axes or {})},
+            }
+        )
+    )
     return path
 
 
@@ -60,7 +71,9 @@ def test_a_point_that_died_before_its_first_checkpoint_is_rerun_and_counted_once
     (stale,) = [summary.parent for summary in out.glob("*/summary.json")]
     assert read_summary(stale).status == "incomplete" and latest_checkpoint(stale) is None
     # All it wrote but its lock, which names its holder: the sweep that archives it, then.
-    written = {p.relative_to(out).as_posix(): p.read_bytes() for p in stale.rglob("*") if p.is_file() and p.name != ".lock"}
+    written = {
+        p.relative_to(out).as_posix(): p.read_bytes() for p in stale.rglob("*") if p.is_file() and p.name != ".lock"
+    }
     assert f"{stale.name}/summary.json" in written
     assert "sweep: 1 failed" in capsys.readouterr().out
 
@@ -69,7 +82,9 @@ def test_a_point_that_died_before_its_first_checkpoint_is_rerun_and_counted_once
     assert f"the stale run is set aside as {archive}" in capsys.readouterr().err
     assert not stale.exists()
     with tarfile.open(archive) as tar:  # what the stale run wrote, all of it, byte for byte
-        assert {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile() and m.name in written} == written
+        assert {
+            m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile() and m.name in written
+        } == written
     assert [(e["status"], e["set_aside"]) for e in sweep_log(out)] == [("failed", []), ("ok", [str(archive)])]
 
     runs, problems = load_runs(out)  # what kanscale analyze reads: the rerun alone, nothing "not analysed"
@@ -116,8 +131,11 @@ def test_a_launch_leaves_no_orphan_behind(capfd):
     from launchers.studies.leftovers import no_strays
 
     with no_strays("the-point"):
-        orphan = int(subprocess.run(["sh", "-c", "setsid sleep 60 > /dev/null 2>&1 & echo $!"], capture_output=True,
-                                    text=True, check=True).stdout)
+        orphan = int(
+            subprocess.run(
+                ["sh", "-c", "setsid sleep 60 > /dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True
+            ).stdout
+        )
         assert alive(orphan)
     assert not alive(orphan) and "the-point: killed 1 process(es) its launcher left running" in capfd.readouterr().err
 
@@ -154,11 +172,19 @@ def leftovers():
                 os.kill(pid, signal.SIGKILL)
 
 
-def stop_sweep_during_a_point(study: Path, out: Path, ready, leftovers: set[int]) -> tuple[subprocess.CompletedProcess, set[int]]:
+def stop_sweep_during_a_point(
+    study: Path, out: Path, ready, leftovers: set[int]
+) -> tuple[subprocess.CompletedProcess, set[int]]:
     """Start `kanscale sweep` on its own, SIGTERM it (only it, as `kill PID` does) once ``ready()``,
     and wait for it; its exit and the processes it had started then (also added to ``leftovers``)."""
-    proc = subprocess.Popen([sys.executable, "-m", "launchers.cli", "sweep", str(study), "--out", str(out)], cwd=ROOT,
-                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launchers.cli", "sweep", str(study), "--out", str(out)],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     leftovers.add(proc.pid)
     deadline = time.monotonic() + 120
     while not ready() and proc.poll() is None and time.monotonic() < deadline:
@@ -175,8 +201,12 @@ def stop_sweep_during_a_point(study: Path, out: Path, ready, leftovers: set[int]
 def test_a_sigterm_to_the_sweep_logs_the_point_stopped_leaves_no_process_and_resume_finishes(tmp_path, leftovers):
     out = tmp_path / "runs"
     # The ranks wait at step 4, after the checkpoint of step 2, for the signal.
-    hung = write_study(tmp_path, "ddp", "1x2", **{"training.checkpoint_every": 2, "fault.rank": "all", "fault.step": 4,
-                                                   "fault.kind": "hang"})
+    hung = write_study(
+        tmp_path,
+        "ddp",
+        "1x2",
+        **{"training.checkpoint_every": 2, "fault.rank": "all", "fault.step": 4, "fault.kind": "hang"},
+    )
     done, started = stop_sweep_during_a_point(hung, out, lambda: any(out.glob("*/checkpoints/step-000002")), leftovers)
     assert [pid for pid in started if alive(pid)] == [], done.stderr[-3000:]
     assert done.returncode == 143, done.stderr[-3000:]
@@ -187,8 +217,18 @@ def test_a_sigterm_to_the_sweep_logs_the_point_stopped_leaves_no_process_and_res
     record = read_summary(run_dir)
     assert record.status == "incomplete" and record.error.type == "Terminated"  # the ranks recorded the stop
 
-    assert main(["sweep", str(write_study(tmp_path, "ddp", "1x2", **{"training.checkpoint_every": 2})), "--out", str(out),
-                 "--resume"]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                str(write_study(tmp_path, "ddp", "1x2", **{"training.checkpoint_every": 2})),
+                "--out",
+                str(out),
+                "--resume",
+            ]
+        )
+        == 0
+    )
     (resumed,) = [summary.parent for summary in out.glob("*/summary.json")]
     record = read_summary(resumed)
     assert resumed == run_dir and record.status == "ok" and record.resumed_at_steps == [2]
@@ -202,9 +242,17 @@ def test_ranks_that_ignore_sigterm_are_not_left_running_when_the_sweep_is_stoppe
     factory = tmp_path / "deaf.py"
     factory.write_text(DEAF_FACTORY)
     out = tmp_path / "runs"
-    study = write_study(tmp_path, "ddp", "1x2", **{"model": {"family": "custom", "widths": [2, 1],
-                                                              "factory": f"{factory}:build"},
-                                                    "fault.rank": "all", "fault.step": 3, "fault.kind": "hang"})
+    study = write_study(
+        tmp_path,
+        "ddp",
+        "1x2",
+        **{
+            "model": {"family": "custom", "widths": [2, 1], "factory": f"{factory}:build"},
+            "fault.rank": "all",
+            "fault.step": 3,
+            "fault.kind": "hang",
+        },
+    )
     # The record is written after a collective that follows every rank's model build: both are deaf by then.
     done, started = stop_sweep_during_a_point(study, out, lambda: any(out.glob("*/summary.json")), leftovers)
     assert [pid for pid in started if alive(pid)] == [], done.stderr[-3000:]
@@ -216,8 +264,13 @@ def test_ranks_that_ignore_sigterm_are_not_left_running_when_the_sweep_is_stoppe
 @pytest.mark.slow  # ~10-20 s: two one-process points, each stopped
 def test_a_point_whose_own_process_is_stopped_is_logged_stopped_and_the_sweep_goes_on(tmp_path):
     out = tmp_path / "runs"
-    study = write_study(tmp_path, "single", "1x1", axes={"training.seed": [0, 1]},
-                        **{"fault.rank": 0, "fault.step": 3, "fault.kind": "hang"})
+    study = write_study(
+        tmp_path,
+        "single",
+        "1x1",
+        axes={"training.seed": [0, 1]},
+        **{"fault.rank": 0, "fault.step": 3, "fault.kind": "hang"},
+    )
     problems: list[str] = []
 
     def stop_each_point() -> None:  # a user's `kill` of each point's process, not of the sweep (this process)
@@ -240,4 +293,6 @@ def test_a_point_whose_own_process_is_stopped_is_logged_stopped_and_the_sweep_go
     assert problems == [] and code == 1
     log = sweep_log(out)
     assert [(e["status"], e["signal"]) for e in log] == [("stopped", "SIGTERM")] * 2  # the sweep went on to the second
-    assert all("stopped by a signal" in e["detail"] and read_summary(out / e["run_id"]).status == "incomplete" for e in log)
+    assert all(
+        "stopped by a signal" in e["detail"] and read_summary(out / e["run_id"]).status == "incomplete" for e in log
+    )

@@ -18,8 +18,11 @@ QUICKSTART = str(ROOT / "configs/experiments/quickstart.yaml")
 def test_the_readmes_family_switch_trains_as_documented(tmp_path, capsys, monkeypatch):
     """The README's third `kanscale train` example, as written there (it failed on grid, k, grid_range)."""
     readme = (ROOT / "README.md").read_text()
-    command = next(c.replace("\\\n", " ") for c in re.findall(r"^kanscale train .*?(?<!\\)$", readme, re.M | re.S)
-                   if "model.family=chebyshev" in c)
+    command = next(
+        c.replace("\\\n", " ")
+        for c in re.findall(r"^kanscale train .*?(?<!\\)$", readme, re.M | re.S)
+        if "model.family=chebyshev" in c
+    )
     args = shlex.split(command)[1:]
     monkeypatch.chdir(ROOT)
     assert main([*args, "--out", str(tmp_path), "--no-progress"]) == 0
@@ -34,11 +37,14 @@ def test_a_task_switched_to_sklearn_leaves_the_synthetic_keys_out(capsys):
     assert "left out n_train, n_test, noise_std of the file's quadratic task" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("overrides, refused", [
-    (["model.family=chebyshev", "model.degre=6"], "model.degre: unknown key; did you mean 'degree'?"),
-    # a key of the old family given on the command line is meant, so it is refused, not dropped
-    (["model.family=chebyshev", "model.grid=5"], "model.grid: unknown key"),
-])
+@pytest.mark.parametrize(
+    "overrides, refused",
+    [
+        (["model.family=chebyshev", "model.degre=6"], "model.degre: unknown key; did you mean 'degree'?"),
+        # a key of the old family given on the command line is meant, so it is refused, not dropped
+        (["model.family=chebyshev", "model.grid=5"], "model.grid: unknown key"),
+    ],
+)
 def test_what_the_user_typed_is_still_checked(overrides, refused):
     with pytest.raises(ConfigError, match=re.escape(refused)):
         load_experiment(QUICKSTART, overrides)

@@ -35,11 +35,25 @@ RTOL = 1e-5  # a gradient off by the TP degree shows on the first steps far abov
 
 
 def experiment(family: str, strategy: dict, out: Path, **training) -> dict:
-    return {"name": f"tp_{family}", "model": MODELS[family], "task": {"name": "quadratic", "n_train": 640, "n_test": 96},
-            "training": {"seed": 3, "lr": 5e-2, "micro_batch": None, "global_batch": 64, "steps": STEPS,
-                         "warmup_steps": 1, "grad_clip": 2.0, **training},
-            "strategy": strategy, "measurement": {"baseline_steps": 1}, "runtime": {"device": "cpu", "threads": 1},
-            "output": {"dir": str(out)}}
+    return {
+        "name": f"tp_{family}",
+        "model": MODELS[family],
+        "task": {"name": "quadratic", "n_train": 640, "n_test": 96},
+        "training": {
+            "seed": 3,
+            "lr": 5e-2,
+            "micro_batch": None,
+            "global_batch": 64,
+            "steps": STEPS,
+            "warmup_steps": 1,
+            "grad_clip": 2.0,
+            **training,
+        },
+        "strategy": strategy,
+        "measurement": {"baseline_steps": 1},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(out)},
+    }
 
 
 GRID = {"grid_update_every": 3, "grid_update_until": 7}
@@ -49,10 +63,12 @@ def jobs_for(strategy: dict, tmp: Path) -> list[dict]:
     jobs = [{"id": family, "config": experiment(family, strategy, tmp / "runs")} for family in MODELS]
     jobs.append({"id": "grid", "config": experiment("bspline", strategy, tmp / "runs", **GRID)})
     resumable = experiment("chebyshev", strategy, tmp / "resume", steps=12, checkpoint_every=4)  # the last at the end
-    jobs += [{"id": "full", "config": resumable},
-             {"id": "failed", "config": {**resumable, "fault": {"rank": "all", "step": 7, "kind": "exception"}}},
-             {"id": "resumed", "config": resumable, "resume": True},
-             {"id": "export", "export": "full", "to": str(tmp / "exported.pt")}]
+    jobs += [
+        {"id": "full", "config": resumable},
+        {"id": "failed", "config": {**resumable, "fault": {"rank": "all", "step": 7, "kind": "exception"}}},
+        {"id": "resumed", "config": resumable, "resume": True},
+        {"id": "export", "export": "full", "to": str(tmp / "exported.pt")},
+    ]
     return jobs
 
 
@@ -73,7 +89,9 @@ def tp_world2(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tp2")
     jobs = jobs_for({"name": "tp"}, tmp)
     jobs.append({"id": "colwise", "config": experiment("bspline", {"name": "tp", "plan": "colwise"}, tmp / "runs")})
-    jobs.append({"id": "fsdp2", "config": experiment("bspline", {"name": "fsdp2", "shard_largest_dim": False}, tmp / "runs")})
+    jobs.append(
+        {"id": "fsdp2", "config": experiment("bspline", {"name": "fsdp2", "shard_largest_dim": False}, tmp / "runs")}
+    )
     return tmp, run_jobs(jobs, tmp, nproc=2)
 
 
@@ -153,24 +171,32 @@ def test_tp_over_four_ranks_keeps_parity_and_quarters_the_state(fsdp2_tp_world4,
 def test_the_record_says_how_each_layer_was_cut(tp_world2):
     tmp, results = tp_world2
     summary = json.loads((Path(results["bspline"]["run_dir"]) / "summary.json").read_text())
-    assert summary["strategy"]["backend_config"] == {"mesh": {"dp": 1, "tp": 2},
-                                                     "layers": ["colwise", "rowwise", "rowwise"]}
+    assert summary["strategy"]["backend_config"] == {
+        "mesh": {"dp": 1, "tp": 2},
+        "layers": ["colwise", "rowwise", "rowwise"],
+    }
     assert summary["batch"]["global_batch"] == 64 and summary["topology"]["world_size"] == 2
     run_dir = Path(results["bspline"]["run_dir"])
     printed = format_summary(read_summary(run_dir / "summary.json"), run_dir)
     assert "global batch 64 (micro 64 x accum 1 x 1 data-parallel rank(s) of 2 tensor-parallel ranks each)" in printed
 
 
-@pytest.mark.parametrize("plan, widths, expected", [
-    ("pairs", [2, 8, 4, 1], ["colwise", "rowwise", "rowwise"]),
-    ("pairs", [2, 8, 8, 8, 1], ["colwise", "rowwise", "colwise", "rowwise"]),
-    ("pairs", [3, 5, 1], ["whole", "whole"]),  # the TP degree divides no width
-    ("colwise", [2, 8, 4, 1], ["colwise", "colwise", "rowwise"]),  # one output: the last layer takes the rows
-    ("rowwise", [2, 8, 4, 1], ["rowwise", "rowwise", "rowwise"]),
-])
+@pytest.mark.parametrize(
+    "plan, widths, expected",
+    [
+        ("pairs", [2, 8, 4, 1], ["colwise", "rowwise", "rowwise"]),
+        ("pairs", [2, 8, 8, 8, 1], ["colwise", "rowwise", "colwise", "rowwise"]),
+        ("pairs", [3, 5, 1], ["whole", "whole"]),  # the TP degree divides no width
+        ("colwise", [2, 8, 4, 1], ["colwise", "colwise", "rowwise"]),  # one output: the last layer takes the rows
+        ("rowwise", [2, 8, 4, 1], ["rowwise", "rowwise", "rowwise"]),
+    ],
+)
 def test_layer_plans(plan, widths, expected):
-    model = parse_experiment(experiment("bspline", {"name": "single"}, Path("runs"))).model.model_copy(
-        update={"widths": widths}).sketch()
+    model = (
+        parse_experiment(experiment("bspline", {"name": "single"}, Path("runs")))
+        .model.model_copy(update={"widths": widths})
+        .sketch()
+    )
     plans = layer_plans(model.blocks, 2, plan)
     assert [p.split for p in plans] == expected
     # A colwise layer hands its shard to a rowwise successor directly; everything else is whole.
@@ -184,15 +210,31 @@ def test_a_step_issues_the_collectives_the_projection_counts(tmp_path):
     the projection, from the widths alone, expects the same: per pair one all-reduce forward and
     one backward (none into the model's input), a left-over rowwise layer one all-reduce forward
     and one all-gather backward."""
-    models = {"pair, then rowwise": MODELS["bspline"], "chebyshev pair": MODELS["chebyshev"],
-              "two pairs": {**MODELS["bspline"], "widths": [2, 8, 8, 8, 1]}, "rbf, no norm": MODELS["rbf_plain"]}
+    models = {
+        "pair, then rowwise": MODELS["bspline"],
+        "chebyshev pair": MODELS["chebyshev"],
+        "two pairs": {**MODELS["bspline"], "widths": [2, 8, 8, 8, 1]},
+        "rbf, no norm": MODELS["rbf_plain"],
+    }
     (tmp_path / "models.json").write_text(json.dumps(models))
-    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(ROOT / "tests/helpers/tp_collectives.py"), str(tmp_path / "models.json"), str(tmp_path / "counts.json")])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(ROOT / "tests/helpers/tp_collectives.py"),
+            str(tmp_path / "models.json"),
+            str(tmp_path / "counts.json"),
+        ]
+    )
     measured = json.loads((tmp_path / "counts.json").read_text())
     for name, config in models.items():
         plan = tp_exchanges(model_shape(config), samples=16)
-        expected = {pass_: dict(Counter(e.op for e in exchanges if e is not None))
-                    for pass_, exchanges in zip(("forward", "backward"), zip(*plan))}
+        expected = {
+            pass_: dict(Counter(e.op for e in exchanges if e is not None))
+            for pass_, exchanges in zip(("forward", "backward"), zip(*plan))
+        }
         assert measured[name] == expected, name
     assert measured["two pairs"] == {"forward": {"all_reduce": 2}, "backward": {"all_reduce": 1}}

@@ -26,8 +26,12 @@ def test_windows_keep_warmup_apart_and_end_at_checkpoints():
 
 def windows(replica_ms: list[float], blocked_ms: list[float] | None, step_ms: float = 10.0) -> list[WindowTimes]:
     blocked = blocked_ms or [None] * len(replica_ms)
-    return [WindowTimes(step_s=step_ms / 1e3, data_s=0.0, compute_s=(step_ms - r) / 1e3,
-                        blocked_s=None if b is None else b / 1e3) for r, b in zip(replica_ms, blocked)]
+    return [
+        WindowTimes(
+            step_s=step_ms / 1e3, data_s=0.0, compute_s=(step_ms - r) / 1e3, blocked_s=None if b is None else b / 1e3
+        )
+        for r, b in zip(replica_ms, blocked)
+    ]
 
 
 def test_methods_that_agree_within_noise_say_so():
@@ -123,15 +127,24 @@ def test_the_loop_benchmark_says_when_its_median_is_within_noise_of_the_target()
 
 @pytest.mark.parametrize("timing", ["windowed", "per_step"])
 def test_both_timing_modes_record_what_they_did(tmp_path, timing):
-    cfg = load_experiment(ROOT / "configs/experiments/quickstart.yaml",
-                          [f"output.dir={tmp_path}", "training.steps=27", "task.n_train=4000", f"measurement.timing={timing}",
-                           "measurement.window_steps=4"])
+    cfg = load_experiment(
+        ROOT / "configs/experiments/quickstart.yaml",
+        [
+            f"output.dir={tmp_path}",
+            "training.steps=27",
+            "task.n_train=4000",
+            f"measurement.timing={timing}",
+            "measurement.window_steps=4",
+        ],
+    )
     result = train(cfg, show_progress=False)
     record, steps = result.record, read_steps(result.run_dir)
     assert record.measurement.timing == timing and record.measurement.window_steps == 4
     assert record.measurement.windows == 6  # steps 6-27 in windows of 4: 4+4+4+4+4+2
     assert [s.window for s in steps][:7] == [0, 0, 0, 0, 1, 2, 2]  # no window holds warm-up and timed steps
     assert all(s.compute_s > 0 for s in steps)
-    assert record.throughput.samples_per_s_low <= record.throughput.samples_per_s <= record.throughput.samples_per_s_high
+    assert (
+        record.throughput.samples_per_s_low <= record.throughput.samples_per_s <= record.throughput.samples_per_s_high
+    )
     assert record.topology.threads_per_rank == 1 and record.environment.cpu_count >= 1
     assert record.memory.replica_bytes is not None

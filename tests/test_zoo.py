@@ -2,12 +2,12 @@
 
 import pytest
 import torch
+from pydantic import ValidationError
 from torch.func import functional_call
 
 from kan_models import FAMILIES, build_model, count_parameters, parse_model_config
 from kan_models.mlp import mlp_trainable_params
 from kan_models.tasks import TASKS
-from pydantic import ValidationError
 
 SMALL = {"bspline": {"grid": 4}, "rbf": {"grid": 4}, "chebyshev": {"degree": 3}, "pykan": {"grid": 3}, "mlp": {}}
 
@@ -41,7 +41,9 @@ def test_bspline_parameter_count_formula():
 
 def test_mlp_matches_a_kans_trainable_parameter_count():
     cfg = parse_model_config({"family": "mlp", "widths": [2, 64, 64, 1], "match": {"family": "bspline", "grid": 10}})
-    target = count_parameters(build_model(parse_model_config({"family": "bspline", "widths": [2, 64, 64, 1], "grid": 10}), 0)).trainable
+    target = count_parameters(
+        build_model(parse_model_config({"family": "bspline", "widths": [2, 64, 64, 1], "grid": 10}), 0)
+    ).trainable
     got = count_parameters(build_model(cfg, seed=0)).trainable
     assert got == mlp_trainable_params(cfg.resolved_widths())
     assert abs(got - target) / target < 0.02

@@ -67,32 +67,55 @@ class Candidate:
         return 1 - self.peak.total / self.capacity
 
 
-def lay_out(m: StrategyModel, shape: ModelShape, compute: ComputeProfile, beside: StepMemory, target: Target,
-            global_batch: int, compute_spread: float) -> Candidate:
+def lay_out(
+    m: StrategyModel,
+    shape: ModelShape,
+    compute: ComputeProfile,
+    beside: StepMemory,
+    target: Target,
+    global_batch: int,
+    compute_spread: float,
+) -> Candidate:
     """Strategy ``m`` on the target at ``global_batch`` samples per step: the fewest micro-batches
     per step (each of global_batch / (replicas x accumulation) samples) whose peak fits."""
     P = target.ranks
     tp = m.tp_ranks(P)
     replicas = P // tp
-    largest = largest_micro_batch(m, shape, P, beside, target.memory_per_rank, target.offload_on_device,
-                                  target.ranks_per_node)
+    largest = largest_micro_batch(
+        m, shape, P, beside, target.memory_per_rank, target.offload_on_device, target.ranks_per_node
+    )
     per_replica = global_batch // replicas if global_batch % replicas == 0 else 0
     # the fewest micro-batches per step (a divisor of the replica's samples) that fit; else one sample each
-    accum = next((d for d in range(1, min(per_replica, MAX_ACCUMULATION) + 1)
-                  if per_replica % d == 0 and per_replica // d <= largest), min(per_replica, MAX_ACCUMULATION) or 1)
+    accum = next(
+        (
+            d
+            for d in range(1, min(per_replica, MAX_ACCUMULATION) + 1)
+            if per_replica % d == 0 and per_replica // d <= largest
+        ),
+        min(per_replica, MAX_ACCUMULATION) or 1,
+    )
     micro = per_replica // accum if per_replica and per_replica % accum == 0 else 0
     fits = 0 < micro <= largest
     peak = peak_memory(m, shape, P, micro, beside, target.offload_on_device, target.ranks_per_node)
-    projection = project_step(m, shape, compute, target.network,
-                              Scenario(P, nodes_for(P, target.ranks_per_node), micro * accum, target.compute_scale,
-                                       target.contention)) if micro else None
+    projection = (
+        project_step(
+            m,
+            shape,
+            compute,
+            target.network,
+            Scenario(P, nodes_for(P, target.ranks_per_node), micro * accum, target.compute_scale, target.contention),
+        )
+        if micro
+        else None
+    )
     low = high = 0.0
     if projection is not None:
         doubt = compute_spread * projection.compute_s + target.comm_spread * projection.exposed_s
         samples = replicas * projection.samples_per_rank
         low, high = samples / (projection.step_s + doubt), samples / max(projection.step_s - doubt, 1e-12)
-    return Candidate(m.label, tp, micro, accum, fits, peak, target.memory_per_rank, largest, projection, low, high,
-                     replicas=replicas)
+    return Candidate(
+        m.label, tp, micro, accum, fits, peak, target.memory_per_rank, largest, projection, low, high, replicas=replicas
+    )
 
 
 def ranked(candidates: Sequence[Candidate]) -> list[Candidate]:
@@ -115,15 +138,17 @@ def why(c: Candidate, best: Candidate | None) -> str:
         at = f"at {c.micro_batch} samples" if c.micro_batch else "before any sample"
         return f"does not fit: {human_bytes(c.peak.total)} per rank {at}, of {human_bytes(c.capacity)}"
     p = c.projection
-    cost = (f"{p.collectives:g} collective(s) per step, {p.exposed_s * 1e3:.2f} ms exposed of "
-            f"{p.step_s * 1e3:.2f} ms")
+    cost = f"{p.collectives:g} collective(s) per step, {p.exposed_s * 1e3:.2f} ms exposed of {p.step_s * 1e3:.2f} ms"
     accum = f"; {c.grad_accum} micro-batches per step to fit" if c.grad_accum > 1 else ""
     if c is best or best is None:
         return f"fastest predicted: {cost}{accum}"
     behind = 1 - c.samples_per_s / best.samples_per_s
     overlap = c.samples_per_s_high >= best.samples_per_s_low
-    return (f"{behind:.0%} behind {best.strategy}" + (" (inside the intervals: a tie)" if overlap else "")
-            + f": {cost}{accum}")
+    return (
+        f"{behind:.0%} behind {best.strategy}"
+        + (" (inside the intervals: a tie)" if overlap else "")
+        + f": {cost}{accum}"
+    )
 
 
 def assumption_lines(target: Target, compute_spread: float) -> list[str]:
@@ -133,10 +158,13 @@ def assumption_lines(target: Target, compute_spread: float) -> list[str]:
         f"{target.memory_per_rank / 2**30:.2f} GiB per rank",
         "memory per rank: model state exact (as the records count it); plus what the backend holds whole during a "
         "step (ZeRO-3 every parameter and the whole gradient, FSDP two layers' parameters and one layer's "
-        "gradient, ZeRO-1/2 the whole gradient; hybrid sharding from its shard group); plus " + (
+        "gradient, ZeRO-1/2 the whole gradient; hybrid sharding from its shard group); plus "
+        + (
             "the strategy's measured 1-rank peak less its model state, with saved-for-backward bytes per sample for "
-            "other micro-batches" if target.offload_on_device else
-            "the task's data and the saved-for-backward bytes per sample, counted here"),
+            "other micro-batches"
+            if target.offload_on_device
+            else "the task's data and the saved-for-backward bytes per sample, counted here"
+        ),
         f"interval: compute +-{compute_spread:.0%} (the 1-rank probes' spread between timing windows), "
         f"communication +-{target.comm_spread:.0%}",
         *target.notes,

@@ -75,7 +75,7 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> Fit:
     elif beta < 0:
         alpha, beta = solve(np.ones_like(s))[0], 0.0
     residual = (alpha + beta * s - t) / t
-    return Fit(float(alpha), float(beta), float(np.sqrt(np.mean(residual ** 2))))
+    return Fit(float(alpha), float(beta), float(np.sqrt(np.mean(residual**2))))
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class LinkCost:
     beta_s_per_byte: float
 
     @classmethod
-    def from_fit(cls, op: str, fit: Fit, ranks: int) -> "LinkCost":
+    def from_fit(cls, op: str, fit: Fit, ranks: int) -> LinkCost:
         """The link behind an operation's fit at ``ranks``: alpha over the ring's steps, beta over
         the bus-bandwidth factor (so 1 / beta is the bus bandwidth)."""
         return cls(fit.alpha_s / ring_steps(op, ranks), fit.beta_s_per_byte / busbw_factor(op, ranks))
@@ -112,9 +112,14 @@ class Network:
         found = self.links.get((link, op)) or self.links.get((link, "any"))
         if found is None:
             have = sorted({name for name, _ in self.links})
-            raise ValueError(f"no {link} link in {self.source} (it has: {', '.join(have)}); "
-                             + ("run kanscale commbench --nnodes 2 for an inter-node one and pass both files"
-                                if link == "inter" else "measure it with kanscale commbench or give a cluster file"))
+            raise ValueError(
+                f"no {link} link in {self.source} (it has: {', '.join(have)}); "
+                + (
+                    "run kanscale commbench --nnodes 2 for an inter-node one and pass both files"
+                    if link == "inter"
+                    else "measure it with kanscale commbench or give a cluster file"
+                )
+            )
         return found
 
     def has(self, link: str) -> bool:
@@ -133,11 +138,15 @@ def network_from_commbench(docs: Sequence[dict[str, Any]], source: str) -> Netwo
     links = {}
     for doc in docs:
         if doc.get("kind") != "kanscale commbench":
-            raise ValueError("not a kanscale commbench JSON (no \"kind\": \"kanscale commbench\")")
+            raise ValueError('not a kanscale commbench JSON (no "kind": "kanscale commbench")')
         for fit in doc["fits"]:
             links[(fit["link"], fit["op"])] = LinkCost(fit["link_alpha_s"], fit["link_beta_s_per_byte"])
-    return Network(source=source, links=links, ranks_per_node=max(d["ranks_per_node"] for d in docs),
-                   overlap=all(d["device"] == "cuda" for d in docs))
+    return Network(
+        source=source,
+        links=links,
+        ranks_per_node=max(d["ranks_per_node"] for d in docs),
+        overlap=all(d["device"] == "cuda" for d in docs),
+    )
 
 
 def network_from_cluster(doc: dict[str, Any], source: str) -> Network:
@@ -145,10 +154,19 @@ def network_from_cluster(doc: dict[str, Any], source: str) -> Network:
     and busbw_GBps (bus bandwidth, 1e9 bytes/s); the host link and the offloaded optimizer's
     slowdown; ranks per node; whether collectives overlap compute."""
     try:
-        links = {(name, "any"): LinkCost(v["alpha_us"] * 1e-6, 1 / (v["busbw_GBps"] * 1e9))
-                 for name, v in doc["links"].items()}
-        return Network(source=source, links=links, ranks_per_node=int(doc["ranks_per_node"]), overlap=bool(doc["overlap"]),
-                       host_optimizer_slowdown=float(doc.get("host_optimizer_slowdown", 1.0)))
+        links = {
+            (name, "any"): LinkCost(v["alpha_us"] * 1e-6, 1 / (v["busbw_GBps"] * 1e9))
+            for name, v in doc["links"].items()
+        }
+        return Network(
+            source=source,
+            links=links,
+            ranks_per_node=int(doc["ranks_per_node"]),
+            overlap=bool(doc["overlap"]),
+            host_optimizer_slowdown=float(doc.get("host_optimizer_slowdown", 1.0)),
+        )
     except (KeyError, TypeError, AttributeError, ZeroDivisionError) as err:
-        raise ValueError(f"needs ranks_per_node, overlap and links: {{intra|inter|host: {{alpha_us, busbw_GBps}}}} "
-                         f"(see configs/clusters/a100_ib.yaml); problem at {err!s}") from None
+        raise ValueError(
+            f"needs ranks_per_node, overlap and links: {{intra|inter|host: {{alpha_us, busbw_GBps}}}} "
+            f"(see configs/clusters/a100_ib.yaml); problem at {err!s}"
+        ) from None

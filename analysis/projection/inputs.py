@@ -54,17 +54,27 @@ def profile_from_record(record: RunRecord, run_dir: str) -> ComputeProfile:
     t = record.timings
     return ComputeProfile(
         source=f"1-rank run {run_dir} ({record.topology.device_name})",
-        samples=record.batch.micro_batch * record.batch.grad_accum, compute_s=t.compute_s, data_s=t.data_s,
-        overhead_s=max(0.0, t.step_mean_s - t.data_s - t.compute_s))
+        samples=record.batch.micro_batch * record.batch.grad_accum,
+        compute_s=t.compute_s,
+        data_s=t.data_s,
+        overhead_s=max(0.0, t.step_mean_s - t.data_s - t.compute_s),
+    )
 
 
 def median_profile(profiles: Sequence[ComputeProfile], source: str) -> ComputeProfile:
     """Repeated runs of one point: the median of each time."""
+
     def med(field: str) -> float:
         return float(np.median([getattr(p, field) for p in profiles]))
 
-    return replace(profiles[0], source=source, compute_s=med("compute_s"), data_s=med("data_s"),
-                   overhead_s=med("overhead_s"), optimizer_s=med("optimizer_s"))
+    return replace(
+        profiles[0],
+        source=source,
+        compute_s=med("compute_s"),
+        data_s=med("data_s"),
+        overhead_s=med("overhead_s"),
+        optimizer_s=med("optimizer_s"),
+    )
 
 
 EXPERIMENT = ["study", "model_label", "task_label", "batch.micro_batch", "batch.grad_accum"]
@@ -79,13 +89,17 @@ def profiles_from_runs(directory: str | Path) -> tuple[dict[str, ComputeProfile]
     runs, _ = load_runs(directory)
     ok = runs[(runs["status"] == "ok") & (runs["topology.world_size"] == 1)] if not runs.empty else runs
     if ok.empty:
-        raise ValueError(f"{directory} holds no finished 1-rank run; train one (kanscale train CONFIG --out DIR) "
-                         "or give a kanscale bench JSON")
+        raise ValueError(
+            f"{directory} holds no finished 1-rank run; train one (kanscale train CONFIG --out DIR) "
+            "or give a kanscale bench JSON"
+        )
     experiments = ok.groupby(EXPERIMENT, dropna=False).size()
     if len(experiments) > 1:
         names = "; ".join(" ".join(str(v) for v in key) for key in experiments.index)
-        raise ValueError(f"{directory} holds 1-rank runs of {len(experiments)} experiments ({names}); point it at one "
-                         "run directory, or at a directory holding one experiment's runs")
+        raise ValueError(
+            f"{directory} holds 1-rank runs of {len(experiments)} experiments ({names}); point it at one "
+            "run directory, or at a directory holding one experiment's runs"
+        )
     records = {d: read_summary(Path(d) / SUMMARY_FILE) for d in ok["run_dir"]}
     first = next(iter(records.values()))
     where = f"1-rank runs under {directory} ({first.topology.device_name})"
@@ -93,11 +107,16 @@ def profiles_from_runs(directory: str | Path) -> tuple[dict[str, ComputeProfile]
     def median_of(run_dirs: Sequence[str], source: str) -> ComputeProfile:
         return median_profile([profile_from_record(records[d], d) for d in run_dirs], source)
 
-    profiles = {label: median_of(list(group["run_dir"]), f"each strategy's own {where}")
-                for label, group in ok.groupby("strategy_label")}
+    profiles = {
+        label: median_of(list(group["run_dir"]), f"each strategy's own {where}")
+        for label, group in ok.groupby("strategy_label")
+    }
     reference = [d for d, record in records.items() if record.strategy.reference]
-    fallback = (median_of(reference, f"{records[reference[0]].strategy.label}'s {where}") if reference else
-                replace(median_profile(list(profiles.values()), f"all {where}"), overhead_s=0.0))
+    fallback = (
+        median_of(reference, f"{records[reference[0]].strategy.label}'s {where}")
+        if reference
+        else replace(median_profile(list(profiles.values()), f"all {where}"), overhead_s=0.0)
+    )
     profiles["*"] = replace(fallback, source=fallback.source + ", for strategies without their own")
     model = first.model
     return profiles, {"family": model.family, "widths": model.widths, **model.options}
@@ -119,9 +138,14 @@ def profile_from_bench(doc: dict[str, Any], row: str | None) -> tuple[ComputePro
     fwd, bwd, step = (chosen[k]["median"] / 1e3 for k in ("forward_ms", "backward_ms", "step_ms"))
     env = doc["environment"]
     source = f"kanscale bench {chosen['workload']}/{chosen['impl']} ({env['gpu'] or env['cpu']}, {env['date'][:10]})"
-    profile = ComputeProfile(source=source, samples=chosen["batch"], compute_s=fwd + bwd,
-                             optimizer_s=max(0.0, step - fwd - bwd), forward_fraction=fwd / (fwd + bwd),
-                             forward_source="measured")
+    profile = ComputeProfile(
+        source=source,
+        samples=chosen["batch"],
+        compute_s=fwd + bwd,
+        optimizer_s=max(0.0, step - fwd - bwd),
+        forward_fraction=fwd / (fwd + bwd),
+        forward_source="measured",
+    )
     return profile, chosen["workload"], chosen["impl"]
 
 
@@ -131,7 +155,10 @@ def paper_profile() -> tuple[ComputeProfile, dict[str, Any]]:
     from analysis.paper import paper_results
 
     row = paper_results().set_index("run").loc["strong_scaling_n1g1"]
-    profile = ComputeProfile(source=f"published 1-GPU run ({row['throughput_total_sps']} samples/s, A100)",
-                             samples=PAPER_BATCH, compute_s=PAPER_BATCH / float(row["throughput_total_sps"]))
+    profile = ComputeProfile(
+        source=f"published 1-GPU run ({row['throughput_total_sps']} samples/s, A100)",
+        samples=PAPER_BATCH,
+        compute_s=PAPER_BATCH / float(row["throughput_total_sps"]),
+    )
     model = {"family": "pykan", "widths": [2, int(row["hidden_width"]), 1], "grid": 10, "k": 3, "seed": 42}
     return profile, model

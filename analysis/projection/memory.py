@@ -72,20 +72,38 @@ def gathered_bytes(m: StrategyModel, shape: ModelShape, ranks: int, ranks_per_no
     return 0.0
 
 
-def peak_memory(m: StrategyModel, shape: ModelShape, ranks: int, micro_batch: float, beside: StepMemory,
-                offload_on_device: bool, ranks_per_node: int | None = None) -> PeakMemory:
+def peak_memory(
+    m: StrategyModel,
+    shape: ModelShape,
+    ranks: int,
+    micro_batch: float,
+    beside: StepMemory,
+    offload_on_device: bool,
+    ranks_per_node: int | None = None,
+) -> PeakMemory:
     """A rank's peak at ``ranks`` ranks (``ranks_per_node`` on a node) and ``micro_batch`` samples
     per step. ``offload_on_device``: whether offloaded state still counts (a CPU rank's host is its
     device)."""
     state = model_state(m, shape, ranks, ranks_per_node)
     host = state["optimizer"] + state["master_params"] if m.offload else 0.0
     held = sum(state.values()) + beside.counters - (0.0 if offload_on_device else host)
-    return PeakMemory(model_state=held, gathered=gathered_bytes(m, shape, ranks, ranks_per_node),
-                      beside=beside.at(micro_batch), host=host)
+    return PeakMemory(
+        model_state=held,
+        gathered=gathered_bytes(m, shape, ranks, ranks_per_node),
+        beside=beside.at(micro_batch),
+        host=host,
+    )
 
 
-def largest_micro_batch(m: StrategyModel, shape: ModelShape, ranks: int, beside: StepMemory, capacity: float,
-                        offload_on_device: bool, ranks_per_node: int | None = None) -> int:
+def largest_micro_batch(
+    m: StrategyModel,
+    shape: ModelShape,
+    ranks: int,
+    beside: StepMemory,
+    capacity: float,
+    offload_on_device: bool,
+    ranks_per_node: int | None = None,
+) -> int:
     """The most samples per step that fit in ``capacity`` bytes per rank (0: none fits)."""
     empty = peak_memory(m, shape, ranks, 0, beside, offload_on_device, ranks_per_node).total
     if empty > capacity:

@@ -70,8 +70,10 @@ def tp_exchanges(shape: ModelShape, samples: float) -> list[tuple[Exchange | Non
     backward; a layer left over is rowwise, all-reducing its output forward and all-gathering its
     input gradient backward. The model's input needs no gradient. Bytes: ``samples`` activations."""
     if len(shape.widths) != len(shape.units) + 1:
-        raise ValueError(f"tensor parallelism is projected from the layer widths of a layer stack; {shape.label} "
-                         "has none (give a zoo model)")
+        raise ValueError(
+            f"tensor parallelism is projected from the layer widths of a layer stack; {shape.label} "
+            "has none (give a zoo model)"
+        )
     widths, n = shape.widths, len(shape.widths) - 1
 
     def exchange(op: str, width: int) -> Exchange:
@@ -83,7 +85,9 @@ def tp_exchanges(shape: ModelShape, samples: float) -> list[tuple[Exchange | Non
         if i % 2 == 1:  # rowwise, second of a pair: handed the shard, it sums its output
             plan.append((exchange("all_reduce", widths[i + 1]), None))
         elif i == n - 1:  # rowwise, left over: handed the whole input
-            plan.append((exchange("all_reduce", widths[i + 1]), exchange("all_gather", widths[i]) if gradient else None))
+            plan.append(
+                (exchange("all_reduce", widths[i + 1]), exchange("all_gather", widths[i]) if gradient else None)
+            )
         else:  # colwise, first of a pair: its input gradient is partial on every rank
             plan.append((None, exchange("all_reduce", widths[i]) if gradient else None))
     return plan
@@ -99,12 +103,16 @@ def model_state(m: StrategyModel, shape: ModelShape, ranks: int, ranks_per_node:
     tp = m.tp_ranks(ranks)
     ranks = m.shard_ranks(ranks // tp, ranks_per_node)
     trainable, frozen = shape.trainable * b / tp, (shape.params - shape.trainable) * b / tp
-    params = {"none": trainable + frozen, "trainable": trainable / ranks + frozen,
-              "all": (trainable + frozen) / ranks}[m.sharded_params]
+    params = {"none": trainable + frozen, "trainable": trainable / ranks + frozen, "all": (trainable + frozen) / ranks}[
+        m.sharded_params
+    ]
     state_share = 1 / ranks if m.sharded_state else 1.0
-    return {"params": params, "grads": trainable * state_share,
-            "optimizer": ADAM_BYTES_PER_PARAM * shape.trainable / tp * state_share,
-            "master_params": trainable / ranks if m.master else 0.0}
+    return {
+        "params": params,
+        "grads": trainable * state_share,
+        "optimizer": ADAM_BYTES_PER_PARAM * shape.trainable / tp * state_share,
+        "master_params": trainable / ranks if m.master else 0.0,
+    }
 
 
 def ddp_buckets(tensor_bytes: Sequence[float], cap: float = DDP_BUCKET, first: float = DDP_FIRST_BUCKET) -> list[float]:
@@ -196,7 +204,9 @@ class Projection:
         return self.ranks // self.tp * self.samples_per_rank / self.step_s
 
 
-def project_step(m: StrategyModel, shape: ModelShape, profile: ComputeProfile, net: Network, sc: Scenario) -> Projection:
+def project_step(
+    m: StrategyModel, shape: ModelShape, profile: ComputeProfile, net: Network, sc: Scenario
+) -> Projection:
     """One optimizer step of strategy ``m`` on one rank, the collectives as it describes them.
 
     Compute scales linearly with the rank's samples; backward time is spread over parameters in
@@ -232,7 +242,9 @@ def project_step(m: StrategyModel, shape: ModelShape, profile: ComputeProfile, n
         """The gradients of ``nbytes`` combined over the data-parallel ranks, once ready."""
         done = s.collective(coll(m.grads, nbytes), after=[after])
         if replicas > 1:
-            s.collective(net.collective_s("all_reduce", nbytes / group, replicas, min(replicas, sc.nodes)), after=[done])
+            s.collective(
+                net.collective_s("all_reduce", nbytes / group, replicas, min(replicas, sc.nodes)), after=[done]
+            )
 
     def tp_coll(exchange: Exchange | None, after: int) -> list[int]:
         """The exchange after task ``after``, as the list the next layer's compute waits for. A
@@ -292,21 +304,42 @@ def project_step(m: StrategyModel, shape: ModelShape, profile: ComputeProfile, n
     s.add(profile.data_s + profile.overhead_s, after=s.everything())
     state = model_state(m, shape, P, per_node)
     return Projection(
-        strategy=m.label, ranks=P, nodes=sc.nodes, samples_per_rank=sc.samples_per_rank, step_s=s.makespan,
-        compute_s=s.compute_s, data_s=profile.data_s, comm_s=s.comm_s,
-        exposed_s=max(0.0, s.makespan - s.compute_s - profile.data_s), collectives=s.collectives, state=state,
-        host_bytes=state["optimizer"] + state["master_params"] if m.offload else 0.0, profile=profile.source,
-        probe_overhead=probe_overhead, tp=tp)
+        strategy=m.label,
+        ranks=P,
+        nodes=sc.nodes,
+        samples_per_rank=sc.samples_per_rank,
+        step_s=s.makespan,
+        compute_s=s.compute_s,
+        data_s=profile.data_s,
+        comm_s=s.comm_s,
+        exposed_s=max(0.0, s.makespan - s.compute_s - profile.data_s),
+        collectives=s.collectives,
+        state=state,
+        host_bytes=state["optimizer"] + state["master_params"] if m.offload else 0.0,
+        profile=profile.source,
+        probe_overhead=probe_overhead,
+        tp=tp,
+    )
 
 
 def nodes_for(ranks: int, ranks_per_node: int) -> int:
     return max(1, math.ceil(ranks / ranks_per_node))
 
 
-def project(strategies: Sequence[StrategyModel], shape: ModelShape, profiles: dict[str, ComputeProfile], net: Network,
-            ranks: Sequence[int], ranks_per_node: int, *, micro_batch: float | None = None,
-            global_batch: float | None = None, compute_scale: float = 1.0, contention: float = 1.0,
-            probe: bool = False) -> list[Projection]:
+def project(
+    strategies: Sequence[StrategyModel],
+    shape: ModelShape,
+    profiles: dict[str, ComputeProfile],
+    net: Network,
+    ranks: Sequence[int],
+    ranks_per_node: int,
+    *,
+    micro_batch: float | None = None,
+    global_batch: float | None = None,
+    compute_scale: float = 1.0,
+    contention: float = 1.0,
+    probe: bool = False,
+) -> list[Projection]:
     """Every strategy at every rank count, with speedup and efficiency against the same strategy
     at one rank. The per-rank batch is fixed (``micro_batch``, default the profile's) unless
     ``global_batch`` is: then each rank gets global_batch / P samples (strong scaling)."""
@@ -317,8 +350,13 @@ def project(strategies: Sequence[StrategyModel], shape: ModelShape, profiles: di
         def one(p: int) -> Projection:
             replicas = p // m.tp_ranks(p)
             per_rank = global_batch / replicas if global_batch else (micro_batch or profile.samples)
-            return project_step(m, shape, profile, net,
-                                Scenario(p, nodes_for(p, ranks_per_node), per_rank, compute_scale, contention, probe))
+            return project_step(
+                m,
+                shape,
+                profile,
+                net,
+                Scenario(p, nodes_for(p, ranks_per_node), per_rank, compute_scale, contention, probe),
+            )
 
         base = one(1)
         for p in ranks if m.multi_rank else [1]:
@@ -333,16 +371,37 @@ def search_limit(net: Network, ranks_per_node: int) -> int:
     return TAKEOVER_SEARCH if net.has("inter") else ranks_per_node
 
 
-def takeover(m: StrategyModel, shape: ModelShape, profile: ComputeProfile, net: Network, ranks_per_node: int, *,
-             micro_batch: float | None = None, global_batch: float | None = None, compute_scale: float = 1.0,
-             contention: float = 1.0, probe: bool = False) -> int | None:
+def takeover(
+    m: StrategyModel,
+    shape: ModelShape,
+    profile: ComputeProfile,
+    net: Network,
+    ranks_per_node: int,
+    *,
+    micro_batch: float | None = None,
+    global_batch: float | None = None,
+    compute_scale: float = 1.0,
+    contention: float = 1.0,
+    probe: bool = False,
+) -> int | None:
     """The smallest power-of-two rank count (up to search_limit) at which projected exposed
     communication exceeds projected compute; None if none does. With a fixed per-rank batch and no
     bookkeeping this is also where efficiency falls below 50%."""
     p = 2
     while p <= search_limit(net, ranks_per_node):
-        (r,) = project([m], shape, {"*": profile}, net, [p], ranks_per_node, micro_batch=micro_batch,
-                       global_batch=global_batch, compute_scale=compute_scale, contention=contention, probe=probe)
+        (r,) = project(
+            [m],
+            shape,
+            {"*": profile},
+            net,
+            [p],
+            ranks_per_node,
+            micro_batch=micro_batch,
+            global_batch=global_batch,
+            compute_scale=compute_scale,
+            contention=contention,
+            probe=probe,
+        )
         if r.exposed_s > r.compute_s:
             return p
         p *= 2

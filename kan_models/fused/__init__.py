@@ -65,9 +65,14 @@ def extension() -> ModuleType:
         raise RuntimeError(reason)
     where = build_directory()
     where.mkdir(parents=True, exist_ok=True)
-    return load(name=f"kanscale_{where.name}", sources=[str(f) for f in sorted(SOURCES.glob("*.cpp"))],
-                build_directory=str(where), extra_cflags=CFLAGS,
-                extra_ldflags=["-fopenmp"], verbose=False)
+    return load(
+        name=f"kanscale_{where.name}",
+        sources=[str(f) for f in sorted(SOURCES.glob("*.cpp"))],
+        build_directory=str(where),
+        extra_cflags=CFLAGS,
+        extra_ldflags=["-fopenmp"],
+        verbose=False,
+    )
 
 
 def kernels(device: torch.device) -> ModuleType:
@@ -92,8 +97,10 @@ def triton_installed() -> bool:
 def device_unavailable(device: torch.device) -> str | None:
     """Why the layer cannot run on a device, naming the fix (after "model.impl: fused "), or None."""
     if device.type == "cuda" and not triton_installed():
-        return ("runs on CUDA GPUs as a Triton kernel, and triton is not installed: pip install triton, or set "
-                "model.impl=fast")
+        return (
+            "runs on CUDA GPUs as a Triton kernel, and triton is not installed: pip install triton, or set "
+            "model.impl=fast"
+        )
     if device.type not in ("cpu", "cuda"):
         return f"runs on CPUs (a C++ op) and CUDA GPUs (a Triton kernel), not on {device.type}: set model.impl=fast"
     return None
@@ -120,17 +127,25 @@ def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-def spline_forward(x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, scale_spline: torch.Tensor,
-                   k: int) -> torch.Tensor:
+def spline_forward(
+    x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, scale_spline: torch.Tensor, k: int
+) -> torch.Tensor:
     """sum_i sum_j B_j(x_i) coef[o, i, j] scale_spline[o, i], (batch, out)."""
     xw, knots, coef, scale_spline = wide(x, knots, coef, scale_spline)
     ops = kernels(x.device)
     return cast(ops.forward(xw, knots, ops.spline_weight(coef, scale_spline), k, *_rows(k)), x.dtype)
 
 
-def spline_backward(grad: torch.Tensor, x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor,
-                    scale_spline: torch.Tensor, k: int, need_x: bool,
-                    need_weight: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def spline_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    knots: torch.Tensor,
+    coef: torch.Tensor,
+    scale_spline: torch.Tensor,
+    k: int,
+    need_x: bool,
+    need_weight: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(grad x, grad coef, grad scale_spline); an empty tensor for each not asked for."""
     dtypes = x.dtype, coef.dtype, scale_spline.dtype
     grad, x, knots, coef, scale_spline = wide(grad, x, knots, coef, scale_spline)
@@ -156,8 +171,11 @@ def _(x, knots, coef, scale_spline, k):
 
 @spline_term_backward.register_fake
 def _(grad, x, knots, coef, scale_spline, k, need_x, need_weight):
-    return (x.new_empty(x.shape if need_x else (0,)), coef.new_empty(coef.shape if need_weight else (0,)),
-            scale_spline.new_empty(scale_spline.shape if need_weight else (0,)))
+    return (
+        x.new_empty(x.shape if need_x else (0,)),
+        coef.new_empty(coef.shape if need_weight else (0,)),
+        scale_spline.new_empty(scale_spline.shape if need_weight else (0,)),
+    )
 
 
 def _setup(ctx, inputs, output) -> None:
@@ -169,16 +187,23 @@ def _setup(ctx, inputs, output) -> None:
 def _gradients(ctx, grad: torch.Tensor) -> tuple:
     x, knots, coef, scale_spline = ctx.saved_tensors
     need_x, _, need_coef, need_scale = ctx.needs_input_grad[:4]
-    gx, g_coef, g_scale = spline_term_backward(grad.contiguous(), x, knots, coef, scale_spline, ctx.k, need_x,
-                                               need_coef or need_scale)
+    gx, g_coef, g_scale = spline_term_backward(
+        grad.contiguous(), x, knots, coef, scale_spline, ctx.k, need_x, need_coef or need_scale
+    )
     return (gx if need_x else None), None, (g_coef if need_coef else None), (g_scale if need_scale else None), None
 
 
 spline_term.register_autograd(_gradients, setup_context=_setup)
 
 
-def fused_layer(x: torch.Tensor, knots: torch.Tensor, coef: torch.Tensor, scale_spline: torch.Tensor,
-                scale_base: torch.Tensor, k: int) -> torch.Tensor:
+def fused_layer(
+    x: torch.Tensor,
+    knots: torch.Tensor,
+    coef: torch.Tensor,
+    scale_spline: torch.Tensor,
+    scale_base: torch.Tensor,
+    k: int,
+) -> torch.Tensor:
     """The whole layer, its SiLU base path with the spline term, in one C++ call each way, for eager
     steps on CPUs: a C++ autograd function (csrc/function.cpp), whose backward the engine runs
     without Python. The registered op, with the base path around it in PyTorch, serves torch.compile
@@ -221,8 +246,11 @@ class FusedBSplineKANLayer(FastBSplineKANLayer):
     def _layer(self, x: torch.Tensor, dtype: torch.dtype, eager_cpu: bool) -> torch.Tensor:
         x = cast(x, dtype).contiguous()
         # the knots as stored (float32 under every backend): rounded to bf16 they would no longer be uniform
-        coef, scale_spline, scale_base = (cast(self.coef, dtype), cast(self.scale_spline, dtype),
-                                          cast(self.scale_base, dtype))
+        coef, scale_spline, scale_base = (
+            cast(self.coef, dtype),
+            cast(self.scale_spline, dtype),
+            cast(self.scale_base, dtype),
+        )
         if eager_cpu:
             return fused_layer(x, self.knots, coef, scale_spline, scale_base, self.k)
         return F.linear(F.silu(x), scale_base) + spline_term(x, self.knots, coef, scale_spline, self.k)

@@ -74,8 +74,21 @@ def _horner(r, rows, m: tl.constexpr, DEGREE: tl.constexpr, K: tl.constexpr):
 
 
 @triton.jit
-def _forward_kernel(x_ptr, knots_ptr, w_ptr, out_ptr, value_rows, batch, n_in, n_knots, n_bases, n_out,
-                    K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_O: tl.constexpr):
+def _forward_kernel(
+    x_ptr,
+    knots_ptr,
+    w_ptr,
+    out_ptr,
+    value_rows,
+    batch,
+    n_in,
+    n_knots,
+    n_bases,
+    n_out,
+    K: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     outs = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
     row_ok = rows < batch
@@ -89,15 +102,27 @@ def _forward_kernel(x_ptr, knots_ptr, w_ptr, out_ptr, value_rows, batch, n_in, n
         for m in tl.static_range(K + 1):
             j = first + m
             ok = row_ok & (j >= 0) & (j < n_bases)  # bases past the span's ends do not exist
-            weight = tl.load(slab + j[:, None] * n_out + outs[None, :], mask=ok[:, None] & out_ok[None, :],
-                             other=0.0)
+            weight = tl.load(slab + j[:, None] * n_out + outs[None, :], mask=ok[:, None] & out_ok[None, :], other=0.0)
             acc += _horner(r, value_rows, m, K, K)[:, None] * weight
     tl.store(out_ptr + rows[:, None] * n_out + outs[None, :], acc, mask=row_ok[:, None] & out_ok[None, :])
 
 
 @triton.jit
-def _grad_w_kernel(grad_ptr, x_ptr, knots_ptr, gw_ptr, value_rows, batch, n_in, n_knots, n_bases, n_out,
-                   K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_O: tl.constexpr):
+def _grad_w_kernel(
+    grad_ptr,
+    x_ptr,
+    knots_ptr,
+    gw_ptr,
+    value_rows,
+    batch,
+    n_in,
+    n_knots,
+    n_bases,
+    n_out,
+    K: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+):
     # Atomic adds, not per-row-tile partial sums reduced afterwards: the row j a basis adds to
     # depends on the data, so a tile cannot sum its rows in registers without a dense one-hot over
     # all G + k bases (the work this op exists to avoid), and partials would take (batch / BLOCK_B)
@@ -107,8 +132,9 @@ def _grad_w_kernel(grad_ptr, x_ptr, knots_ptr, gw_ptr, value_rows, batch, n_in, 
     outs = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
     row_ok = rows < batch
     out_ok = outs < n_out
-    grad = tl.load(grad_ptr + rows[:, None] * n_out + outs[None, :], mask=row_ok[:, None] & out_ok[None, :],
-                   other=0.0)  # loaded once, used for every input and basis
+    grad = tl.load(
+        grad_ptr + rows[:, None] * n_out + outs[None, :], mask=row_ok[:, None] & out_ok[None, :], other=0.0
+    )  # loaded once, used for every input and basis
     for i in range(n_in):
         x = tl.load(x_ptr + rows * n_in + i, mask=row_ok, other=0.0)
         first, r, inv_h = _locate(x, knots_ptr + i * n_knots, n_knots, K)
@@ -117,13 +143,31 @@ def _grad_w_kernel(grad_ptr, x_ptr, knots_ptr, gw_ptr, value_rows, batch, n_in, 
             j = first + m
             ok = row_ok & (j >= 0) & (j < n_bases)
             # relaxed: no ordering with other memory is needed, only the sum (the default, acq_rel, fences)
-            tl.atomic_add(slab + j[:, None] * n_out + outs[None, :], _horner(r, value_rows, m, K, K)[:, None] * grad,
-                          mask=ok[:, None] & out_ok[None, :], sem="relaxed")
+            tl.atomic_add(
+                slab + j[:, None] * n_out + outs[None, :],
+                _horner(r, value_rows, m, K, K)[:, None] * grad,
+                mask=ok[:, None] & out_ok[None, :],
+                sem="relaxed",
+            )
 
 
 @triton.jit
-def _grad_x_kernel(grad_ptr, x_ptr, knots_ptr, w_ptr, gx_ptr, slope_rows, batch, n_in, n_knots, n_bases, n_out,
-                   K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_O: tl.constexpr):
+def _grad_x_kernel(
+    grad_ptr,
+    x_ptr,
+    knots_ptr,
+    w_ptr,
+    gx_ptr,
+    slope_rows,
+    batch,
+    n_in,
+    n_knots,
+    n_bases,
+    n_out,
+    K: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_O: tl.constexpr,
+):
     # One program per (row tile, input), looping over all outputs: each gx element is written by one
     # program, so no atomics, and the result does not depend on the order programs run in.
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -136,13 +180,13 @@ def _grad_x_kernel(grad_ptr, x_ptr, knots_ptr, w_ptr, gx_ptr, slope_rows, batch,
     for o0 in range(0, n_out, BLOCK_O):
         outs = o0 + tl.arange(0, BLOCK_O)
         out_ok = outs < n_out
-        grad = tl.load(grad_ptr + rows[:, None] * n_out + outs[None, :], mask=row_ok[:, None] & out_ok[None, :],
-                       other=0.0)
+        grad = tl.load(
+            grad_ptr + rows[:, None] * n_out + outs[None, :], mask=row_ok[:, None] & out_ok[None, :], other=0.0
+        )
         for m in tl.static_range(K + 1):
             j = first + m
             ok = row_ok & (j >= 0) & (j < n_bases)
-            weight = tl.load(slab + j[:, None] * n_out + outs[None, :], mask=ok[:, None] & out_ok[None, :],
-                             other=0.0)
+            weight = tl.load(slab + j[:, None] * n_out + outs[None, :], mask=ok[:, None] & out_ok[None, :], other=0.0)
             acc += _horner(r, slope_rows, m, K - 1, K) * inv_h * tl.sum(weight * grad, axis=1)
     tl.store(gx_ptr + rows * n_in + i, acc, mask=row_ok)
 
@@ -171,15 +215,18 @@ def _check(x: torch.Tensor, knots: torch.Tensor, w: torch.Tensor, k: int) -> Non
     if not 1 <= k < MAX_ORDER:
         raise RuntimeError(f"fused B-spline: k must be 1-{MAX_ORDER - 1}")
     if x.dtype not in (torch.float32, torch.float64) or knots.dtype != x.dtype or w.dtype != x.dtype:
-        raise RuntimeError(f"fused B-spline (Triton): x, knots and w must be one dtype, float32 or float64; got "
-                           f"{x.dtype}, {knots.dtype}, {w.dtype}")
+        raise RuntimeError(
+            f"fused B-spline (Triton): x, knots and w must be one dtype, float32 or float64; got "
+            f"{x.dtype}, {knots.dtype}, {w.dtype}"
+        )
     # the kernels index in int32 (Triton's default): refuse what would overflow instead of reading wrong memory
     if max(x.numel(), w.numel(), x.shape[0] * w.shape[2]) >= 2**31:
         raise RuntimeError("fused B-spline (Triton): a tensor of 2^31 elements or more; split the batch or the layer")
 
 
-def forward(x: torch.Tensor, knots: torch.Tensor, w: torch.Tensor, k: int, value_rows: torch.Tensor,
-            slope_rows: torch.Tensor) -> torch.Tensor:
+def forward(
+    x: torch.Tensor, knots: torch.Tensor, w: torch.Tensor, k: int, value_rows: torch.Tensor, slope_rows: torch.Tensor
+) -> torch.Tensor:
     """(batch, out): the spline term, as ``extension().forward`` (x (batch, in), knots (in, n_knots)
     uniform per input, w (in, G + k, out))."""
     _check(x, knots, w, k)
@@ -193,14 +240,35 @@ def forward(x: torch.Tensor, knots: torch.Tensor, w: torch.Tensor, k: int, value
         return out.zero_()
     grid = (triton.cdiv(batch, BLOCK_ROWS), triton.cdiv(n_out, BLOCK_OUTPUTS))
     with _on_device(x):
-        _forward_kernel[grid](x, knots, w, out, _device_rows(value_rows, x), batch, n_in, knots.shape[1], n_bases,
-                              n_out, K=k, BLOCK_B=BLOCK_ROWS, BLOCK_O=BLOCK_OUTPUTS)
+        _forward_kernel[grid](
+            x,
+            knots,
+            w,
+            out,
+            _device_rows(value_rows, x),
+            batch,
+            n_in,
+            knots.shape[1],
+            n_bases,
+            n_out,
+            K=k,
+            BLOCK_B=BLOCK_ROWS,
+            BLOCK_O=BLOCK_OUTPUTS,
+        )
     return out
 
 
-def backward(grad: torch.Tensor, x: torch.Tensor, knots: torch.Tensor, w: torch.Tensor, k: int,
-             value_rows: torch.Tensor, slope_rows: torch.Tensor, need_x: bool,
-             need_w: bool) -> list[torch.Tensor | None]:
+def backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    knots: torch.Tensor,
+    w: torch.Tensor,
+    k: int,
+    value_rows: torch.Tensor,
+    slope_rows: torch.Tensor,
+    need_x: bool,
+    need_w: bool,
+) -> list[torch.Tensor | None]:
     """[grad_x (batch, in) or None, grad_w (in, G + k, out) or None], as ``extension().backward``
     (whose undefined tensors reach Python as None)."""
     _check(x, knots, w, k)
@@ -213,12 +281,38 @@ def backward(grad: torch.Tensor, x: torch.Tensor, knots: torch.Tensor, w: torch.
     with _on_device(x):
         if grad_w is not None and batch * n_in * n_out > 0:
             grid = (triton.cdiv(batch, BLOCK_ROWS), triton.cdiv(n_out, BLOCK_OUTPUTS))
-            _grad_w_kernel[grid](grad, x, knots, grad_w, _device_rows(value_rows, x), batch, n_in, n_knots, n_bases,
-                                 n_out, K=k, BLOCK_B=BLOCK_ROWS, BLOCK_O=BLOCK_OUTPUTS)
+            _grad_w_kernel[grid](
+                grad,
+                x,
+                knots,
+                grad_w,
+                _device_rows(value_rows, x),
+                batch,
+                n_in,
+                n_knots,
+                n_bases,
+                n_out,
+                K=k,
+                BLOCK_B=BLOCK_ROWS,
+                BLOCK_O=BLOCK_OUTPUTS,
+            )
         if grad_x is not None and batch * n_in * n_out > 0:
             _grad_x_kernel[(triton.cdiv(batch, BLOCK_ROWS), n_in)](
-                grad, x, knots, w, grad_x, _device_rows(slope_rows, x), batch, n_in, n_knots, n_bases, n_out,
-                K=k, BLOCK_B=BLOCK_ROWS, BLOCK_O=BLOCK_OUTPUTS)
+                grad,
+                x,
+                knots,
+                w,
+                grad_x,
+                _device_rows(slope_rows, x),
+                batch,
+                n_in,
+                n_knots,
+                n_bases,
+                n_out,
+                K=k,
+                BLOCK_B=BLOCK_ROWS,
+                BLOCK_O=BLOCK_OUTPUTS,
+            )
     return [grad_x, grad_w]
 
 
@@ -227,9 +321,9 @@ def spline_weight(coef: torch.Tensor, scale_spline: torch.Tensor) -> torch.Tenso
     return (coef * scale_spline.unsqueeze(-1)).permute(1, 2, 0).contiguous()
 
 
-def coefficient_grads(grad_w: torch.Tensor, coef: torch.Tensor,
-                      scale_spline: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def coefficient_grads(
+    grad_w: torch.Tensor, coef: torch.Tensor, scale_spline: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(d loss / d coef, d loss / d scale_spline) from grad_w (in, G + k, out), the gradient of w."""
     grad_w = grad_w.permute(2, 0, 1)  # (out, in, G + k)
     return (grad_w * scale_spline.unsqueeze(-1)).contiguous(), (grad_w * coef).sum(-1)
-

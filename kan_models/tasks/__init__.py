@@ -19,6 +19,6 @@ TASKS: dict[str, type[TaskConfig]] = {
     "sklearn": SklearnTask,
 }
 
-AnyTaskConfig = Annotated[Union[tuple(TASKS.values())], Field(discriminator="name")]
+AnyTaskConfig = Annotated[tuple(TASKS.values()), Field(discriminator="name")]
 
 __all__ = ["OBJECTIVES", "TASKS", "AnyTaskConfig", "Objective", "TaskConfig", "TaskData"]

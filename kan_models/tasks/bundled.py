@@ -1,11 +1,11 @@
 """``task.name: sklearn``: the small datasets that ship inside scikit-learn (no download), named.
 
-    task: {name: sklearn, dataset: digits}      # 1,797 8x8 images flattened: 64 inputs, 10 classes
+task: {name: sklearn, dataset: digits}      # 1,797 8x8 images flattened: 64 inputs, 10 classes
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Literal
 
 import numpy as np
@@ -25,8 +25,9 @@ BUNDLED = {
 
 class SklearnTask(DataTask):
     name: Literal["sklearn"]
-    dataset: Literal[tuple(BUNDLED)] = Field(description="digits, wine, breast_cancer, iris (classification), diabetes "
-                                                         "(regression)")
+    dataset: Literal[tuple(BUNDLED)] = Field(
+        description="digits, wine, breast_cancer, iris (classification), diabetes (regression)"
+    )
 
     @property
     def label(self) -> str:
@@ -36,7 +37,7 @@ class SklearnTask(DataTask):
         return load_bundled(self.dataset)
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_bundled(dataset: str) -> Table:
     import sklearn.datasets
 

@@ -38,10 +38,12 @@ class TaskData:
     x_test: torch.Tensor
     y_test: torch.Tensor
 
-    def to(self, device: torch.device | str, dtype: torch.dtype) -> "TaskData":
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> TaskData:
         """On ``device``, inputs and real-valued targets in ``dtype``; class labels stay integers."""
+
         def move(t: torch.Tensor) -> torch.Tensor:
             return t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device=device)
+
         return TaskData(*(move(t) for t in (self.x_train, self.y_train, self.x_test, self.y_test)))
 
 
@@ -78,14 +80,17 @@ class Regression(Objective):
 
     def metric_sums(self, prediction: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         target = target.double()
-        return {"squared_error": (prediction.double() - target).pow(2).sum(dim=0),
-                "target": target.sum(dim=0), "target_squared": target.pow(2).sum(dim=0)}
+        return {
+            "squared_error": (prediction.double() - target).pow(2).sum(dim=0),
+            "target": target.sum(dim=0),
+            "target_squared": target.pow(2).sum(dim=0),
+        }
 
     def metrics(self, sums: dict[str, torch.Tensor], n: int) -> dict[str, float]:
         error, total, squares = sums["squared_error"], sums["target"], sums["target_squared"]
         mse = float(error.sum()) / (n * error.numel())
         variance = squares - total.pow(2) / n  # n times each output's variance over the test set
-        scores = {"mse": mse, "rmse": mse ** 0.5}
+        scores = {"mse": mse, "rmse": mse**0.5}
         # No spread is zero up to the rounding of the sums above: 999 samples of a constant 0.0137
         # leave 1.5e-16 of their squares, which 1 - error / variance turned into an r2 of -3.6e15.
         if bool((variance > 1e-12 * squares).all()):
@@ -103,12 +108,19 @@ def unscaled_metrics(sums: dict[str, torch.Tensor], n: int, mean: np.ndarray, sc
     error = sums["squared_error"].double() * torch.from_numpy(np.asarray(scale, dtype=np.float64)).pow(2)
     if error.numel() == 1:
         mse = float(error.sum()) / n
-        return {"mse_unscaled": mse, "rmse_unscaled": mse ** 0.5, "target_mean": float(mean[0]),
-                "target_std": float(scale[0])}
+        return {
+            "mse_unscaled": mse,
+            "rmse_unscaled": mse**0.5,
+            "target_mean": float(mean[0]),
+            "target_std": float(scale[0]),
+        }
     scores: dict[str, float] = {}
     for j, (squared, centre, spread) in enumerate(zip(error.tolist(), mean, scale)):
-        scores |= {f"rmse_unscaled[{j}]": (squared / n) ** 0.5, f"target_mean[{j}]": float(centre),
-                   f"target_std[{j}]": float(spread)}
+        scores |= {
+            f"rmse_unscaled[{j}]": (squared / n) ** 0.5,
+            f"target_mean[{j}]": float(centre),
+            f"target_std[{j}]": float(spread),
+        }
     return scores
 
 
@@ -123,8 +135,10 @@ class Classification(Objective):
 
     def metric_sums(self, prediction: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
         labels = target.reshape(-1)
-        return {"correct": (prediction.argmax(dim=1) == labels).sum().double(),
-                "log_loss": F.cross_entropy(prediction.double(), labels, reduction="sum")}
+        return {
+            "correct": (prediction.argmax(dim=1) == labels).sum().double(),
+            "log_loss": F.cross_entropy(prediction.double(), labels, reduction="sum"),
+        }
 
     def metrics(self, sums: dict[str, torch.Tensor], n: int) -> dict[str, float]:
         return {"accuracy": float(sums["correct"]) / n, "log_loss": float(sums["log_loss"]) / n}

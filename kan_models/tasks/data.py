@@ -14,8 +14,8 @@ before anything is launched.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -53,8 +53,10 @@ def missing_cells(values: np.ndarray) -> np.ndarray:
 
 def missing_labels_problem(missing: np.ndarray, what: str) -> str:
     rows = np.flatnonzero(missing) + 1
-    return (f"{what} has {len(rows)} missing label(s) (an empty cell or NaN) in row(s) {listing(rows)}; "
-            "a missing label is not a class: fill in those labels or drop those rows")
+    return (
+        f"{what} has {len(rows)} missing label(s) (an empty cell or NaN) in row(s) {listing(rows)}; "
+        "a missing label is not a class: fill in those labels or drop those rows"
+    )
 
 
 def as_classes(labels: np.ndarray, what: str) -> tuple[np.ndarray, int]:
@@ -76,9 +78,12 @@ class DataTask(TaskConfig):
 
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="share of the samples held out for testing")
     standardize: bool = Field(True, description="centre and scale each input by the train split's mean and std")
-    standardize_target: bool = Field(False, description="regression: centre and scale the targets the same way (the "
-                                                        "loss and mse, rmse are then in units of the train std; "
-                                                        "mse_unscaled, rmse_unscaled in the target's)")
+    standardize_target: bool = Field(
+        False,
+        description="regression: centre and scale the targets the same way (the "
+        "loss and mse, rmse are then in units of the train std; "
+        "mse_unscaled, rmse_unscaled in the target's)",
+    )
     # The train split's target mean and std of the last generate(), which the test metrics are
     # scaled back by: the trainer asks generate(seed) for the data and metrics(sums, n) for the
     # scores, and only the first knows the seed that decides the split.
@@ -112,7 +117,7 @@ class DataTask(TaskConfig):
     def generate(self, seed: int) -> TaskData:
         table = self.table()
         order = np.random.default_rng(seed).permutation(len(table.x))
-        train, test = order[: self.n_train], order[self.n_train:]
+        train, test = order[: self.n_train], order[self.n_train :]
         x = table.x
         if self.standardize:
             mean, std = x[train].mean(axis=0), x[train].std(axis=0)

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -63,25 +64,39 @@ PREPARATION_ROWS = 20  # the dropped rows a record names (1-based), the first of
 
 class FileTask(DataTask):
     name: Literal["file"]
-    path: str = Field(description=f"the data file ({', '.join(SUFFIXES)}); relative paths are from the working directory")
+    path: str = Field(
+        description=f"the data file ({', '.join(SUFFIXES)}); relative paths are from the working directory"
+    )
     target: str | int | list[str] | None = Field(
-        None, description="the target: a column name, or a list of them for several outputs (CSV, Parquet), a column "
-                          "index (.npy, default the last), an array key (.npz, default y)")
+        None,
+        description="the target: a column name, or a list of them for several outputs (CSV, Parquet), a column "
+        "index (.npy, default the last), an array key (.npz, default y)",
+    )
     features: list[str | int] | str | None = Field(
-        None, description="the inputs: column names or indices (default: every other column), or an .npz key (default x)")
+        None,
+        description="the inputs: column names or indices (default: every other column), or an .npz key (default x)",
+    )
     objective: Literal["regression", "classification"] = Field(
-        "regression", description="regression: real targets (MSE); classification: labels of any type (cross-entropy)")
+        "regression", description="regression: real targets (MSE); classification: labels of any type (cross-entropy)"
+    )
     missing: Literal["refuse", "drop"] = Field(
-        "refuse", description="a row with a missing value (NaN, an empty cell) in an input or the target: refuse the "
-                              "file, or drop the row")
+        "refuse",
+        description="a row with a missing value (NaN, an empty cell) in an input or the target: refuse the "
+        "file, or drop the row",
+    )
     categorical: Literal["refuse", "onehot", "codes"] = Field(
-        "refuse", description="an input column of text: refuse it, or encode it as one 0/1 column per category "
-                              "(onehot) or as one column of category numbers 0..C-1 (codes), categories sorted")
-    standardize_target: bool = Field(True, description="regression: centre and scale the targets by the train split's "
-                                                       "mean and std (metrics also in the target's units: *_unscaled)")
+        "refuse",
+        description="an input column of text: refuse it, or encode it as one 0/1 column per category "
+        "(onehot) or as one column of category numbers 0..C-1 (codes), categories sorted",
+    )
+    standardize_target: bool = Field(
+        True,
+        description="regression: centre and scale the targets by the train split's "
+        "mean and std (metrics also in the target's units: *_unscaled)",
+    )
 
     @model_validator(mode="after")
-    def _readable(self) -> "FileTask":
+    def _readable(self) -> FileTask:
         self.table()  # every problem with the file, now rather than on the ranks
         return self
 
@@ -90,7 +105,8 @@ class FileTask(DataTask):
         """The file's name, and what was done to its table: tables tell runs on other rows apart."""
         table = self.table()
         done = ([f"{len(table.dropped)} row(s) with missing values dropped"] if len(table.dropped) else []) + (
-            [f"{ENCODED[self.categorical]}: {listing(list(table.encoded), most=4)}"] if table.encoded else [])
+            [f"{ENCODED[self.categorical]}: {listing(list(table.encoded), most=4)}"] if table.encoded else []
+        )
         return f"file {Path(self.path).name}" + (f" ({'; '.join(done)})" if done else "")
 
     @property
@@ -98,8 +114,12 @@ class FileTask(DataTask):
         table = self.table()
         if not len(table.dropped) and not table.encoded:
             return None
-        return {"rows_dropped": int(len(table.dropped)), "first_rows_dropped": table.dropped[:PREPARATION_ROWS].tolist(),
-                "encoding": self.categorical if table.encoded else None, "encoded": table.encoded}
+        return {
+            "rows_dropped": len(table.dropped),
+            "first_rows_dropped": table.dropped[:PREPARATION_ROWS].tolist(),
+            "encoding": self.categorical if table.encoded else None,
+            "encoded": table.encoded,
+        }
 
     @property
     def goal(self) -> Objective:
@@ -115,13 +135,31 @@ class FileTask(DataTask):
             raise ValueError(f"task.path: {self.path}: {err.strerror} (relative paths are from {Path.cwd()})") from None
         features = tuple(self.features) if isinstance(self.features, list) else self.features
         target = tuple(self.target) if isinstance(self.target, list) else self.target
-        return read_table(str(path.resolve()), stat.st_mtime_ns, stat.st_size, target, features, self.objective,
-                          self.missing, self.categorical, self.path)
+        return read_table(
+            str(path.resolve()),
+            stat.st_mtime_ns,
+            stat.st_size,
+            target,
+            features,
+            self.objective,
+            self.missing,
+            self.categorical,
+            self.path,
+        )
 
 
 @lru_cache(maxsize=8)
-def read_table(path: str, mtime: int, size: int, target: str | int | tuple | None, features: tuple | str | None,
-               objective: str, missing: str, categorical: str, given: str) -> Table:
+def read_table(
+    path: str,
+    mtime: int,
+    size: int,
+    target: str | int | tuple | None,
+    features: tuple | str | None,
+    objective: str,
+    missing: str,
+    categorical: str,
+    given: str,
+) -> Table:
     """The table at ``path`` (``mtime`` and ``size`` key the cache, so a changed file is read
     again); ``given`` is the path as the user wrote it, for messages."""
     suffix = Path(path).suffix
@@ -145,12 +183,15 @@ def read_frame(path: str, suffix: str, given: str) -> pd.DataFrame:
     except (UnicodeDecodeError, pd.errors.ParserError, csv.Error, OSError, ValueError) as err:
         raise ValueError(f"task.path: {given} cannot be read as {suffix[1:]}: {str(err).splitlines()[0]}") from None
     if frame is None:
-        raise ValueError(f"task.path: {given} has {width:,} columns, more than the {MAX_COLUMNS[suffix]:,} kanscale reads "
-                         f"from a {suffix[1:]} file (it is read column by column: a million columns take 15 s or more "
-                         "and 2 GB); save the table as .npy (numpy.save) or .npz, which are read at any width")
+        raise ValueError(
+            f"task.path: {given} has {width:,} columns, more than the {MAX_COLUMNS[suffix]:,} kanscale reads "
+            f"from a {suffix[1:]} file (it is read column by column: a million columns take 15 s or more "
+            "and 2 GB); save the table as .npy (numpy.save) or .npz, which are read at any width"
+        )
     if frame.empty:
-        raise ValueError(f"task.path: {given} has no rows" + (f" (columns: {listing(frame.columns)})"
-                                                               if len(frame.columns) else ""))
+        raise ValueError(
+            f"task.path: {given} has no rows" + (f" (columns: {listing(frame.columns)})" if len(frame.columns) else "")
+        )
     return frame
 
 
@@ -165,8 +206,7 @@ def column_count(path: str, suffix: str) -> int:
     return pyarrow.parquet.read_metadata(path).num_columns
 
 
-def from_frame(frame: pd.DataFrame, target: str | int | tuple | None, features: tuple | str | None,
-               given: str) -> Read:
+def from_frame(frame: pd.DataFrame, target: str | int | tuple | None, features: tuple | str | None, given: str) -> Read:
     """The inputs as numbers and the target as given (:class:`Read`). The frame is the one read
     for this: its columns that are not numbers are replaced in place."""
     # object, not pandas' Arrow strings: their isin against a long list is ~50x slower
@@ -181,11 +221,14 @@ def from_frame(frame: pd.DataFrame, target: str | int | tuple | None, features: 
     for field, picked in (("task.target", targets), ("task.features", chosen)):
         absent = picked[~picked.isin(names)]
         if len(absent):
-            raise ValueError(f"{field}: no column {listing([repr(n) for n in absent])} in {given}; its columns: "
-                             f"{listing(names)}")
+            raise ValueError(
+                f"{field}: no column {listing([repr(n) for n in absent])} in {given}; its columns: {listing(names)}"
+            )
     if not names.is_unique:  # 1 and "1" in a Parquet file: both read as "1"
-        raise ValueError(f"task.path: {given} has more than one column named "
-                         f"{listing([repr(n) for n in names[names.duplicated()].unique()])}; rename them apart")
+        raise ValueError(
+            f"task.path: {given} has more than one column named "
+            f"{listing([repr(n) for n in names[names.duplicated()].unique()])}; rename them apart"
+        )
     check_choice(targets, chosen, given, lambda name: f"column {name!r}")
     x_at, y_at = names.get_indexer(chosen), names.get_indexer(targets)
     y = frame.iloc[:, y_at].to_numpy()  # as given: labels stay labels
@@ -203,39 +246,61 @@ def from_frame(frame: pd.DataFrame, target: str | int | tuple | None, features: 
     at = pd.Index(x_at).get_indexer(inputs[found.at])
     order = np.argsort(at)
     found = Text(at[order], found.cells[:, order], found.bad[:, order])
-    return Read(x, found, lambda i: f"column {chosen[i]!r}", lambda i: str(chosen[i]),
-                y[:, 0] if len(targets) == 1 else y, lambda j: f"column {targets[j]!r}")
+    return Read(
+        x,
+        found,
+        lambda i: f"column {chosen[i]!r}",
+        lambda i: str(chosen[i]),
+        y[:, 0] if len(targets) == 1 else y,
+        lambda j: f"column {targets[j]!r}",
+    )
 
 
-def from_arrays(path: str, suffix: str, target: str | int | tuple | None, features: tuple | str | None,
-                given: str) -> Read:
+def from_arrays(
+    path: str, suffix: str, target: str | int | tuple | None, features: tuple | str | None, given: str
+) -> Read:
     try:
         loaded = np.load(path, allow_pickle=False)  # never unpickle what a user hands over
     except (ValueError, OSError, EOFError) as err:
         raise ValueError(f"task.path: {given} cannot be read as {suffix[1:]}: {err}") from None
     if suffix == ".npz":
         x_key, y_key = ("x" if features is None else features), ("y" if target is None else target)
-        for field, key, what in (("task.features", x_key, "inputs are one array (default x)"),
-                                 ("task.target", y_key, "target is one array (default y)")):
+        for field, key, what in (
+            ("task.features", x_key, "inputs are one array (default x)"),
+            ("task.target", y_key, "target is one array (default y)"),
+        ):
             if not isinstance(key, str):
-                raise ValueError(f"{field}: an .npz file's {what}; give its key, not "
-                                 f"{list(key) if isinstance(key, tuple) else key!r}")
+                raise ValueError(
+                    f"{field}: an .npz file's {what}; give its key, not "
+                    f"{list(key) if isinstance(key, tuple) else key!r}"
+                )
             if key not in loaded.files:
                 raise ValueError(f"{field}: no array {key!r} in {given}; its arrays: {', '.join(loaded.files)}")
         if x_key == y_key:
-            raise ValueError(f"task.features: {x_key!r} of {given} is task.target too: the model would be fed its "
-                             "answer; give the inputs' array as task.features")
+            raise ValueError(
+                f"task.features: {x_key!r} of {given} is task.target too: the model would be fed its "
+                "answer; give the inputs' array as task.features"
+            )
         x, y = loaded[x_key], loaded[y_key]
         if x.ndim == 1:
             x = x.reshape(-1, 1)
         if x.ndim != 2 or len(x) != len(y):
-            raise ValueError(f"task.features: {given}'s {x_key!r} must be (samples, inputs) with as many rows as "
-                             f"{y_key!r}; got {x.shape} and {y.shape}")
+            raise ValueError(
+                f"task.features: {given}'s {x_key!r} must be (samples, inputs) with as many rows as "
+                f"{y_key!r}; got {x.shape} and {y.shape}"
+            )
         x_name = lambda i: f"{x_key}[:, {i}]"  # noqa: E731
-        return Read(*as_numbers(x, "task.features", given, FEATURE_FIX), x_name, x_name, y,
-                    lambda j: f"array {y_key!r}" if y.ndim == 1 else f"{y_key}[:, {j}]")
+        return Read(
+            *as_numbers(x, "task.features", given, FEATURE_FIX),
+            x_name,
+            x_name,
+            y,
+            lambda j: f"array {y_key!r}" if y.ndim == 1 else f"{y_key}[:, {j}]",
+        )
     if loaded.ndim != 2 or loaded.shape[1] < 2:
-        raise ValueError(f"task.path: {given} must hold a 2-D array (samples, columns) of at least 2 columns, got {loaded.shape}")
+        raise ValueError(
+            f"task.path: {given} must hold a 2-D array (samples, columns) of at least 2 columns, got {loaded.shape}"
+        )
     width = loaded.shape[1]
     column = -1 if target is None else target
     if not isinstance(column, int) or not -width <= column < width:
@@ -247,11 +312,18 @@ def from_arrays(path: str, suffix: str, target: str | int | tuple | None, featur
         picked = list(features) if isinstance(features, tuple) else [features]
         chosen = np.array(picked) if picked else np.zeros(0, dtype=np.int64)
         if chosen.dtype.kind != "i" or not ((-width <= chosen) & (chosen < width)).all():
-            raise ValueError(f"task.features: give column indices of {given}'s {width} columns, got {listing([repr(p) for p in picked])}")
+            raise ValueError(
+                f"task.features: give column indices of {given}'s {width} columns, got {listing([repr(p) for p in picked])}"
+            )
         chosen %= width
     check_choice(pd.Index([column]), pd.Index(chosen), given, lambda i: f"column {i}")
-    return Read(*as_numbers(loaded[:, chosen], "task.features", given, FEATURE_FIX), lambda i: f"column {chosen[i]}",
-                lambda i: str(chosen[i]), loaded[:, column], lambda j: f"column {column}")
+    return Read(
+        *as_numbers(loaded[:, chosen], "task.features", given, FEATURE_FIX),
+        lambda i: f"column {chosen[i]}",
+        lambda i: str(chosen[i]),
+        loaded[:, column],
+        lambda j: f"column {column}",
+    )
 
 
 def check_choice(targets: pd.Index, chosen: pd.Index, given: str, name: Callable[[Any], str]) -> None:
@@ -260,12 +332,18 @@ def check_choice(targets: pd.Index, chosen: pd.Index, given: str, name: Callable
     for field, picked in (("task.target", targets), ("task.features", chosen)):
         twice = picked[picked.duplicated()].unique()
         if len(twice):
-            raise ValueError(f"{field}: {listing([name(n) for n in twice])} of {given} is named more than once; "
-                             "name each column once")
+            raise ValueError(
+                f"{field}: {listing([name(n) for n in twice])} of {given} is named more than once; "
+                "name each column once"
+            )
     both = chosen.intersection(targets)
     if len(both):
-        raise ValueError(f"task.features: {listing([name(n) for n in both])} of {given} is task.target too: the model "
-                         "would be fed its answer; leave the target out of task.features")
+        raise ValueError(
+            f"task.features: {listing([name(n) for n in both])} of {given} is task.target too: the model "
+            "would be fed its answer; leave the target out of task.features"
+        )
     if not len(chosen):
-        raise ValueError(f"task.features: no input column of {given} is left besides the target "
-                         f"{listing([name(n) for n in targets])}; name the inputs in task.features")
+        raise ValueError(
+            f"task.features: no input column of {given} is left besides the target "
+            f"{listing([name(n) for n in targets])}; name the inputs in task.features"
+        )

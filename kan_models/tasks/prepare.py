@@ -17,8 +17,9 @@ per problem.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NoReturn
+from typing import NoReturn
 
 import numpy as np
 import pandas as pd
@@ -65,8 +66,9 @@ def as_numbers(values: np.ndarray, field: str, given: str, fix: str) -> tuple[np
     and the columns that hold something that is not a number. One pass over all cells at once."""
     n = len(values)
     if values.dtype.kind in "biuf":
-        return values.astype(np.float64, copy=False), Text(np.zeros(0, np.int64), np.empty((n, 0), object),
-                                                           np.zeros((n, 0), bool))
+        return values.astype(np.float64, copy=False), Text(
+            np.zeros(0, np.int64), np.empty((n, 0), object), np.zeros((n, 0), bool)
+        )
     if values.dtype.kind not in "OUS":  # complex numbers, dates: no one number to take
         raise ValueError(f"{field}: {given} holds {values.dtype} data where numbers are needed; {fix}")
     cells = values.astype(object)
@@ -85,22 +87,36 @@ def prepare(read: Read, objective: str, missing: str, categorical: str, given: s
     x_missing[:, read.text.at] &= ~read.text.bad
     problems: list[Problem] = []
     if categorical == "refuse":
-        problems += per_column("task.features", read.text.at, lambda k: not_numeric(read, k, given),
-                               lambda rest: f"{len(rest)} more column(s) of {given} are not numeric: "
-                                            f"{listing([read.x_label(c) for c in rest])}; {CATEGORICAL_FIX}")
+        problems += per_column(
+            "task.features",
+            read.text.at,
+            lambda k: not_numeric(read, k, given),
+            lambda rest: (
+                f"{len(rest)} more column(s) of {given} are not numeric: "
+                f"{listing([read.x_label(c) for c in rest])}; {CATEGORICAL_FIX}"
+            ),
+        )
     if missing == "refuse":
         problems += missing_values("task.features", x_missing, read.x_label, given)
     problems += infinite_values("task.features", read.x, read.x_label, given)
     if objective == "classification":  # several label columns: as_classes refuses them below
         y_missing = missing_cells(read.y) if read.y.ndim == 1 else np.zeros(n, bool)
         if missing == "refuse" and y_missing.any():
-            problems.append(("task.target", missing_labels_problem(y_missing, f"{read.y_label(0)} of {given}")
-                             + " (--set task.missing=drop)"))
+            problems.append(
+                (
+                    "task.target",
+                    missing_labels_problem(y_missing, f"{read.y_label(0)} of {given}") + " (--set task.missing=drop)",
+                )
+            )
         y = read.y
     else:
         y, y_text = as_numbers(read.y.reshape(n, -1), "task.target", given, TARGET_FIX)
-        problems += per_column("task.target", y_text.at, lambda k: not_numeric_target(y_text, k, read.y_label, given),
-                               lambda rest: f"{listing([read.y_label(c) for c in rest])} of {given} are not numeric too")
+        problems += per_column(
+            "task.target",
+            y_text.at,
+            lambda k: not_numeric_target(y_text, k, read.y_label, given),
+            lambda rest: f"{listing([read.y_label(c) for c in rest])} of {given} are not numeric too",
+        )
         y_missing_cells = np.isnan(y)
         y_missing_cells[:, y_text.at] &= ~y_text.bad
         if missing == "refuse":
@@ -110,14 +126,21 @@ def prepare(read: Read, objective: str, missing: str, categorical: str, given: s
         y = y.reshape(read.y.shape)
     incomplete = x_missing.any(axis=1) | y_missing
     if categorical == "refuse" and len(read.text.at) and missing == "refuse" and incomplete.any():
-        problems.append(("task", f"to train on {given} as it is, set both: --set task.categorical=onehot "
-                                 f"--set task.missing=drop (which drops {np.count_nonzero(incomplete)} of its {n} rows)"))
+        problems.append(
+            (
+                "task",
+                f"to train on {given} as it is, set both: --set task.categorical=onehot "
+                f"--set task.missing=drop (which drops {np.count_nonzero(incomplete)} of its {n} rows)",
+            )
+        )
     if problems:
         refuse(problems, given)
     keep = ~incomplete
     if np.count_nonzero(keep) < 2:
-        raise ValueError(f"task.missing: dropping the rows with a missing value leaves {np.count_nonzero(keep)} of the "
-                         f"{n} rows of {given}; a train and a test split need at least 2: fill in the missing values")
+        raise ValueError(
+            f"task.missing: dropping the rows with a missing value leaves {np.count_nonzero(keep)} of the "
+            f"{n} rows of {given}; a train and a test split need at least 2: fill in the missing values"
+        )
     x, encoded = encode(read.x[keep], read.text, keep, categorical, read.x_name)
     dropped = np.flatnonzero(incomplete) + 1
     if objective == "classification":
@@ -126,21 +149,26 @@ def prepare(read: Read, objective: str, missing: str, categorical: str, given: s
     return Table(x, y[keep], dropped=dropped, encoded=encoded)
 
 
-def encode(x: np.ndarray, text: Text, keep: np.ndarray, how: str, name: Callable[[int], str]) \
-        -> tuple[np.ndarray, dict[str, list[str]]]:
+def encode(
+    x: np.ndarray, text: Text, keep: np.ndarray, how: str, name: Callable[[int], str]
+) -> tuple[np.ndarray, dict[str, list[str]]]:
     """``x`` with each text column replaced, where it stood, by its encoding; and each encoded
     column's categories by name. (No text column is left when ``how`` is refuse: it was refused.)"""
     parts, encoded, start = [], {}, 0
     for k, column in enumerate(text.at):
         categories, codes = np.unique(text.cells[keep, k].astype(str), return_inverse=True)
         encoded[name(int(column))] = categories.tolist()
-        parts += [x[:, start:column], np.eye(len(categories))[codes] if how == "onehot" else codes[:, None].astype(np.float64)]
+        parts += [
+            x[:, start:column],
+            np.eye(len(categories))[codes] if how == "onehot" else codes[:, None].astype(np.float64),
+        ]
         start = column + 1
     return (np.concatenate([*parts, x[:, start:]], axis=1) if parts else x), encoded
 
 
-def per_column(field: str, columns: np.ndarray, line: Callable[[int], str],
-               rest: Callable[[np.ndarray], str]) -> list[Problem]:
+def per_column(
+    field: str, columns: np.ndarray, line: Callable[[int], str], rest: Callable[[np.ndarray], str]
+) -> list[Problem]:
     """One line for each of ``columns`` (``line`` takes the index into ``columns``); beyond
     PER_KIND + 1 of them, one for each of the first PER_KIND and one listing the rest."""
     shown = len(columns) if len(columns) <= PER_KIND + 1 else PER_KIND
@@ -153,15 +181,20 @@ def not_numeric(read: Read, k: int, given: str) -> str:
     cells, bad = read.text.cells[:, k], read.text.bad[:, k]
     rows = np.flatnonzero(bad)
     values = pd.unique(cells[~missing_cells(cells)].astype(str))
-    return (f"{read.x_label(int(read.text.at[k]))} of {given} is not numeric (row {rows[0] + 1}: {cells[rows[0]]!r}"
-            + (f", and {len(rows) - 1} more row(s)" if len(rows) > 1 else "")
-            + f"); its {len(values)} distinct value(s): {listing(sorted(values), most=5)}; {CATEGORICAL_FIX}")
+    return (
+        f"{read.x_label(int(read.text.at[k]))} of {given} is not numeric (row {rows[0] + 1}: {cells[rows[0]]!r}"
+        + (f", and {len(rows) - 1} more row(s)" if len(rows) > 1 else "")
+        + f"); its {len(values)} distinct value(s): {listing(sorted(values), most=5)}; {CATEGORICAL_FIX}"
+    )
 
 
 def not_numeric_target(text: Text, k: int, label: Label, given: str) -> str:
     rows = np.flatnonzero(text.bad[:, k])
-    return (f"{label(int(text.at[k]))} of {given} is not numeric (row {rows[0] + 1}: {text.cells[rows[0], k]!r}"
-            + (f", and {len(rows) - 1} more row(s)" if len(rows) > 1 else "") + f"); {TARGET_FIX}")
+    return (
+        f"{label(int(text.at[k]))} of {given} is not numeric (row {rows[0] + 1}: {text.cells[rows[0], k]!r}"
+        + (f", and {len(rows) - 1} more row(s)" if len(rows) > 1 else "")
+        + f"); {TARGET_FIX}"
+    )
 
 
 def missing_values(field: str, absent: np.ndarray, label: Label, given: str) -> list[Problem]:
@@ -171,28 +204,50 @@ def missing_values(field: str, absent: np.ndarray, label: Label, given: str) -> 
 def infinite_values(field: str, values: np.ndarray, label: Label, given: str) -> list[Problem]:
     if np.isfinite(values).all() or not np.isinf(values).any():  # the common case in one pass
         return []
-    return cells_problem(field, np.isinf(values), label, given, "infinite value(s)", "have infinite values",
-                         "replace them before training")
+    return cells_problem(
+        field,
+        np.isinf(values),
+        label,
+        given,
+        "infinite value(s)",
+        "have infinite values",
+        "replace them before training",
+    )
 
 
-def cells_problem(field: str, mask: np.ndarray, label: Label, given: str, what: str, plural: str,
-                  fix: str) -> list[Problem]:
+def cells_problem(
+    field: str, mask: np.ndarray, label: Label, given: str, what: str, plural: str, fix: str
+) -> list[Problem]:
     """Each column with cells in ``mask``: how many, the first row and the rows."""
     columns = np.flatnonzero(mask.any(axis=0))
 
     def line(k: int) -> str:
         rows = np.flatnonzero(mask[:, columns[k]]) + 1
-        return (f"{label(int(columns[k]))} of {given} has {len(rows)} {what}, the first in row {rows[0]}"
-                + (f" (rows {listing(rows)})" if len(rows) > 1 else "") + f"; {fix}")
+        return (
+            f"{label(int(columns[k]))} of {given} has {len(rows)} {what}, the first in row {rows[0]}"
+            + (f" (rows {listing(rows)})" if len(rows) > 1 else "")
+            + f"; {fix}"
+        )
 
-    return per_column(field, columns, line, lambda rest: f"{len(rest)} more column(s) of {given} {plural}: "
-                                                         f"{listing([label(int(c)) for c in rest])}; {fix}")
+    return per_column(
+        field,
+        columns,
+        line,
+        lambda rest: f"{len(rest)} more column(s) of {given} {plural}: {listing([label(int(c)) for c in rest])}; {fix}",
+    )
 
 
 def refuse(problems: list[Problem], given: str) -> NoReturn:
     """Raise every problem at once, each as its own error of its own field: the experiment's
     validation lists them one per line (a single ValueError would be one line, cut short)."""
-    raise ValidationError.from_exception_data("file task", [
-        InitErrorDetails(type=PydanticCustomError("file_content", "{problem}", {"problem": message}),
-                         loc=tuple(field.split(".")[1:]), input={"path": given})
-        for field, message in problems])
+    raise ValidationError.from_exception_data(
+        "file task",
+        [
+            InitErrorDetails(
+                type=PydanticCustomError("file_content", "{problem}", {"problem": message}),
+                loc=tuple(field.split(".")[1:]),
+                input={"path": given},
+            )
+            for field, message in problems
+        ],
+    )

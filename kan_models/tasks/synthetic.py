@@ -11,8 +11,9 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from functools import lru_cache
-from typing import Callable, Literal
+from collections.abc import Callable
+from functools import cache
+from typing import Literal
 
 import numpy as np
 import torch
@@ -98,7 +99,7 @@ class HighDimTask(SyntheticTask):
         return torch.exp(torch.sin(math.pi * x / 2).pow(2).mean(dim=1, keepdim=True))
 
 
-@lru_cache(maxsize=None)
+@cache
 def feynman_equation(equation: str) -> tuple[int, Callable[[torch.Tensor], torch.Tensor], list[tuple[float, float]]]:
     """pykan's Feynman equation ``equation`` (kan.feynman): its variable count, its function and
     each variable's range. Imported here: it pulls in sympy."""
@@ -108,8 +109,10 @@ def feynman_equation(equation: str) -> tuple[int, Callable[[torch.Tensor], torch
         symbols, _, function, ranges = get_feynman_dataset(equation)
     except (NameError, UnboundLocalError):  # pykan's if-chain defines nothing for an unknown name
         names = feynman_names()
-        raise ValueError(f"task.equation: {equation!r} is not one of pykan's Feynman equations ({', '.join(names[1:9])}, "
-                         f"...: the {len(names)} names in kan/feynman.py)") from None
+        raise ValueError(
+            f"task.equation: {equation!r} is not one of pykan's Feynman equations ({', '.join(names[1:9])}, "
+            f"...: the {len(names)} names in kan/feynman.py)"
+        ) from None
     count = len(symbols) if isinstance(symbols, (list, tuple)) else 1
     if not isinstance(ranges[0], (list, tuple)):  # one range for every variable
         ranges = [ranges] * count
@@ -135,7 +138,7 @@ class FeynmanTask(SyntheticTask):
         return f"feynman {self.equation}"
 
     @model_validator(mode="after")
-    def _known(self) -> "FeynmanTask":
+    def _known(self) -> FeynmanTask:
         feynman_equation(self.equation)
         return self
 

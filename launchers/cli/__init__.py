@@ -7,7 +7,18 @@ import sys
 
 from kanscale import __version__
 from launchers.cli import (
-    analyze, bench, commbench, compare_paper, export, models, project, recommend, run, schema, sweep, train,
+    analyze,
+    bench,
+    commbench,
+    compare_paper,
+    export,
+    models,
+    project,
+    recommend,
+    run,
+    schema,
+    sweep,
+    train,
 )
 from launchers.cli.common import exit_code
 
@@ -29,9 +40,12 @@ EPILOG = """examples:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="kanscale", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="kanscale",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train Kolmogorov-Arnold Networks under interchangeable parallelism strategies and "
-                    "compare what each costs in time, communication and memory.")
+        "compare what each costs in time, communication and memory.",
+    )
     parser.add_argument("--version", action="version", version=f"kanscale {__version__}")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
     # The deepspeed launcher passes --local_rank=N before the subcommand; the rank comes from the
@@ -47,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except BaseException as err:  # noqa: BLE001 - exit_code re-raises what it does not handle
+    except BaseException as err:
         return exit_code(err, args)
 
 

@@ -11,10 +11,14 @@ from launchers.cli.common import common_options
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
-    analyze = subcommands.add_parser("analyze", parents=[common_options()], help="turn a directory of runs into tables, plots and an HTML report",
-                             description="Load every run record under DIR, derive speedup, efficiency, retention, "
-                                         "communication overhead and memory per rank, and write CSV and Markdown tables per "
-                                         "study, a cross-strategy comparison, PNG plots and one self-contained HTML report.")
+    analyze = subcommands.add_parser(
+        "analyze",
+        parents=[common_options()],
+        help="turn a directory of runs into tables, plots and an HTML report",
+        description="Load every run record under DIR, derive speedup, efficiency, retention, "
+        "communication overhead and memory per rank, and write CSV and Markdown tables per "
+        "study, a cross-strategy comparison, PNG plots and one self-contained HTML report.",
+    )
     analyze.add_argument("runs", metavar="DIR", help="directory holding run records (searched recursively)")
     analyze.add_argument("--out", metavar="REPORT_DIR", help="where to write the report (default: DIR/report)")
     analyze.set_defaults(func=main)
@@ -25,8 +29,11 @@ def main(args: argparse.Namespace) -> int:
     exist, or a report directory that cannot be written, is a ConfigError (exit 2) and nothing
     is written."""
     runs_directory(args.runs)  # before the seconds of importing pandas and matplotlib
-    check_output_dir(args.out or Path(args.runs) / "report", "--out" if args.out else "--out (not given: DIR/report)",
-                     "to write the report in (--out REPORT_DIR)")
+    check_output_dir(
+        args.out or Path(args.runs) / "report",
+        "--out" if args.out else "--out (not given: DIR/report)",
+        "to write the report in (--out REPORT_DIR)",
+    )
     from analysis.report import analyze, summary_line
 
     report = analyze(args.runs, args.out)
@@ -40,4 +47,3 @@ def main(args: argparse.Namespace) -> int:
         print(summary_line(report, Path(args.runs)), file=sys.stderr)
     print(f"report: {report.html}")
     return 0
-

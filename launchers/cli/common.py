@@ -7,7 +7,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from kanscale.errors import ConfigError
 
@@ -16,13 +17,16 @@ def common_options() -> argparse.ArgumentParser:
     """Options every subcommand accepts after its name. SUPPRESS keeps a subcommand from
     resetting what was given before it (``kanscale --debug train ...``)."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks on errors")
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks on errors"
+    )
     return common
 
 
 def at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: a whole number no smaller than ``minimum`` (ranks, nodes, a node's
     rank), refused by argparse with the option's name rather than after the launcher starts."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -50,13 +54,28 @@ def port_number(text: str) -> int:
 
 
 def add_experiment_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field, e.g. --set training.lr=0.01 --set model.widths=[2,32,1] (repeatable)")
-    parser.add_argument("--strategy", metavar="PRESET", help="replace the experiment's strategy section with a preset from "
-                        "configs/strategies/ (single, ddp, fsdp1, fsdp2, zero0-3, zero3_offload, accelerate, tp, fsdp2_tp, ...) or a YAML file")
-    parser.add_argument("--deepspeed-config", "--deepspeed_config", dest="deepspeed_config", metavar="FILE",
-                        help="train with DeepSpeed from this native DeepSpeed JSON (replaces the strategy section; "
-                             "the experiment still owns batch sizes, clipping and precision)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set training.lr=0.01 --set model.widths=[2,32,1] (repeatable)",
+    )
+    parser.add_argument(
+        "--strategy",
+        metavar="PRESET",
+        help="replace the experiment's strategy section with a preset from "
+        "configs/strategies/ (single, ddp, fsdp1, fsdp2, zero0-3, zero3_offload, accelerate, tp, fsdp2_tp, ...) or a YAML file",
+    )
+    parser.add_argument(
+        "--deepspeed-config",
+        "--deepspeed_config",
+        dest="deepspeed_config",
+        metavar="FILE",
+        help="train with DeepSpeed from this native DeepSpeed JSON (replaces the strategy section; "
+        "the experiment still owns batch sizes, clipping and precision)",
+    )
     parser.add_argument("--out", help="results directory (overrides output.dir)")
 
 
@@ -66,8 +85,10 @@ def experiment_overrides(args: argparse.Namespace) -> list[str]:
     if args.deepspeed_config is None:
         return list(args.overrides)
     if args.strategy is not None:
-        raise ConfigError("--deepspeed-config replaces the strategy section, so it cannot be combined with --strategy; "
-                          "drop one (a DeepSpeed preset names its JSON in its config key)")
+        raise ConfigError(
+            "--deepspeed-config replaces the strategy section, so it cannot be combined with --strategy; "
+            "drop one (a DeepSpeed preset names its JSON in its config key)"
+        )
     from strategies.backends.deepspeed import native_file_section
 
     return [f"strategy={json.dumps(native_file_section(args.deepspeed_config))}", *args.overrides]
@@ -90,8 +111,10 @@ def exit_code(err: BaseException, args: argparse.Namespace) -> int:
     if args.debug or not isinstance(err, (Exception, Terminated)):
         raise err
     # A run that failed: its record says why; the traceback is for --debug.
-    print(f"kanscale: {args.command} failed: {type(err).__name__}: {err} (rerun with --debug for the traceback)",
-          file=sys.stderr)
+    print(
+        f"kanscale: {args.command} failed: {type(err).__name__}: {err} (rerun with --debug for the traceback)",
+        file=sys.stderr,
+    )
     return 1
 
 
@@ -112,7 +135,7 @@ def run_rank(env: Any, args: argparse.Namespace, work: Callable[[], int]) -> int
     to the caller."""
     try:
         code = work()
-    except BaseException as err:  # noqa: BLE001 - exit_code re-raises what it does not handle
+    except BaseException as err:
         if not env.joined_process_group:
             raise
         code = exit_code(err, args)

@@ -9,7 +9,9 @@ from launchers.cli.common import common_options
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
-    paper = subcommands.add_parser("compare-paper", parents=[common_options()], help="the published study's numbers beside your runs of its setup")
+    paper = subcommands.add_parser(
+        "compare-paper", parents=[common_options()], help="the published study's numbers beside your runs of its setup"
+    )
     paper.add_argument("runs", metavar="DIR", help="directory holding run records")
     paper.set_defaults(func=main)
 
@@ -31,4 +33,3 @@ def main(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"not analysed: {problem.message}", file=sys.stderr)
     return 0
-

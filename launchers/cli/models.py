@@ -9,7 +9,9 @@ from launchers.cli.common import common_options
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
-    models = subcommands.add_parser("models", parents=[common_options()], help="list the model zoo's families and their parameter counts")
+    models = subcommands.add_parser(
+        "models", parents=[common_options()], help="list the model zoo's families and their parameter counts"
+    )
     models.add_argument("--widths", help="comma-separated widths, e.g. 2,64,1: also count each family's parameters")
     models.set_defaults(func=main)
 
@@ -30,8 +32,10 @@ def main(args: argparse.Namespace) -> int:
         options = {k: f.default for k, f in cls.model_fields.items() if k not in ("family", "widths")}
         print(f"{'':<10} options: " + ", ".join(f"{k}={v}" for k, v in options.items()))
     print(f"{'custom':<10} {'':>22}  " if widths else f"{'custom':<10} ", end="")
-    print("your own nn.Module: model.factory 'package.module:function' or 'file.py:function', model.options "
-          "(docs/models.md)")
+    print(
+        "your own nn.Module: model.factory 'package.module:function' or 'file.py:function', model.options "
+        "(docs/models.md)"
+    )
     if widths:
         print(f"\nwidths {widths}, default options; total counts parameters and buffers (spline grids).")
     return 0

@@ -12,11 +12,18 @@ from launchers.cli.common import common_options
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
-    schema = subcommands.add_parser("schema", parents=[common_options()], help="print the metrics schema (JSON Schema of run and step records)")
+    schema = subcommands.add_parser(
+        "schema", parents=[common_options()], help="print the metrics schema (JSON Schema of run and step records)"
+    )
     schema.add_argument("--out", help="write to this file instead of stdout")
-    schema.add_argument("--schema-version", type=int, choices=[*FROZEN_SCHEMAS, SCHEMA_VERSION], default=SCHEMA_VERSION,
-                        help=f"{SCHEMA_VERSION} (default, what runs write), or {' or '.join(map(str, FROZEN_SCHEMAS))} "
-                             f"(older records, migrated to {SCHEMA_VERSION} when read)")
+    schema.add_argument(
+        "--schema-version",
+        type=int,
+        choices=[*FROZEN_SCHEMAS, SCHEMA_VERSION],
+        default=SCHEMA_VERSION,
+        help=f"{SCHEMA_VERSION} (default, what runs write), or {' or '.join(map(str, FROZEN_SCHEMAS))} "
+        f"(older records, migrated to {SCHEMA_VERSION} when read)",
+    )
     schema.set_defaults(func=main)
 
 
@@ -30,4 +37,3 @@ def main(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
-

@@ -12,25 +12,48 @@ from launchers.cli.common import common_options
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
-    sweep = subcommands.add_parser("sweep", parents=[common_options()], help="run every point of a study (configs/studies/*.yaml)",
-                           description="Run every point of a study, one launch each, with a progress bar; a failed point "
-                                       "is recorded and the sweep goes on. Studies whose launcher is slurm write one "
-                                       "sbatch script per point instead.")
+    sweep = subcommands.add_parser(
+        "sweep",
+        parents=[common_options()],
+        help="run every point of a study (configs/studies/*.yaml)",
+        description="Run every point of a study, one launch each, with a progress bar; a failed point "
+        "is recorded and the sweep goes on. Studies whose launcher is slurm write one "
+        "sbatch script per point instead.",
+    )
     sweep.add_argument("study", help="study YAML, e.g. configs/studies/strong_cpu.yaml")
     sweep.add_argument("--out", required=True, help="directory for the runs (and logs/, sweep.jsonl)")
-    sweep.add_argument("--resume", action="store_true", help="skip points whose run record in OUT is complete for the same config")
-    sweep.add_argument("--only", action="append", default=[], metavar="AXIS=VALUE",
-                       help="run only matching points, e.g. --only strategy=zero3 --only topology=1x2 (repeatable)")
-    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
-                       help="override a config field in every point, after the study's own set: and axes, e.g. "
-                            "--set training.steps=20 to try a study quickly (repeatable; the runs record it)")
+    sweep.add_argument(
+        "--resume", action="store_true", help="skip points whose run record in OUT is complete for the same config"
+    )
+    sweep.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="AXIS=VALUE",
+        help="run only matching points, e.g. --only strategy=zero3 --only topology=1x2 (repeatable)",
+    )
+    sweep.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="overrides",
+        help="override a config field in every point, after the study's own set: and axes, e.g. "
+        "--set training.steps=20 to try a study quickly (repeatable; the runs record it)",
+    )
     sweep.add_argument("--dry-run", action="store_true", help="print every point's commands, run nothing")
     sweep.add_argument("--submit", action="store_true", help="slurm studies: submit each script with sbatch")
-    sweep.add_argument("--wait", action="store_true", help="with --submit: follow the jobs (squeue, sacct, scontrol) until "
-                                                           "each has ended and log every point's final status")
-    sweep.add_argument("--oversubscribe", action="store_true",
-                       help="allow points with more ranks than CPU cores here (their memory means something, their "
-                            "timings do not)")
+    sweep.add_argument(
+        "--wait",
+        action="store_true",
+        help="with --submit: follow the jobs (squeue, sacct, scontrol) until "
+        "each has ended and log every point's final status",
+    )
+    sweep.add_argument(
+        "--oversubscribe",
+        action="store_true",
+        help="allow points with more ranks than CPU cores here (their memory means something, their timings do not)",
+    )
     sweep.set_defaults(func=main)
 
 
@@ -44,16 +67,43 @@ def main(args: argparse.Namespace) -> int:
     from strategies.lifecycle.failures import Terminated
 
     try:
-        results = run_sweep(args.study, args.out, resume=args.resume, dry_run=args.dry_run, only=args.only,
-                            submit_jobs=args.submit, wait=args.wait, oversubscribe=args.oversubscribe,
-                            overrides=args.overrides)
+        results = run_sweep(
+            args.study,
+            args.out,
+            resume=args.resume,
+            dry_run=args.dry_run,
+            only=args.only,
+            submit_jobs=args.submit,
+            wait=args.wait,
+            oversubscribe=args.oversubscribe,
+            overrides=args.overrides,
+        )
     except (SweepStopped, Terminated, KeyboardInterrupt) as err:
-        where = f" during {err.result.point} (logged in {Path(args.out) / 'sweep.jsonl'})" if isinstance(err, SweepStopped) else ""
+        where = (
+            f" during {err.result.point} (logged in {Path(args.out) / 'sweep.jsonl'})"
+            if isinstance(err, SweepStopped)
+            else ""
+        )
         stop = signal.Signals[err.result.signal] if isinstance(err, SweepStopped) else stop_signal(err)
-        again = ["kanscale", "sweep", args.study, "--out", args.out, "--resume", *(f for o in args.only for f in ("--only", o)),
-                 *(f for o in args.overrides for f in ("--set", o)),
-                 *(flag for flag, on in (("--submit", args.submit), ("--wait", args.wait),
-                                         ("--oversubscribe", args.oversubscribe)) if on)]
+        again = [
+            "kanscale",
+            "sweep",
+            args.study,
+            "--out",
+            args.out,
+            "--resume",
+            *(f for o in args.only for f in ("--only", o)),
+            *(f for o in args.overrides for f in ("--set", o)),
+            *(
+                flag
+                for flag, on in (
+                    ("--submit", args.submit),
+                    ("--wait", args.wait),
+                    ("--oversubscribe", args.oversubscribe),
+                )
+                if on
+            ),
+        ]
         print(f"\nsweep: stopped by {stop.name}{where}; continue the study with: {shlex.join(again)}", file=sys.stderr)
         return 128 + stop
     if args.dry_run:  # a point that cannot be planned has said why (launchers.studies.sweep)
@@ -76,4 +126,3 @@ def main(args: argparse.Namespace) -> int:
         print(f"\n{len(written)} sbatch script(s) under {Path(args.out) / 'slurm'}{advice}")
     print(f"\nnext: kanscale analyze {shlex.quote(args.out)}")
     return 1 if counts.get("failed") or counts.get("stopped") else 0
-

@@ -31,7 +31,7 @@ class ScriptVar(str):
     that each node's shell fills in. A type of its own, so that no user value, whatever text it
     holds, is ever taken for one and left unquoted."""
 
-    def __new__(cls, name: str) -> "ScriptVar":
+    def __new__(cls, name: str) -> ScriptVar:
         if not name.isidentifier():
             raise ValueError(f"not a shell variable name: {name!r}")
         return super().__new__(cls, "$" + name)
@@ -99,8 +99,10 @@ class Launch:
         """The files and commands as shell text that runs exactly these commands when pasted:
         the files as comment lines (a line break in a path is shown, not written), the
         commands quoted."""
-        lines = [f"# write {comment(shlex.quote(str(path)))}:\n" + "".join(f"#   {line}\n" for line in text.splitlines())
-                 for path, text in self.files.items()]
+        lines = [
+            f"# write {comment(shlex.quote(str(path)))}:\n" + "".join(f"#   {line}\n" for line in text.splitlines())
+            for path, text in self.files.items()
+        ]
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         lines += [(env + " " if env else "") + shell_join(cmd) for cmd in self.commands]
         return "\n".join(lines)
@@ -114,8 +116,10 @@ def comment(text: str) -> str:
 def shell_join(cmd: list[str]) -> str:
     """A command as shell text: every argument quoted, except the script variables of
     :func:`word` and :class:`ScriptVar`, which expand (each as one argument)."""
-    return " ".join(arg if isinstance(arg, ShellWord) else arg.shell if isinstance(arg, ScriptVar) else shlex.quote(arg)
-                    for arg in cmd)
+    return " ".join(
+        arg if isinstance(arg, ShellWord) else arg.shell if isinstance(arg, ScriptVar) else shlex.quote(arg)
+        for arg in cmd
+    )
 
 
 # What a POSIX shell takes literally in an unquoted word (shlex.quote's own test, with [] added:
@@ -132,10 +136,12 @@ def check_pdsh_words(unquoted: list[str], user_args: list[str]) -> None:
     for text, quoted in [(t, False) for t in unquoted] + [(a, " " in a) for a in user_args]:
         bad = sorted({c for c in text if not shell_inert(c, quoted)})
         if bad:
-            raise ConfigError(f"--launcher deepspeed over ssh: {text!r} would reach each node's shell unquoted (DeepSpeed's "
-                              f"pdsh launcher passes the worker's arguments and working directory as shell text); remove "
-                              f"{' '.join(repr(c) for c in bad)} from it, or start each node yourself with --no-ssh "
-                              "--node-rank R, which passes every argument as it is")
+            raise ConfigError(
+                f"--launcher deepspeed over ssh: {text!r} would reach each node's shell unquoted (DeepSpeed's "
+                f"pdsh launcher passes the worker's arguments and working directory as shell text); remove "
+                f"{' '.join(repr(c) for c in bad)} from it, or start each node yourself with --no-ssh "
+                "--node-rank R, which passes every argument as it is"
+            )
 
 
 def shell_inert(char: str, double_quoted: bool) -> bool:
@@ -169,8 +175,13 @@ def torchrun_launch(spec: LaunchSpec, train_args: list[str], entry: list[str] | 
     if spec.nnodes == 1:
         cmd.append("--standalone")
     else:
-        cmd += [f"--nnodes={spec.nnodes}", word("--node_rank=", spec.node_rank), "--rdzv_backend=c10d",
-                word("--rdzv_endpoint=", spec.master_addr, ":", spec.master_port), word("--rdzv_id=", spec.rdzv_id)]
+        cmd += [
+            f"--nnodes={spec.nnodes}",
+            word("--node_rank=", spec.node_rank),
+            "--rdzv_backend=c10d",
+            word("--rdzv_endpoint=", spec.master_addr, ":", spec.master_port),
+            word("--rdzv_id=", spec.rdzv_id),
+        ]
         if isinstance(spec.node_rank, int):  # nodes with distinct addresses (SLURM) sort this out themselves
             cmd.append(f"--rdzv_conf=is_host={int(spec.node_rank == 0)}")
     return Launch([cmd + (entry or worker(train_args))])
@@ -178,10 +189,17 @@ def torchrun_launch(spec: LaunchSpec, train_args: list[str], entry: list[str] | 
 
 def accelerate_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
     """accelerate launch with the strategy's accelerate config, sizes filled in."""
-    cmd = python() + ["-m", "accelerate.commands.launch", "--config_file", spec.accelerate_config,
-                      f"--num_processes={spec.world_size}", f"--num_machines={spec.nnodes}",
-                      word("--machine_rank=", spec.node_rank), word("--main_process_ip=", spec.master_addr),
-                      word("--main_process_port=", spec.master_port)]
+    cmd = python() + [
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        spec.accelerate_config,
+        f"--num_processes={spec.world_size}",
+        f"--num_machines={spec.nnodes}",
+        word("--machine_rank=", spec.node_rank),
+        word("--main_process_ip=", spec.master_addr),
+        word("--main_process_port=", spec.master_port),
+    ]
     return Launch([cmd + worker(train_args)])
 
 
@@ -196,8 +214,11 @@ def deepspeed_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
     if spec.hostfile is None:
         cmd += [f"--num_gpus={spec.nproc_per_node}", word("--master_port=", spec.master_port)]
     else:
-        cmd += [word("--hostfile=", spec.hostfile), word("--master_addr=", spec.master_addr),
-                word("--master_port=", spec.master_port)]
+        cmd += [
+            word("--hostfile=", spec.hostfile),
+            word("--master_addr=", spec.master_addr),
+            word("--master_port=", spec.master_port),
+        ]
         if spec.no_ssh:
             cmd += ["--no_ssh", word("--node_rank=", spec.node_rank)]
         else:

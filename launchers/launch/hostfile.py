@@ -33,9 +33,11 @@ def check_host_name(name: str, field: str) -> None:
         pass
     if len(name) <= 253 and all(LABEL.fullmatch(label) for label in name.removesuffix(".").split(".")):
         return
-    raise ConfigError(f"{field}: {name!r} is not a host name (dot-separated labels of letters, digits and hyphens, "
-                      "none starting or ending with a hyphen, at most 63 characters each) or an IP address; "
-                      "give the nodes' names or addresses, e.g. node1,node2 or 10.0.0.1,10.0.0.2")
+    raise ConfigError(
+        f"{field}: {name!r} is not a host name (dot-separated labels of letters, digits and hyphens, "
+        "none starting or ending with a hyphen, at most 63 characters each) or an IP address; "
+        "give the nodes' names or addresses, e.g. node1,node2 or 10.0.0.1,10.0.0.2"
+    )
 
 
 @dataclass(frozen=True)
@@ -59,18 +61,24 @@ def parse_hostfile(path: str | Path, device_type: str = "cpu") -> list[Host]:
     try:
         pool = fetch_hostfile(str(path))
     except ValueError as err:
-        raise ConfigError(f"--hostfile: {path}: DeepSpeed refuses it: {str(err).rstrip('.')}; write one 'host slots=N' line per node "
-                          "('#' starts a comment line)") from None
+        raise ConfigError(
+            f"--hostfile: {path}: DeepSpeed refuses it: {str(err).rstrip('.')}; write one 'host slots=N' line per node "
+            "('#' starts a comment line)"
+        ) from None
     finally:
         logger.setLevel(level)
     hosts = [Host(name, slots) for name, slots in pool.items()]
     for host in hosts:
         check_host_name(host.name, f"--hostfile: {path}")
         if host.slots < 1:
-            raise ConfigError(f"--hostfile: {path}: host {host.name} has slots={host.slots}; every node needs at least one")
+            raise ConfigError(
+                f"--hostfile: {path}: host {host.name} has slots={host.slots}; every node needs at least one"
+            )
     slots = sorted({h.slots for h in hosts})
     if len(slots) > 1:
-        raise ConfigError(f"--hostfile: {path}: every host needs the same number of slots (ranks per node), got {slots}")
+        raise ConfigError(
+            f"--hostfile: {path}: every host needs the same number of slots (ranks per node), got {slots}"
+        )
     return hosts
 
 

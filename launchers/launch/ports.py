@@ -30,8 +30,10 @@ def environment_port() -> int | None:
     if not value:
         return None
     if not value.isdigit() or not 0 < int(value) < 65536:
-        raise ConfigError(f"MASTER_PORT={value!r} in the environment is not a port number; export a number from 1 "
-                          "to 65535, unset it, or pass --master-port")
+        raise ConfigError(
+            f"MASTER_PORT={value!r} in the environment is not a port number; export a number from 1 "
+            "to 65535, unset it, or pass --master-port"
+        )
     return int(value)
 
 
@@ -56,6 +58,8 @@ def check_port_free(port: int, source: str) -> None:
         except OSError as err:
             if err.errno != errno.EADDRINUSE:
                 raise
-            raise ConfigError(f"--master-port: port {port} ({source}) is already in use on this machine, perhaps by "
-                              "another run; pass a free --master-port (or unset MASTER_PORT and leave the option out: "
-                              "then kanscale picks a free port where every rank starts here)") from None
+            raise ConfigError(
+                f"--master-port: port {port} ({source}) is already in use on this machine, perhaps by "
+                "another run; pass a free --master-port (or unset MASTER_PORT and leave the option out: "
+                "then kanscale picks a free port where every rank starts here)"
+            ) from None

@@ -21,7 +21,9 @@ class RunRequest:
     given: frozenset[str] = frozenset()
     overrides: list[str] = field(default_factory=list)
     strategy: str | None = None
-    slurm: SlurmOptions = field(default_factory=SlurmOptions)  # how the sbatch script asks for the job (--launcher slurm)
+    slurm: SlurmOptions = field(
+        default_factory=SlurmOptions
+    )  # how the sbatch script asks for the job (--launcher slurm)
     job_name: str | None = None  # the SLURM job's name; default kanscale-<experiment name>-<strategy label>
     hosts: list[str] = field(default_factory=list)  # write a hostfile for these nodes
     oversubscribe: bool = False
@@ -44,7 +46,9 @@ class RunRequest:
     @property
     def starts_accelerate(self) -> bool:
         """Whether ``accelerate launch`` starts the ranks: here, or on each node of a SLURM job."""
-        return self.spec.launcher == "accelerate" or (self.spec.launcher == "slurm" and self.slurm.inner == "accelerate")
+        return self.spec.launcher == "accelerate" or (
+            self.spec.launcher == "slurm" and self.slurm.inner == "accelerate"
+        )
 
     @property
     def over_ssh(self) -> bool:

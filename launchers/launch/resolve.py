@@ -68,8 +68,11 @@ def with_accelerate_config(request: RunRequest, cfg: ExperimentConfig) -> RunReq
     suite's DDP one) and take from it what the command line leaves out."""
     spec = request.spec
     default = f"configs/accelerate/{'ddp' if spec.device == 'cuda' else 'ddp_cpu'}.yaml"
-    sources = [("--accelerate-config", spec.accelerate_config), ("strategy", cfg.strategy.launch_config()),
-               ("--accelerate-config", default)]
+    sources = [
+        ("--accelerate-config", spec.accelerate_config),
+        ("strategy", cfg.strategy.launch_config()),
+        ("--accelerate-config", default),
+    ]
     source, chosen = next((name, path) for name, path in sources if path)
     # accelerate launch reads the file from its own working directory: hand it the file found here
     path = find_file(chosen, source, "accelerate config")
@@ -77,11 +80,17 @@ def with_accelerate_config(request: RunRequest, cfg: ExperimentConfig) -> RunReq
     from_file = accelerate_launch_values(settings, path)
     if spec.launcher == "slurm":
         from_file = {k: v for k, v in from_file.items() if k not in SLURM_PLACED}
-    contradictions = [f"{ACCELERATE_KEYS[name][0]} {getattr(spec, name)} but {describe_file_value(name, value, settings)}"
-                      for name, value in from_file.items() if name in request.given and getattr(spec, name) != value]
+    contradictions = [
+        f"{ACCELERATE_KEYS[name][0]} {getattr(spec, name)} but {describe_file_value(name, value, settings)}"
+        for name, value in from_file.items()
+        if name in request.given and getattr(spec, name) != value
+    ]
     if contradictions:
-        raise ConfigError(f"--accelerate-config: {path}: " + "; ".join(contradictions)
-                          + "; drop the option to use the file's value, or change the file")
+        raise ConfigError(
+            f"--accelerate-config: {path}: "
+            + "; ".join(contradictions)
+            + "; drop the option to use the file's value, or change the file"
+        )
     taken = {name: value for name, value in from_file.items() if name not in request.given}
     return dataclasses.replace(request, spec=dataclasses.replace(spec, accelerate_config=str(path), **taken))
 
@@ -91,13 +100,16 @@ def accelerate_launch_values(settings: dict[str, Any], path: Path) -> dict[str, 
     values = {name: settings[key] for name, (_, key) in ACCELERATE_KEYS.items() if settings.get(key) not in (None, "")}
     for name in ("nnodes", "nproc_per_node", "node_rank", "master_port"):
         if name in values and (not isinstance(values[name], int) or isinstance(values[name], bool) or values[name] < 0):
-            raise ConfigError(f"--accelerate-config: {path}: {ACCELERATE_KEYS[name][1]}: {values[name]!r} is not a "
-                              "whole number")
+            raise ConfigError(
+                f"--accelerate-config: {path}: {ACCELERATE_KEYS[name][1]}: {values[name]!r} is not a whole number"
+            )
     if "nproc_per_node" in values:
         machines = values.get("nnodes", 1)
         if machines < 1 or values["nproc_per_node"] % machines:
-            raise ConfigError(f"--accelerate-config: {path}: num_processes: {values['nproc_per_node']} (every machine's "
-                              f"processes together) does not split evenly over num_machines: {machines}")
+            raise ConfigError(
+                f"--accelerate-config: {path}: num_processes: {values['nproc_per_node']} (every machine's "
+                f"processes together) does not split evenly over num_machines: {machines}"
+            )
         values["nproc_per_node"] //= machines
     return values
 
@@ -105,7 +117,9 @@ def accelerate_launch_values(settings: dict[str, Any], path: Path) -> dict[str, 
 def describe_file_value(name: str, value: Any, settings: dict[str, Any]) -> str:
     key = ACCELERATE_KEYS[name][1]
     if name == "nproc_per_node":
-        return f"num_processes: {settings[key]} over num_machines: {settings.get('num_machines', 1)} is {value} per node"
+        return (
+            f"num_processes: {settings[key]} over num_machines: {settings.get('num_machines', 1)} is {value} per node"
+        )
     return f"{key}: {value}"
 
 
@@ -122,12 +136,16 @@ def with_hosts(request: RunRequest) -> RunRequest:
     if not hosts:
         return request
     if spec.launcher != "deepspeed":
-        raise ConfigError("--hostfile/--hosts: host lists are for the deepspeed launcher; torchrun and accelerate "
-                          "take --nnodes, --node-rank and --master-addr")
+        raise ConfigError(
+            "--hostfile/--hosts: host lists are for the deepspeed launcher; torchrun and accelerate "
+            "take --nnodes, --node-rank and --master-addr"
+        )
     slots = hosts[0].slots
     if spec.hostfile and "nproc_per_node" in request.given and spec.nproc_per_node != slots:
-        raise ConfigError(f"--nproc-per-node {spec.nproc_per_node} but the hostfile {spec.hostfile} gives every host "
-                          f"slots={slots}; drop --nproc-per-node or change the hostfile")
+        raise ConfigError(
+            f"--nproc-per-node {spec.nproc_per_node} but the hostfile {spec.hostfile} gives every host "
+            f"slots={slots}; drop --nproc-per-node or change the hostfile"
+        )
     hostfile = spec.hostfile or str(Path(request.out) / "hostfile")  # --hosts: written there (launchers.launch.run)
     spec = dataclasses.replace(spec, nnodes=len(hosts), nproc_per_node=slots, hostfile=hostfile)
     if not spec.no_ssh and "master_addr" not in request.given:

@@ -46,31 +46,42 @@ def check_rereadable(path: str | None, field: str) -> None:
     that follows (a shipped preset, "does not exist")."""
     if path is None or not os.path.exists(path) or os.path.isfile(path) or os.path.isdir(path):
         return
-    raise ConfigError(f"{field}: {path} is not a regular file (a pipe such as bash's <(...) gives, a FIFO or a device), "
-                      "and every launched process reads it again, which a pipe allows once and only in this process; "
-                      "write it to a file first (e.g. sed ... > my.yaml) and give that file")
+    raise ConfigError(
+        f"{field}: {path} is not a regular file (a pipe such as bash's <(...) gives, a FIFO or a device), "
+        "and every launched process reads it again, which a pipe allows once and only in this process; "
+        "write it to a file first (e.g. sed ... > my.yaml) and give that file"
+    )
 
 
 def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
     """Refuse a launch that cannot work, before anything starts."""
     spec = request.spec
     if spec.launcher == "none" and spec.world_size > 1:
-        raise ConfigError(f"--launcher none starts one process; use torchrun, accelerate, deepspeed or slurm for "
-                          f"{spec.world_size} ranks")
+        raise ConfigError(
+            f"--launcher none starts one process; use torchrun, accelerate, deepspeed or slurm for "
+            f"{spec.world_size} ranks"
+        )
     check_sizes_and_port(request)
     if not 0 <= spec.node_rank < spec.nnodes:
         raise ConfigError(f"--node-rank: {spec.node_rank} is not between 0 and --nnodes - 1 ({spec.nnodes - 1})")
     if (spec.ssh_port or spec.ssh_key) and not request.over_ssh:
-        raise ConfigError("--ssh-port/--ssh-key: ssh starts the nodes only with --launcher deepspeed and a hostfile "
-                          "(--hostfile or --hosts) without --no-ssh")
+        raise ConfigError(
+            "--ssh-port/--ssh-key: ssh starts the nodes only with --launcher deepspeed and a hostfile "
+            "(--hostfile or --hosts) without --no-ssh"
+        )
     # found by resolve(); read here for what it says about the launch
-    settings = (read_mapping(spec.accelerate_config, "--accelerate-config", what="an accelerate launch config (a mapping)")
-                if request.starts_accelerate else {})
+    settings = (
+        read_mapping(spec.accelerate_config, "--accelerate-config", what="an accelerate launch config (a mapping)")
+        if request.starts_accelerate
+        else {}
+    )
     check_master_addr(request, settings)
     package = LAUNCHER_PACKAGES.get(spec.launcher)
     if package and importlib.util.find_spec(package) is None:
-        raise ConfigError(f"--launcher {spec.launcher}: {package} is not installed here; pip install {package} or pick "
-                          "another launcher")
+        raise ConfigError(
+            f"--launcher {spec.launcher}: {package} is not installed here; pip install {package} or pick "
+            "another launcher"
+        )
     machines = launch_machines(request)
     check_device(cfg, spec.device)  # before the GPU count: the plainer message
     if machines.like_this_one:
@@ -97,8 +108,10 @@ def check_sizes_and_port(request: RunRequest) -> None:
             source = option if name in request.given else f"{key} in the accelerate config {spec.accelerate_config}"
             raise ConfigError(f"{option}: {value} (from {source}) leaves no ranks to start; give at least 1")
     if isinstance(spec.master_port, int) and spec.master_port not in PORTS:
-        raise ConfigError(f"--master-port: {spec.master_port} (from {request.port_source or '--master-port'}) is not a "
-                          "port number; give one from 1 to 65535")
+        raise ConfigError(
+            f"--master-port: {spec.master_port} (from {request.port_source or '--master-port'}) is not a "
+            "port number; give one from 1 to 65535"
+        )
 
 
 def check_master_addr(request: RunRequest, accelerate_settings: dict) -> None:
@@ -106,17 +119,25 @@ def check_master_addr(request: RunRequest, accelerate_settings: dict) -> None:
     every node waits on its own 127.0.0.1 for a rendezvous that never comes. SLURM, ssh from a
     hostfile, and a sweep that starts every node here decide the address themselves."""
     spec = request.spec
-    if (spec.nnodes == 1 or spec.launcher in ("slurm", "none") or request.all_nodes_here or request.over_ssh
-            or "master_addr" in request.given or accelerate_settings.get("main_process_ip")):
+    if (
+        spec.nnodes == 1
+        or spec.launcher in ("slurm", "none")
+        or request.all_nodes_here
+        or request.over_ssh
+        or "master_addr" in request.given
+        or accelerate_settings.get("main_process_ip")
+    ):
         return
     first = hostnames(spec, request)[0] if spec.hostfile else None
     if first is not None and is_loopback(first):
         return  # every node of the host list is this machine: 127.0.0.1 is node 0
     example = first or "NODE0"
-    raise ConfigError(f"--master-addr: {spec.nnodes} nodes meet at node 0's address, and none was given, so every node "
-                      f"would wait on its own 127.0.0.1 for the others; give --master-addr {example} (node 0's host name "
-                      "or address, the same on every node), or let --launcher slurm or a deepspeed hostfile over ssh "
-                      "place the nodes")
+    raise ConfigError(
+        f"--master-addr: {spec.nnodes} nodes meet at node 0's address, and none was given, so every node "
+        f"would wait on its own 127.0.0.1 for the others; give --master-addr {example} (node 0's host name "
+        "or address, the same on every node), or let --launcher slurm or a deepspeed hostfile over ssh "
+        "place the nodes"
+    )
 
 
 def is_loopback(host: str) -> bool:
@@ -150,22 +171,35 @@ def hosts_rendezvous_here(request: RunRequest) -> bool:
 def check_capacity(device: str, ranks_here: int, oversubscribe: bool = False) -> None:
     """Refuse more ranks than this machine has GPUs, or (unless asked) CPU cores."""
     if device == "cuda" and ranks_here > torch.cuda.device_count():
-        raise ConfigError(f"--nproc-per-node: {ranks_here} rank(s) need {ranks_here} GPUs on this machine but it has "
-                          f"{torch.cuda.device_count()}; lower --nproc-per-node or use more nodes")
+        raise ConfigError(
+            f"--nproc-per-node: {ranks_here} rank(s) need {ranks_here} GPUs on this machine but it has "
+            f"{torch.cuda.device_count()}; lower --nproc-per-node or use more nodes"
+        )
     if device == "cpu" and ranks_here > (os.cpu_count() or 1) and not oversubscribe:
-        raise ConfigError(f"--nproc-per-node: {ranks_here} rank(s) on this machine's {os.cpu_count()} CPU cores would "
-                          "share cores and make the timings meaningless; lower --nproc-per-node (or pass --oversubscribe)")
+        raise ConfigError(
+            f"--nproc-per-node: {ranks_here} rank(s) on this machine's {os.cpu_count()} CPU cores would "
+            "share cores and make the timings meaningless; lower --nproc-per-node (or pass --oversubscribe)"
+        )
 
 
 def build_launch(request: RunRequest, cfg: ExperimentConfig) -> Launch:
     spec = request.spec
     if spec.launcher == "slurm":
         # SLURM resolves #SBATCH paths before the script's cd, from wherever sbatch ran: absolute paths only
-        request = dataclasses.replace(request, out=str(Path(request.out).resolve()),
-                                      config=str(Path(request.config).resolve()) if Path(request.config).is_file() else request.config)
+        request = dataclasses.replace(
+            request,
+            out=str(Path(request.out).resolve()),
+            config=str(Path(request.config).resolve()) if Path(request.config).is_file() else request.config,
+        )
         job_name = request.job_name or f"kanscale-{cfg.name}-{cfg.strategy.label()}"
-        return slurm_launch(spec, request.slurm, request.train_args(), job_name=job_name,
-                            log_dir=Path(request.out) / "slurm", cpus_per_task=spec.nproc_per_node * (cfg.runtime.threads or 1))
+        return slurm_launch(
+            spec,
+            request.slurm,
+            request.train_args(),
+            job_name=job_name,
+            log_dir=Path(request.out) / "slurm",
+            cpus_per_task=spec.nproc_per_node * (cfg.runtime.threads or 1),
+        )
     files = {}
     if request.hosts:
         files[Path(spec.hostfile)] = hostfile_text([Host(h, spec.nproc_per_node) for h in request.hosts])
@@ -204,8 +238,11 @@ def execute(launch: Launch, log: Path | None = None, runs: Path | None = None) -
         for i, cmd in enumerate(launch.commands):
             if i:
                 time.sleep(1.0)  # node 0 first: it hosts the rendezvous
-            procs.append(subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT if sink else None,
-                                          start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    cmd, env=env, stdout=sink, stderr=subprocess.STDOUT if sink else None, start_new_session=True
+                )
+            )
         codes = wait_all(procs)
     except BaseException:
         stop_all(procs)

@@ -22,11 +22,17 @@ from analysis.projection.memory import StepMemory, peak_memory
 from kanscale.errors import ConfigError
 from kanscale.files import preset_names
 from launchers.recommend.probe import (
-    PROBE_SETTINGS, Probe, device_step_memory, probe_micro_batch, probe_study, read_probe,
+    PROBE_SETTINGS,
+    Probe,
+    device_step_memory,
+    probe_micro_batch,
+    probe_study,
+    read_probe,
 )
 from launchers.recommend.target import cluster_target, memory_here, read_cluster, this_machine
 from launchers.zoo import meta_sketch, model_shape
 from strategies.experiment import ExperimentConfig, experiment_path, load_experiment, load_strategy
+
 
 @dataclass
 class RecommendRequest:
@@ -64,24 +70,32 @@ class Recommendation:
 
 def check_request(r: RecommendRequest) -> None:
     """The flags, before anything is measured."""
-    numbers = {"--nproc-per-node": r.nproc_per_node, "--nnodes": r.nnodes, "--global-batch": r.global_batch,
-               "--memory-per-device": r.memory_per_device, "--contention": r.contention}
+    numbers = {
+        "--nproc-per-node": r.nproc_per_node,
+        "--nnodes": r.nnodes,
+        "--global-batch": r.global_batch,
+        "--memory-per-device": r.memory_per_device,
+        "--contention": r.contention,
+    }
     bad = [flag for flag, value in numbers.items() if value is not None and value <= 0]
     if bad:
         raise ConfigError(f"{', '.join(bad)}: must be positive")
     if r.validate < 0:
         raise ConfigError(f"--validate: the number of top picks to train, 0 or more; got {r.validate}")
     if r.validate and (r.cluster or (r.nnodes or 1) > 1):
-        raise ConfigError("--validate trains the picks on this machine, one node; drop --cluster and --nnodes to "
-                          "validate, or drop --validate to predict for the cluster")
+        raise ConfigError(
+            "--validate trains the picks on this machine, one node; drop --cluster and --nnodes to "
+            "validate, or drop --validate to predict for the cluster"
+        )
     if r.cluster and r.network:
         raise ConfigError("--cluster and --network both describe the links; give one")
     if r.json:
         json_out(r.json, "--json")
 
 
-def candidate_strategies(r: RecommendRequest, cfg: ExperimentConfig, ranks: int, per_node: int,
-                         shape: pj.ModelShape) -> tuple[dict[str, pj.StrategyModel], dict[str, str]]:
+def candidate_strategies(
+    r: RecommendRequest, cfg: ExperimentConfig, ranks: int, per_node: int, shape: pj.ModelShape
+) -> tuple[dict[str, pj.StrategyModel], dict[str, str]]:
     """The strategies laid out, by the name that loads them (a preset, or a preset file): those
     named, or every shipped preset, less those that cannot run this model at ``ranks`` ranks,
     ``per_node`` on each node, or that the projection does not model, each with why."""
@@ -107,13 +121,21 @@ def candidate_strategies(r: RecommendRequest, cfg: ExperimentConfig, ranks: int,
             except ConfigError as err:
                 excluded[name] = str(err)
     if not kept:
-        raise ConfigError(f"--strategies: none of {', '.join(names)} can be laid out for this model at {ranks} ranks: "
-                          + "; ".join(f"{k}: {v}" for k, v in excluded.items()))
+        raise ConfigError(
+            f"--strategies: none of {', '.join(names)} can be laid out for this model at {ranks} ranks: "
+            + "; ".join(f"{k}: {v}" for k, v in excluded.items())
+        )
     return kept, excluded
 
 
-def check_state_fits(models: dict[str, pj.StrategyModel], shape: pj.ModelShape, ranks: int, per_node: int,
-                     capacity: float, offload_on_device: bool) -> None:
+def check_state_fits(
+    models: dict[str, pj.StrategyModel],
+    shape: pj.ModelShape,
+    ranks: int,
+    per_node: int,
+    capacity: float,
+    offload_on_device: bool,
+) -> None:
     """Refuse, before anything is measured, a model whose state and gathers alone exceed every
     rank's memory under every candidate: nothing the probes could measure would make it fit. The
     refusal names the ranks that would fit it, or says that no number of ranks would (what a step
@@ -121,20 +143,27 @@ def check_state_fits(models: dict[str, pj.StrategyModel], shape: pj.ModelShape, 
     nothing = StepMemory("none", 0.0, 0.0)
 
     def least(p: int) -> tuple[float, str]:
-        return min((peak_memory(m, shape, p, 0, nothing, offload_on_device, per_node).total, name)
-                   for name, m in models.items())
+        return min(
+            (peak_memory(m, shape, p, 0, nothing, offload_on_device, per_node).total, name)
+            for name, m in models.items()
+        )
 
     need, name = least(ranks)
     if need <= capacity:
         return
     enough = next((p for p in (ranks * 2**i for i in range(1, 17)) if least(p)[0] <= capacity), None)
-    fix = (f"give at least {enough} ranks (--nnodes, --nproc-per-node), a smaller model (model.widths, model.grid), "
-           "or devices with more memory" if enough else
-           "more ranks do not help (what a step holds whole, a layer's parameters under FSDP, does not shrink with "
-           "them): give a smaller model (model.widths, model.grid) or devices with more memory")
-    raise ConfigError(f"--memory-per-device: {shape.label} fits nowhere: its model state and what the backend gathers "
-                      f"under {name}, the least of the candidates, take {human_bytes(need)} per rank at {ranks} ranks, "
-                      f"and a rank has {human_bytes(capacity)}; {fix}")
+    fix = (
+        f"give at least {enough} ranks (--nnodes, --nproc-per-node), a smaller model (model.widths, model.grid), "
+        "or devices with more memory"
+        if enough
+        else "more ranks do not help (what a step holds whole, a layer's parameters under FSDP, does not shrink with "
+        "them): give a smaller model (model.widths, model.grid) or devices with more memory"
+    )
+    raise ConfigError(
+        f"--memory-per-device: {shape.label} fits nowhere: its model state and what the backend gathers "
+        f"under {name}, the least of the candidates, take {human_bytes(need)} per rank at {ranks} ranks, "
+        f"and a rank has {human_bytes(capacity)}; {fix}"
+    )
 
 
 def global_batch_of(r: RecommendRequest, cfg: ExperimentConfig, ranks: int) -> int:
@@ -152,16 +181,21 @@ def probe_names(models: dict[str, pj.StrategyModel], cfg: ExperimentConfig) -> l
     above 1 cannot), but a hybrid one whose full-sharding sibling is probed (the same code there)."""
     reference = next(name for name in preset_names("strategies") if load_strategy(name, cfg.model).reference)
     labels = {m.label for m in models.values()}
-    return [reference, *(name for name, m in models.items()
-                         if name != reference and m.tp in (0, 1) and m.one_rank_as not in labels)]
+    return [
+        reference,
+        *(name for name, m in models.items() if name != reference and m.tp in (0, 1) and m.one_rank_as not in labels),
+    ]
 
 
 def run_probe(r: RecommendRequest, cfg: ExperimentConfig, labels: list[str], micro_batch: int) -> Probe:
     from launchers.studies.sweep import run_sweep
 
     study, out = probe_study(experiment_path(r.config), r.overrides, labels, micro_batch, Path(r.out) / "probe")
-    print(f"[recommend] 1-rank probes of {', '.join(labels)} at {micro_batch} samples per step, "
-          f"{PROBE_SETTINGS['training.steps']} steps each", file=sys.stderr)
+    print(
+        f"[recommend] 1-rank probes of {', '.join(labels)} at {micro_batch} samples per step, "
+        f"{PROBE_SETTINGS['training.steps']} steps each",
+        file=sys.stderr,
+    )
     results = run_sweep(str(study), str(out), resume=out.exists(), overrides=r.overrides, progress=False)
     failed = [res for res in results if res.status not in ("ok", "skipped")]
     for res in failed:
@@ -183,13 +217,16 @@ def recommend(r: RecommendRequest) -> Recommendation:
     capacity = cluster.memory_per_rank if cluster else memory_here(per_node, r.memory_per_device)
     check_state_fits(models, shape, ranks, per_node, capacity, offload_on_device=cluster is None)
     global_batch = global_batch_of(r, cfg, ranks)
-    probe = run_probe(r, cfg, probe_names(models, cfg), probe_micro_batch(shape.trainable, max(1, global_batch // ranks)))
+    probe = run_probe(
+        r, cfg, probe_names(models, cfg), probe_micro_batch(shape.trainable, max(1, global_batch // ranks))
+    )
     reference = probe.compute["*"]  # the one-process reference's
     if cluster:
         target = cluster_target(cluster, r.nnodes, per_node, 6 * shape.trainable, reference)
     else:
         target = this_machine(per_node, r.memory_per_device, r.network, Path(r.out), r.contention)
     spread = compute_spread(probe.runs)
+
     def beside(m: pj.StrategyModel) -> StepMemory:  # a GPU's allocator holds no process, a CPU rank's RSS does
         own = stand_in(m, probe, models)
         memory = probe.beside[own] if target.offload_on_device else probe.device
@@ -202,10 +239,12 @@ def recommend(r: RecommendRequest) -> Recommendation:
         c = lay_out(m, shape, probe.compute[stand_in(m, probe, models)], beside(m), target, global_batch, spread)
         laid_out.append(replace(c, largest_widths=largest_widths(m, cfg, c, target, beside(m))))
     candidates = ranked(laid_out)
-    notes = pj.assumptions(shape, probe.compute, target.network, target.compute_scale, target.contention, False,
-                           memory="memory below")
-    recommendation = Recommendation(target, cfg, shape, global_batch, candidates, excluded, probe,
-                                    notes + assumption_lines(target, spread), None)
+    notes = pj.assumptions(
+        shape, probe.compute, target.network, target.compute_scale, target.contention, False, memory="memory below"
+    )
+    recommendation = Recommendation(
+        target, cfg, shape, global_batch, candidates, excluded, probe, notes + assumption_lines(target, spread), None
+    )
     return Recommendation(**{**recommendation.__dict__, "command": run_command(r, recommendation)})
 
 
@@ -223,8 +262,9 @@ def stand_in(m: pj.StrategyModel, probe: Probe, models: dict[str, pj.StrategyMod
     return cutting[0] if m.tp != 1 and cutting else "*"
 
 
-def largest_widths(m: pj.StrategyModel, cfg: ExperimentConfig, c: Candidate, target: Target,
-                   beside: StepMemory) -> list[int] | None:
+def largest_widths(
+    m: pj.StrategyModel, cfg: ExperimentConfig, c: Candidate, target: Target, beside: StepMemory
+) -> list[int] | None:
     """At fixed depth, the widest model that fits under strategy ``m`` at the candidate's
     micro-batch: the hidden widths scaled by one factor (the first and last stay the task's), the
     model state of each exact (its shape on the meta device), the saved bytes per sample scaled
@@ -241,11 +281,15 @@ def largest_widths(m: pj.StrategyModel, cfg: ExperimentConfig, c: Candidate, tar
     def fits(factor: float) -> bool:
         try:
             shape = model_shape(cfg.model.model_copy(update={"widths": scaled(factor)}).model_dump())
-        except Exception:  # noqa: BLE001 - a family that cannot take these widths: not wider
+        except Exception:
             return False
         grown = StepMemory(beside.source, beside.fixed, beside.per_sample * sum(scaled(factor)) / sum(widths))
-        return peak_memory(m, shape, target.ranks, c.micro_batch, grown, target.offload_on_device,
-                           target.ranks_per_node).total <= target.memory_per_rank
+        return (
+            peak_memory(
+                m, shape, target.ranks, c.micro_batch, grown, target.offload_on_device, target.ranks_per_node
+            ).total
+            <= target.memory_per_rank
+        )
 
     low, high = 1.0, 2.0
     while fits(high) and high < 2**12:
@@ -274,12 +318,26 @@ def run_command(r: RecommendRequest, rec: Recommendation) -> list[str] | None:
     pick = rec.pick
     if pick is None:
         return None
-    command = ["kanscale", "run", r.config, *(f for o in r.overrides for f in ("--set", o)), "--strategy", pick.strategy,
-               "--nproc-per-node", str(rec.target.ranks_per_node)]
+    command = [
+        "kanscale",
+        "run",
+        r.config,
+        *(f for o in r.overrides for f in ("--set", o)),
+        "--strategy",
+        pick.strategy,
+        "--nproc-per-node",
+        str(rec.target.ranks_per_node),
+    ]
     if rec.target.nodes > 1:  # nodes meet where a scheduler places them: one sbatch script
         command += ["--nnodes", str(rec.target.nodes), "--launcher", "slurm"]
     if not rec.target.offload_on_device:  # a cluster file's ranks are GPUs
         command += ["--slurm-device", "cuda"] if rec.target.nodes > 1 else ["--set", "runtime.device=cuda"]
-    command += ["--set", f"training.global_batch={rec.global_batch}", "--set", "training.micro_batch=null",
-                "--set", f"training.grad_accum={pick.grad_accum}"]
+    command += [
+        "--set",
+        f"training.global_batch={rec.global_batch}",
+        "--set",
+        "training.micro_batch=null",
+        "--set",
+        f"training.grad_accum={pick.grad_accum}",
+    ]
     return command

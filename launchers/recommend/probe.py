@@ -19,15 +19,23 @@ from typing import Any
 import yaml
 
 from analysis import projection as pj
-from analysis.records import SUMMARY_FILE, read_summary
 from analysis.projection.memory import StepMemory
+from analysis.records import SUMMARY_FILE, read_summary
 from strategies.experiment import ExperimentConfig
 
 # A probe run: one warm-up step, then two timing windows of two steps, each followed by one step
 # of the one-process replica (the compute the projection starts from).
-PROBE_SETTINGS = {"training.steps": 5, "training.warmup_steps": 1, "training.epochs": None,
-                  "training.checkpoint_every": 0, "training.grad_accum": 1, "training.global_batch": None,
-                  "measurement.window_steps": 2, "measurement.baseline": "replica", "measurement.baseline_steps": 1}
+PROBE_SETTINGS = {
+    "training.steps": 5,
+    "training.warmup_steps": 1,
+    "training.epochs": None,
+    "training.checkpoint_every": 0,
+    "training.grad_accum": 1,
+    "training.global_batch": None,
+    "measurement.window_steps": 2,
+    "measurement.baseline": "replica",
+    "measurement.baseline_steps": 1,
+}
 # The most arithmetic a probe step does (6 x parameters per sample): about half a second on one
 # core here, so every probe of a large model takes seconds; compute per sample, the projection's
 # input, is taken as linear in the samples above this.
@@ -59,14 +67,20 @@ def keyed_dir(base: Path, identity: Any) -> Path:
     return base / hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def probe_study(config: Path, overrides: Sequence[str], strategies: Sequence[str], micro_batch: int,
-                base: Path) -> tuple[Path, Path]:
+def probe_study(
+    config: Path, overrides: Sequence[str], strategies: Sequence[str], micro_batch: int, base: Path
+) -> tuple[Path, Path]:
     """The study of one-rank runs, written beside the directory its runs go to; both paths."""
     settings = {**PROBE_SETTINGS, "training.micro_batch": micro_batch}
     out = keyed_dir(base, [str(config.resolve()), list(overrides), settings])
-    study = {"study": "recommend-probe", "preset": "custom", "experiment": str(config.resolve()),
-             "description": "kanscale recommend: each candidate strategy on one rank, briefly",
-             "set": settings, "matrix": {"strategy": list(strategies), "topology": ["1x1"]}}
+    study = {
+        "study": "recommend-probe",
+        "preset": "custom",
+        "experiment": str(config.resolve()),
+        "description": "kanscale recommend: each candidate strategy on one rank, briefly",
+        "set": settings,
+        "matrix": {"strategy": list(strategies), "topology": ["1x1"]},
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     path = out.with_suffix(".yaml")
     path.write_text(yaml.safe_dump(study, sort_keys=False))
@@ -116,19 +130,36 @@ def read_probe(runs: Path, device: StepMemory, micro_batch: int) -> Probe:
         if record.strategy.reference:
             references.append(record.strategy.label)
     where = f"peak less model state of its own 1-rank run under {runs}"
-    memory = {label: StepMemory(f"{label}: {where}", fixed=max(0.0, sorted(values)[len(values) // 2]),
-                                per_sample=device.per_sample) for label, values in beside.items()}
+    memory = {
+        label: StepMemory(
+            f"{label}: {where}", fixed=max(0.0, sorted(values)[len(values) // 2]), per_sample=device.per_sample
+        )
+        for label, values in beside.items()
+    }
     reference = (references or sorted(memory))[0]  # the one-process reference's, as compute's "*" is
-    memory["*"] = StepMemory(f"{reference}'s {where}, for strategies without their own", memory[reference].fixed,
-                             device.per_sample)
+    memory["*"] = StepMemory(
+        f"{reference}'s {where}, for strategies without their own", memory[reference].fixed, device.per_sample
+    )
     optimizer["*"] = optimizer[reference]
     return Probe(compute, memory, optimizer, device, micro_batch, runs)
 
 
 def probe_summary(probe: Probe) -> dict[str, Any]:
     """The probe as the JSON document records it."""
-    return {"runs": str(probe.runs), "micro_batch": probe.micro_batch, "saved_bytes_per_sample": probe.device.per_sample,
-            "data_bytes": probe.device.fixed,
-            "compute": {label: {"source": p.source, "samples": p.samples, "compute_s": p.compute_s,
-                                "data_s": p.data_s, "overhead_s": p.overhead_s} for label, p in probe.compute.items()},
-            "beside_state_bytes": {label: m.fixed for label, m in probe.beside.items()}}
+    return {
+        "runs": str(probe.runs),
+        "micro_batch": probe.micro_batch,
+        "saved_bytes_per_sample": probe.device.per_sample,
+        "data_bytes": probe.device.fixed,
+        "compute": {
+            label: {
+                "source": p.source,
+                "samples": p.samples,
+                "compute_s": p.compute_s,
+                "data_s": p.data_s,
+                "overhead_s": p.overhead_s,
+            }
+            for label, p in probe.compute.items()
+        },
+        "beside_state_bytes": {label: m.fixed for label, m in probe.beside.items()},
+    }

@@ -18,27 +18,38 @@ from launchers.recommend.probe import probe_summary
 
 def markdown(rec: Recommendation) -> str:
     """The ranked table, the pick's command, what was left out and every assumption."""
-    lines = [f"# kanscale recommend: {rec.shape.label} on {rec.target.name}", "",
-             f"{rec.shape.trainable:,} trainable parameters; global batch {rec.global_batch}; "
-             f"{rec.target.nodes} x {rec.target.ranks_per_node} ranks. Rates and memory are **predicted**.", "",
-             "| # | strategy | nodes x ranks x TP | micro-batch x accum | samples/s (predicted) | memory / rank "
-             "(predicted) | model state / rank | headroom | fits | largest micro-batch | widest that fits (estimated) "
-             "| why |", "|---:|---|---|---|---:|---:|---:|---:|---|---:|---|---|"]
+    lines = [
+        f"# kanscale recommend: {rec.shape.label} on {rec.target.name}",
+        "",
+        f"{rec.shape.trainable:,} trainable parameters; global batch {rec.global_batch}; "
+        f"{rec.target.nodes} x {rec.target.ranks_per_node} ranks. Rates and memory are **predicted**.",
+        "",
+        "| # | strategy | nodes x ranks x TP | micro-batch x accum | samples/s (predicted) | memory / rank "
+        "(predicted) | model state / rank | headroom | fits | largest micro-batch | widest that fits (estimated) "
+        "| why |",
+        "|---:|---|---|---|---:|---:|---:|---:|---|---:|---|---|",
+    ]
     for c in rec.candidates:
-        rate = (f"{c.samples_per_s:,.0f} [{c.samples_per_s_low:,.0f}-{c.samples_per_s_high:,.0f}]"
-                if c.projection else "-")
-        lines.append(f"| {c.rank} | {c.strategy} | {rec.target.nodes} x {rec.target.ranks_per_node} x {c.tp} | "
-                     f"{c.micro_batch} x {c.grad_accum} | {rate} | {human_bytes(c.peak.total)} | "
-                     f"{human_bytes(c.peak.model_state)} | {c.headroom:.0%} | {'yes' if c.fits else 'no'} | "
-                     f"{c.largest_micro_batch:,} | {c.largest_widths or '-'} | {c.why} |")
+        rate = (
+            f"{c.samples_per_s:,.0f} [{c.samples_per_s_low:,.0f}-{c.samples_per_s_high:,.0f}]" if c.projection else "-"
+        )
+        lines.append(
+            f"| {c.rank} | {c.strategy} | {rec.target.nodes} x {rec.target.ranks_per_node} x {c.tp} | "
+            f"{c.micro_batch} x {c.grad_accum} | {rate} | {human_bytes(c.peak.total)} | "
+            f"{human_bytes(c.peak.model_state)} | {c.headroom:.0%} | {'yes' if c.fits else 'no'} | "
+            f"{c.largest_micro_batch:,} | {c.largest_widths or '-'} | {c.why} |"
+        )
     lines.append("")
     if rec.command:
         lines += [f"Pick: **{rec.pick.strategy}**. Run it with:", "", "```bash", shlex.join(rec.command), "```", ""]
     else:
         least = min(rec.candidates, key=lambda c: c.peak.total)
-        lines += [f"No strategy fits in {human_bytes(rec.target.memory_per_rank)} per rank: the least is {least.strategy}, "
-                  f"{human_bytes(least.peak.total)} per rank at {least.micro_batch} samples per micro-batch. Give more "
-                  "ranks (--nnodes, --nproc-per-node), a smaller model (model.widths) or a smaller --global-batch.", ""]
+        lines += [
+            f"No strategy fits in {human_bytes(rec.target.memory_per_rank)} per rank: the least is {least.strategy}, "
+            f"{human_bytes(least.peak.total)} per rank at {least.micro_batch} samples per micro-batch. Give more "
+            "ranks (--nnodes, --nproc-per-node), a smaller model (model.widths) or a smaller --global-batch.",
+            "",
+        ]
     if rec.excluded:
         lines += ["Not laid out: " + "; ".join(f"{k} ({v})" for k, v in rec.excluded.items()), ""]
     lines += ["Assumptions:", *(f"- {a}" for a in rec.assumptions)]
@@ -47,25 +58,52 @@ def markdown(rec: Recommendation) -> str:
 
 def document(rec: Recommendation) -> dict[str, Any]:
     """The recommendation as ``--json`` writes it."""
+
     def one(c: Candidate) -> dict[str, Any]:
         p = c.projection
-        return {"rank": c.rank, "strategy": c.strategy, "nodes": rec.target.nodes,
-                "ranks_per_node": rec.target.ranks_per_node, "tp": c.tp, "micro_batch": c.micro_batch,
-                "grad_accum": c.grad_accum, "fits": c.fits, "why": c.why,
-                "samples_per_s": {"predicted": c.samples_per_s, "low": c.samples_per_s_low, "high": c.samples_per_s_high},
-                "step_s": p.step_s if p else None, "exposed_comm_s": p.exposed_s if p else None,
-                "model_state_bytes": c.peak.model_state, "model_state_host_bytes": c.peak.host,
-                "gathered_bytes": c.peak.gathered, "beside_state_bytes": c.peak.beside,
-                "peak_bytes_per_rank": c.peak.total, "memory_per_rank": c.capacity, "headroom": c.headroom,
-                "largest_micro_batch": c.largest_micro_batch, "largest_widths_estimated": c.largest_widths}
+        return {
+            "rank": c.rank,
+            "strategy": c.strategy,
+            "nodes": rec.target.nodes,
+            "ranks_per_node": rec.target.ranks_per_node,
+            "tp": c.tp,
+            "micro_batch": c.micro_batch,
+            "grad_accum": c.grad_accum,
+            "fits": c.fits,
+            "why": c.why,
+            "samples_per_s": {"predicted": c.samples_per_s, "low": c.samples_per_s_low, "high": c.samples_per_s_high},
+            "step_s": p.step_s if p else None,
+            "exposed_comm_s": p.exposed_s if p else None,
+            "model_state_bytes": c.peak.model_state,
+            "model_state_host_bytes": c.peak.host,
+            "gathered_bytes": c.peak.gathered,
+            "beside_state_bytes": c.peak.beside,
+            "peak_bytes_per_rank": c.peak.total,
+            "memory_per_rank": c.capacity,
+            "headroom": c.headroom,
+            "largest_micro_batch": c.largest_micro_batch,
+            "largest_widths_estimated": c.largest_widths,
+        }
 
-    return {"kind": "kanscale recommend", "predicted": True, "model": rec.shape.label,
-            "trainable_params": rec.shape.trainable, "global_batch": rec.global_batch,
-            "target": {"name": rec.target.name, "nodes": rec.target.nodes, "ranks_per_node": rec.target.ranks_per_node,
-                       "memory_per_rank": rec.target.memory_per_rank},
-            "pick": one(rec.pick) if rec.pick else None, "command": rec.command,
-            "ranking": [one(c) for c in rec.candidates], "excluded": rec.excluded, "assumptions": rec.assumptions,
-            "probe": probe_summary(rec.probe)}
+    return {
+        "kind": "kanscale recommend",
+        "predicted": True,
+        "model": rec.shape.label,
+        "trainable_params": rec.shape.trainable,
+        "global_batch": rec.global_batch,
+        "target": {
+            "name": rec.target.name,
+            "nodes": rec.target.nodes,
+            "ranks_per_node": rec.target.ranks_per_node,
+            "memory_per_rank": rec.target.memory_per_rank,
+        },
+        "pick": one(rec.pick) if rec.pick else None,
+        "command": rec.command,
+        "ranking": [one(c) for c in rec.candidates],
+        "excluded": rec.excluded,
+        "assumptions": rec.assumptions,
+        "probe": probe_summary(rec.probe),
+    }
 
 
 def run_recommend(r: RecommendRequest) -> int:

@@ -54,14 +54,19 @@ def set_aside_runs(out: Path, run_dirs: list[Path], point: str) -> list[str]:
         try:
             archive = archive_run(out, run_dir)
         except OSError as err:  # a full disk, a permission: the run stays as it was, and is counted
-            print(f"[sweep] {point}: {run_dir} could not be set aside ({err}); left in place, where kanscale analyze "
-                  "counts it beside this point's new run", file=sys.stderr)
+            print(
+                f"[sweep] {point}: {run_dir} could not be set aside ({err}); left in place, where kanscale analyze "
+                "counts it beside this point's new run",
+                file=sys.stderr,
+            )
             continue
         finally:
             lock.release()
-        print(f"[sweep] {point}: {run_dir.name} has no checkpoint to continue from: the stale run is set aside as "
-              f"{archive} (tar -xf gives it back), where kanscale analyze does not count it beside this point's new run",
-              file=sys.stderr)
+        print(
+            f"[sweep] {point}: {run_dir.name} has no checkpoint to continue from: the stale run is set aside as "
+            f"{archive} (tar -xf gives it back), where kanscale analyze does not count it beside this point's new run",
+            file=sys.stderr,
+        )
         archived.append(str(archive))
     return archived
 
@@ -73,8 +78,11 @@ def archive_run(out: Path, run_dir: Path) -> Path:
     tmp = archive.with_name(f".{archive.name}.tmp")
     try:
         with tarfile.open(tmp, "w") as tar:
-            tar.add(run_dir, arcname=run_dir.name,
-                    filter=lambda info: None if info.name.startswith(partial) and info.name.endswith(".tmp") else info)
+            tar.add(
+                run_dir,
+                arcname=run_dir.name,
+                filter=lambda info: None if info.name.startswith(partial) and info.name.endswith(".tmp") else info,
+            )
         os.replace(tmp, archive)  # complete, or not there: the directory is removed only once it is
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -133,5 +141,7 @@ def no_strays(point: str) -> Iterator[None]:
                         killed.append(pid)
         subreaper(was)
         if killed:
-            print(f"[sweep] {point}: killed {len(killed)} process(es) its launcher left running: {killed}",
-                  file=sys.stderr)
+            print(
+                f"[sweep] {point}: killed {len(killed)} process(es) its launcher left running: {killed}",
+                file=sys.stderr,
+            )

@@ -78,12 +78,14 @@ class StudyConfig(NumbersNotBooleans):  # repeats: true is not 1 run
         return include
 
     @model_validator(mode="after")
-    def _include_is_new(self) -> "StudyConfig":
+    def _include_is_new(self) -> StudyConfig:
         seen = {frozenset(key_parts(point)) for point in self.combinations()}
         for i, point in enumerate(self.include):
             if frozenset(key_parts(point)) in seen:
-                raise ValueError(f"include[{i}] ({point_key(point)}) is already a point of the matrix or of include; "
-                                 "a point runs once: for more runs of every point set repeats: N")
+                raise ValueError(
+                    f"include[{i}] ({point_key(point)}) is already a point of the matrix or of include; "
+                    "a point runs once: for more runs of every point set repeats: N"
+                )
             seen.add(frozenset(key_parts(point)))
         return self
 
@@ -99,11 +101,15 @@ def check_distinct(axis: str, values: list[Any]) -> None:
     for value in values:
         part = key_parts({axis: value})[0]
         if part in named and named[part] == value:
-            raise ValueError(f"axis {axis} gives {shown(value)} twice; a point runs once per value: for more runs of "
-                             "every point set repeats: N")
+            raise ValueError(
+                f"axis {axis} gives {shown(value)} twice; a point runs once per value: for more runs of "
+                "every point set repeats: N"
+            )
         if part in named:
-            raise ValueError(f"axis {axis} gives {shown(named[part])} and {shown(value)}, which both name the point "
-                             f"{part}; give them distinct values or labels")
+            raise ValueError(
+                f"axis {axis} gives {shown(named[part])} and {shown(value)}, which both name the point "
+                f"{part}; give them distinct values or labels"
+            )
         named[part] = value
 
 
@@ -201,13 +207,24 @@ def expand(study: StudyConfig, extra: list[str] = ()) -> tuple[list[Point], list
             # A strategy without a process group cannot share work between ranks: it runs one process.
             if strategy is not None and nodes * procs > 1 and not strategy_config(str(strategy)).needs_process_group:
                 if repeat == 0:
-                    skipped.append(f"strategy={strategy} with topology {chosen['topology']}: {strategy} runs one process")
+                    skipped.append(
+                        f"strategy={strategy} with topology {chosen['topology']}: {strategy} runs one process"
+                    )
                 continue
             overrides = [f"study={study.study}"]
             overrides += [f"{k}={json.dumps(v)}" for k, v in study.set.items()]
             overrides += [o for k, v in chosen.items() for o in axis_overrides(k, v)]
             overrides += [f"{k}={v * nodes * procs}" for k, v in study.per_rank.items()]
             overrides += list(extra)
-            points.append(Point(axes=chosen, strategy=strategy, nodes=nodes, procs_per_node=procs, overrides=overrides,
-                                repeat=repeat, repeats=study.repeats))
+            points.append(
+                Point(
+                    axes=chosen,
+                    strategy=strategy,
+                    nodes=nodes,
+                    procs_per_node=procs,
+                    overrides=overrides,
+                    repeat=repeat,
+                    repeats=study.repeats,
+                )
+            )
     return points, skipped

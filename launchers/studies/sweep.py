@@ -134,15 +134,31 @@ def point_request(study: StudyConfig, point: Point, out: Path, oversubscribe: bo
     launcher = launcher_for(study, point)
     local_multinode = point.nodes > 1 and launcher != "slurm"
     if local_multinode and launcher == "deepspeed" and point.nodes > len(LOCAL_HOSTS):
-        raise ConfigError(f"topology {point.nodes}x{point.procs_per_node}: the deepspeed launcher can start at most "
-                          f"{len(LOCAL_HOSTS)} nodes on one machine")
-    spec = LaunchSpec(launcher=launcher, nproc_per_node=point.procs_per_node, nnodes=point.nodes,
-                      rdzv_id=f"kanscale-{point.key}", no_ssh=True)
-    return RunRequest(config=study.experiment, out=str(out), spec=spec, given=frozenset({"nproc_per_node", "nnodes"}),
-                      overrides=point.overrides, strategy=point.strategy,
-                      slurm=study.slurm, job_name=f"kanscale-{study.study}-{point.key}"[:64], all_nodes_here=local_multinode,
-                      hosts=LOCAL_HOSTS[: point.nodes] if local_multinode and launcher == "deepspeed" else [],
-                      progress=False, oversubscribe=oversubscribe)
+        raise ConfigError(
+            f"topology {point.nodes}x{point.procs_per_node}: the deepspeed launcher can start at most "
+            f"{len(LOCAL_HOSTS)} nodes on one machine"
+        )
+    spec = LaunchSpec(
+        launcher=launcher,
+        nproc_per_node=point.procs_per_node,
+        nnodes=point.nodes,
+        rdzv_id=f"kanscale-{point.key}",
+        no_ssh=True,
+    )
+    return RunRequest(
+        config=study.experiment,
+        out=str(out),
+        spec=spec,
+        given=frozenset({"nproc_per_node", "nnodes"}),
+        overrides=point.overrides,
+        strategy=point.strategy,
+        slurm=study.slurm,
+        job_name=f"kanscale-{study.study}-{point.key}"[:64],
+        all_nodes_here=local_multinode,
+        hosts=LOCAL_HOSTS[: point.nodes] if local_multinode and launcher == "deepspeed" else [],
+        progress=False,
+        oversubscribe=oversubscribe,
+    )
 
 
 def matches(point: Point, only: list[str]) -> bool:
@@ -157,20 +173,33 @@ def matches(point: Point, only: list[str]) -> bool:
     return True
 
 
-def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = False, only: list[str] = (),
-              submit_jobs: bool = False, wait: bool = False, progress: bool | None = None,
-              oversubscribe: bool = False, overrides: list[str] = ()) -> list[PointResult]:
+def run_sweep(
+    study_path: str,
+    out: str,
+    resume: bool = False,
+    dry_run: bool = False,
+    only: list[str] = (),
+    submit_jobs: bool = False,
+    wait: bool = False,
+    progress: bool | None = None,
+    oversubscribe: bool = False,
+    overrides: list[str] = (),
+) -> list[PointResult]:
     """``overrides``: ``--set`` lines applied to every point after the study's own (a misspelled
     key is refused here, before any point runs)."""
     study = load_study(study_path)
     out_dir = Path(out)
     check_output_dir(out_dir, "--out", "for the sweep's runs")
     if submit_jobs and study.launcher != "slurm":
-        raise ConfigError(f"--submit: {study_path} has launcher: {study.launcher}, so its points train here, one after "
-                          "another, and there is nothing to submit; set launcher: slurm in the study to write and submit "
-                          "sbatch scripts, or drop --submit")
+        raise ConfigError(
+            f"--submit: {study_path} has launcher: {study.launcher}, so its points train here, one after "
+            "another, and there is nothing to submit; set launcher: slurm in the study to write and submit "
+            "sbatch scripts, or drop --submit"
+        )
     if wait and not submit_jobs:
-        raise ConfigError("--wait follows the SLURM jobs a sweep submits; add --submit (and launcher: slurm in the study)")
+        raise ConfigError(
+            "--wait follows the SLURM jobs a sweep submits; add --submit (and launcher: slurm in the study)"
+        )
     points, notes = expand(study, overrides)
     if overrides:  # checked with each point's own axes: the study's set: alone may leave a choice to them
         for point in points:
@@ -191,8 +220,17 @@ def run_sweep(study_path: str, out: str, resume: bool = False, dry_run: bool = F
             lock.release()
 
 
-def run_points(study: StudyConfig, points: list[Point], out_dir: Path, resume: bool, dry_run: bool, submit_jobs: bool,
-               wait: bool, progress: bool | None, oversubscribe: bool) -> list[PointResult]:
+def run_points(
+    study: StudyConfig,
+    points: list[Point],
+    out_dir: Path,
+    resume: bool,
+    dry_run: bool,
+    submit_jobs: bool,
+    wait: bool,
+    progress: bool | None,
+    oversubscribe: bool,
+) -> list[PointResult]:
     """Run (or plan) ``points`` in order into ``out_dir``, logging each; the sweep's loop."""
     earlier = earlier_runs(out_dir) if resume else EarlierRuns()
     alive = live_submissions(out_dir) if resume and submit_jobs else {}
@@ -205,17 +243,29 @@ def run_points(study: StudyConfig, points: list[Point], out_dir: Path, resume: b
         bar.set_description(point.key[:60])
         try:
             if point.key in alive:
-                result = PointResult(point.key, "submitted", job_id=alive[point.key],
-                                     detail=f"job {alive[point.key]} of an earlier submission still lives; not submitted again")
+                result = PointResult(
+                    point.key,
+                    "submitted",
+                    job_id=alive[point.key],
+                    detail=f"job {alive[point.key]} of an earlier submission still lives; not submitted again",
+                )
             else:
                 result = run_point(study, point, out_dir, earlier, dry_run, submit_jobs, oversubscribe)
         except (Terminated, KeyboardInterrupt) as err:  # before its launch (a launch raises SweepStopped)
             if dry_run:
                 raise
             name = stop_signal(err).name
-            raise stopped(out_dir, study, bar.write, PointResult(
-                point.key, "stopped", signal=name,
-                detail=f"the sweep was stopped by {name} before this point was launched")) from None
+            raise stopped(
+                out_dir,
+                study,
+                bar.write,
+                PointResult(
+                    point.key,
+                    "stopped",
+                    signal=name,
+                    detail=f"the sweep was stopped by {name} before this point was launched",
+                ),
+            ) from None
         except SweepStopped as err:
             raise stopped(out_dir, study, bar.write, err.result) from None
         results.append(result)
@@ -225,9 +275,13 @@ def run_points(study: StudyConfig, points: list[Point], out_dir: Path, resume: b
             continue
         log_result(out_dir, study, result)
         eta = (time.monotonic() - start) / n * (len(points) - n)
-        bar.write(f"[sweep] {n}/{len(points)} {result.status:9s} {point.key} ({result.seconds:.1f} s"
-                  + ("" if interactive else f", eta {eta:.0f} s") + ")" + (f" {result.detail}" if result.detail else ""),
-                  file=sys.stderr)
+        bar.write(
+            f"[sweep] {n}/{len(points)} {result.status:9s} {point.key} ({result.seconds:.1f} s"
+            + ("" if interactive else f", eta {eta:.0f} s")
+            + ")"
+            + (f" {result.detail}" if result.detail else ""),
+            file=sys.stderr,
+        )
     if wait:
         results = follow_submitted(out_dir, study, results, bar.write)
     return results
@@ -248,8 +302,11 @@ def live_submissions(out: Path) -> dict[str, str]:
     for line in log.read_text().splitlines() if log.is_file() else []:
         entry = json.loads(line)
         latest[entry["point"]] = entry
-    return {point: entry["job_id"] for point, entry in latest.items()
-            if entry["status"] == "submitted" and entry.get("job_id") and is_active(job_state(entry["job_id"]))}
+    return {
+        point: entry["job_id"]
+        for point, entry in latest.items()
+        if entry["status"] == "submitted" and entry.get("job_id") and is_active(job_state(entry["job_id"]))
+    }
 
 
 def follow_submitted(out: Path, study: StudyConfig, results: list[PointResult], say) -> list[PointResult]:
@@ -263,14 +320,24 @@ def follow_submitted(out: Path, study: StudyConfig, results: list[PointResult], 
         if record is not None and record.status == "ok":
             final = PointResult(submitted.point, "ok", run_id=record.run_id, job_id=job)
         else:
-            reason = (one_line(f"{record.error.type}: {record.error.message}") if record and record.error
-                      else f"job {job} ended ({state or 'its state is no longer known'}) without a complete run record")
-            final = PointResult(submitted.point, "failed", run_id=record.run_id if record else None, job_id=job,
-                                detail=f"{reason}; see {out / 'slurm'}")
+            reason = (
+                one_line(f"{record.error.type}: {record.error.message}")
+                if record and record.error
+                else f"job {job} ended ({state or 'its state is no longer known'}) without a complete run record"
+            )
+            final = PointResult(
+                submitted.point,
+                "failed",
+                run_id=record.run_id if record else None,
+                job_id=job,
+                detail=f"{reason}; see {out / 'slurm'}",
+            )
         results[index[job]] = final
         log_result(out, study, final)
-        say(f"[sweep] job {job} {final.status:9s} {final.point}" + (f" {final.detail}" if final.detail else ""),
-            file=sys.stderr)
+        say(
+            f"[sweep] job {job} {final.status:9s} {final.point}" + (f" {final.detail}" if final.detail else ""),
+            file=sys.stderr,
+        )
 
     follow(list(index), ended)
     return results
@@ -286,8 +353,15 @@ def records_under(out: Path) -> list[RunRecord]:
     return records
 
 
-def run_point(study: StudyConfig, point: Point, out: Path, earlier: EarlierRuns, dry_run: bool, submit_jobs: bool,
-              oversubscribe: bool = False) -> PointResult:
+def run_point(
+    study: StudyConfig,
+    point: Point,
+    out: Path,
+    earlier: EarlierRuns,
+    dry_run: bool,
+    submit_jobs: bool,
+    oversubscribe: bool = False,
+) -> PointResult:
     """Run one point. When resuming, ``earlier`` holds OUT's runs: the point's n-th repeat is
     skipped if n complete ones exist, an unfinished one with a checkpoint is continued, and the
     unfinished ones without are set aside when the point runs (all empty otherwise).
@@ -310,12 +384,20 @@ def run_point(study: StudyConfig, point: Point, out: Path, earlier: EarlierRuns,
         return PointResult(point.key, "planned")
     # The point's unfinished runs without a checkpoint can never be continued: this run (or the
     # job submitted) replaces them, afresh or resuming another (launchers/studies/leftovers.py).
-    replaced = ([] if request.spec.launcher == "slurm" and not submit_jobs
-                else set_aside_runs(out, [out / r.run_id for r in earlier.stale.pop(key, [])], point.key))
+    replaced = (
+        []
+        if request.spec.launcher == "slurm" and not submit_jobs
+        else set_aside_runs(out, [out / r.run_id for r in earlier.stale.pop(key, [])], point.key)
+    )
     if request.spec.launcher == "slurm":
         script, reply = write_script(launch, submit_jobs)
-        return PointResult(point.key, "submitted" if submit_jobs else "written", detail=reply or f"sbatch {shlex.quote(str(script))}",
-                           job_id=job_id(reply or ""), set_aside=replaced)
+        return PointResult(
+            point.key,
+            "submitted" if submit_jobs else "written",
+            detail=reply or f"sbatch {shlex.quote(str(script))}",
+            job_id=job_id(reply or ""),
+            set_aside=replaced,
+        )
     log = out / "logs" / f"{point.key}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("*/summary.json"))
@@ -323,20 +405,34 @@ def run_point(study: StudyConfig, point: Point, out: Path, earlier: EarlierRuns,
         with no_strays(point.key):
             code = execute(launch, log=log, runs=out)
     except (Terminated, KeyboardInterrupt) as err:  # execute() has stopped the launch's processes
-        raise SweepStopped(outcome(point, key, out, request, log, before, start, stopped_by=stop_signal(err),
-                                   replaced=replaced)) from None
+        raise SweepStopped(
+            outcome(point, key, out, request, log, before, start, stopped_by=stop_signal(err), replaced=replaced)
+        ) from None
     return outcome(point, key, out, request, log, before, start, code=code, replaced=replaced)
 
 
-def outcome(point: Point, key: RunKey, out: Path, request: RunRequest, log: Path, before: set[Path], start: float,
-            code: int | None = None, stopped_by: signal.Signals | None = None, replaced: list[str] = ()) -> PointResult:
+def outcome(
+    point: Point,
+    key: RunKey,
+    out: Path,
+    request: RunRequest,
+    log: Path,
+    before: set[Path],
+    start: float,
+    code: int | None = None,
+    stopped_by: signal.Signals | None = None,
+    replaced: list[str] = (),
+) -> PointResult:
     """What became of a launched point, from its run record (the new one in OUT of this point's
     experiment and topology, ``key``, or the one it resumed): ok, failed, or stopped, by the
     sweep's signal (``stopped_by``) or by one its ranks got directly (their record says so: a
     user's kill of a rank, or of the launcher). A record of another experiment that appeared
     meanwhile (a ``kanscale train --out OUT``) is not this point's."""
-    new = [r for r in map(read_summary, sorted(set(out.glob("*/summary.json")) - before))
-           if run_key(r.config_digest, r.topology.nodes, r.topology.procs_per_node) == key]
+    new = [
+        r
+        for r in map(read_summary, sorted(set(out.glob("*/summary.json")) - before))
+        if run_key(r.config_digest, r.topology.nodes, r.topology.procs_per_node) == key
+    ]
     record = new[0] if new else (read_summary(Path(request.resume)) if request.resume else None)
     run_id = record.run_id if record else None
     seconds, replaced = time.monotonic() - start, list(replaced)
@@ -344,16 +440,26 @@ def outcome(point: Point, key: RunKey, out: Path, request: RunRequest, log: Path
         return PointResult(point.key, "ok", seconds, run_id, set_aside=replaced)
     if stopped_by is not None:
         ran = f"; its run {run_id} is recorded as {record.status}" if record else ""
-        detail = (f"the sweep was stopped by {stopped_by.name} while this point ran and stopped its processes{ran}; "
-                  "kanscale sweep --resume continues it from its latest checkpoint, or runs it again")
+        detail = (
+            f"the sweep was stopped by {stopped_by.name} while this point ran and stopped its processes{ran}; "
+            "kanscale sweep --resume continues it from its latest checkpoint, or runs it again"
+        )
     elif record is not None and record.error is not None and record.error.type == STOPPED:
         stopped_by, detail = signal.SIGTERM, one_line(f"{record.error.type}: {record.error.message}")
     else:
         reason = f"{record.error.type}: {record.error.message}" if record and record.error else f"exit code {code}"
-        return PointResult(point.key, "failed", seconds, run_id=run_id, detail=f"{one_line(reason)}; see {log}",
-                           set_aside=replaced)
-    return PointResult(point.key, "stopped", seconds, run_id=run_id, detail=f"{detail}; see {log}",
-                       signal=stopped_by.name, set_aside=replaced)
+        return PointResult(
+            point.key, "failed", seconds, run_id=run_id, detail=f"{one_line(reason)}; see {log}", set_aside=replaced
+        )
+    return PointResult(
+        point.key,
+        "stopped",
+        seconds,
+        run_id=run_id,
+        detail=f"{detail}; see {log}",
+        signal=stopped_by.name,
+        set_aside=replaced,
+    )
 
 
 def one_line(message: str) -> str:
@@ -368,6 +474,10 @@ def one_line(message: str) -> str:
 
 def log_result(out: Path, study: StudyConfig, result: PointResult) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    entry = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "study": study.study, **dataclasses.asdict(result)}
+    entry = {
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "study": study.study,
+        **dataclasses.asdict(result),
+    }
     with open(out / "sweep.jsonl", "a") as f:
         f.write(json.dumps(entry) + "\n")

@@ -61,8 +61,10 @@ class AccelerateConfig(StrategyConfig):
     name: Literal["accelerate"]
     preferred_launcher: ClassVar[str | None] = "accelerate"
     config_file: str | None = Field(
-        None, description="the accelerate launch config this experiment is meant to run under (configs/accelerate/*.yaml); "
-                          "checked against the experiment before launch")
+        None,
+        description="the accelerate launch config this experiment is meant to run under (configs/accelerate/*.yaml); "
+        "checked against the experiment before launch",
+    )
 
     def launch_config(self) -> str | None:
         return self.config_file
@@ -77,8 +79,9 @@ class AccelerateConfig(StrategyConfig):
         if requested_plugin() == "DEEPSPEED":
             path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
         elif self.config_file is not None:
-            launch = read_mapping(find_file(self.config_file, "strategy.config_file", "accelerate config"),
-                                  "strategy.config_file")
+            launch = read_mapping(
+                find_file(self.config_file, "strategy.config_file", "accelerate config"), "strategy.config_file"
+            )
             ds = launch.get("deepspeed_config") if launch.get("distributed_type") == "DEEPSPEED" else None
             path = str((ds or {}).get("deepspeed_config_file") or "none")
         else:
@@ -97,8 +100,9 @@ class AccelerateConfig(StrategyConfig):
         if self.config_file is None:
             return
         path = find_file(self.config_file, "strategy.config_file", "accelerate config")
-        problems = launch_config_conflicts(read_mapping(path, "strategy.config_file"), training, device_type, world_size,
-                                           model=self.resolved_model())
+        problems = launch_config_conflicts(
+            read_mapping(path, "strategy.config_file"), training, device_type, world_size, model=self.resolved_model()
+        )
         if problems:
             raise ConfigError(f"strategy.config_file: {path}: " + "; ".join(problems))
 
@@ -120,8 +124,10 @@ class AccelerateConfig(StrategyConfig):
         )
         kind = accelerator.distributed_type
         if env.world_size > 1 and kind == DistributedType.NO:
-            raise ConfigError(f"accelerate: {env.world_size} ranks were launched but Accelerate runs distributed type NO, "
-                              "so each rank would train alone; launch with a multi-process accelerate config")
+            raise ConfigError(
+                f"accelerate: {env.world_size} ranks were launched but Accelerate runs distributed type NO, "
+                "so each rank would train alone; launch with a multi-process accelerate config"
+            )
         if plugin is not None and kind.name != plugin:
             raise ConfigError(f"accelerate: the launch config asked for {plugin} but Accelerate runs {kind.name}")
         if training.precision == "fp16" and env.device.type == "cpu" and kind != DistributedType.DEEPSPEED:
@@ -136,12 +142,16 @@ class AccelerateConfig(StrategyConfig):
             inner = fsdp_engine(wrapped, optimizer, training, env.world_size)
         else:
             wrapped, optimizer = accelerator.prepare(model, build_optimizer(model.parameters(), training))
-            inner = (DDPEngine(wrapped, optimizer, training, env.world_size) if isinstance(wrapped, DistributedDataParallel)
-                     else Engine(wrapped, optimizer, training))
+            inner = (
+                DDPEngine(wrapped, optimizer, training, env.world_size)
+                if isinstance(wrapped, DistributedDataParallel)
+                else Engine(wrapped, optimizer, training)
+            )
         return AccelerateEngine(accelerator, inner, optimizer, training, env.world_size)
 
-    def _prepare_deepspeed(self, accelerator: Any, model: nn.Module, training: TrainingConfig,
-                           env: DistEnv) -> tuple[Engine, Any]:
+    def _prepare_deepspeed(
+        self, accelerator: Any, model: nn.Module, training: TrainingConfig, env: DistEnv
+    ) -> tuple[Engine, Any]:
         # Resolved here, before prepare: Accelerate would fill the model-sized "auto"s only from a
         # model.config.hidden_size, which a KAN has not, and would leave the experiment's to defaults.
         ds_config = accelerator.state.deepspeed_plugin.deepspeed_config
@@ -149,15 +159,19 @@ class AccelerateConfig(StrategyConfig):
         source = "the accelerate launch config's deepspeed_config" if source == "none" else source
         resolution = resolve_native(ds_config, training, env.world_size, hidden_size(self.resolved_model()), source)
         if resolution.problems:
-            raise ConfigError(f"accelerate: the DeepSpeed plugin config ({source}) cannot run as given: "
-                              + "; ".join(resolution.problems))
+            raise ConfigError(
+                f"accelerate: the DeepSpeed plugin config ({source}) cannot run as given: "
+                + "; ".join(resolution.problems)
+            )
         warn_unchecked(resolution, source)
         ds_config.clear()
         ds_config.update(resolution.config)  # in place: the plugin's own dict is what Accelerate prepares with
         training = resolution.training  # the file's optimizer and precision taken in, as the experiment took them
         initial = initial_weights(model, training)
         _, optimizer = accelerator.prepare(model, build_optimizer(model.parameters(), training))
-        engine = DeepSpeedEngine(accelerator.deepspeed_engine_wrapped.engine, training, env.world_size, ds_config, initial)
+        engine = DeepSpeedEngine(
+            accelerator.deepspeed_engine_wrapped.engine, training, env.world_size, ds_config, initial
+        )
         return engine, optimizer
 
 
@@ -165,15 +179,22 @@ class AccelerateEngine(Engine):
     """Steps through Accelerate (``accumulate``, ``backward``, the prepared optimizer); asks the
     engine of the backend Accelerate chose for what that backend holds and how to gather it."""
 
-    def __init__(self, accelerator: Any, inner: Engine, optimizer: Any, training: TrainingConfig, world_size: int) -> None:
+    def __init__(
+        self, accelerator: Any, inner: Engine, optimizer: Any, training: TrainingConfig, world_size: int
+    ) -> None:
         super().__init__(inner.model, optimizer, training)
         self.accelerator, self.inner, self.world_size = accelerator, inner, world_size
         self.kind = f"accelerate_{inner.kind}"
         self.label = self.kind
         mixed = accelerator.mixed_precision
         self.input_dtype = inner.input_dtype
-        self.precision_mechanism = (inner.precision_mechanism if isinstance(inner, DeepSpeedEngine) and mixed != "no"
-                                    else f"Accelerate mixed_precision={mixed}" if mixed != "no" else "none")
+        self.precision_mechanism = (
+            inner.precision_mechanism
+            if isinstance(inner, DeepSpeedEngine) and mixed != "no"
+            else f"Accelerate mixed_precision={mixed}"
+            if mixed != "no"
+            else "none"
+        )
         if isinstance(inner, DeepSpeedEngine):
             self._count_state_inside_deepspeed_step(inner.ds)
 

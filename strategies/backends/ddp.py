@@ -53,8 +53,16 @@ class DDPConfig(StrategyConfig):
             # Compiled autograd captures DDP's gradient all-reduce only as its Python reducer.
             torch._dynamo.config.optimize_ddp = "python_reducer"
         ddp = DistributedDataParallel(
-            model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
-            bucket_cap_mb=self.bucket_cap_mb, static_graph=self.static_graph,
-            gradient_as_bucket_view=self.gradient_as_bucket_view)
-        return DDPEngine(ddp, build_optimizer(ddp.parameters(), training), training, env.world_size,
-                         Amp.autocast(training, env.device.type))
+            model,
+            device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            bucket_cap_mb=self.bucket_cap_mb,
+            static_graph=self.static_graph,
+            gradient_as_bucket_view=self.gradient_as_bucket_view,
+        )
+        return DDPEngine(
+            ddp,
+            build_optimizer(ddp.parameters(), training),
+            training,
+            env.world_size,
+            Amp.autocast(training, env.device.type),
+        )

@@ -81,26 +81,41 @@ class DeepSpeedConfig(StrategyConfig):
     """DeepSpeed ZeRO stage 0-3 with optional CPU offload."""
 
     name: Literal["deepspeed"]
-    config: str | None = Field(None, description="native DeepSpeed JSON to start from, e.g. configs/deepspeed/zero2.json")
-    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="0 = data parallel, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters")
+    config: str | None = Field(
+        None, description="native DeepSpeed JSON to start from, e.g. configs/deepspeed/zero2.json"
+    )
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        0, description="0 = data parallel, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters"
+    )
     offload_optimizer: bool = Field(False, description="ZeRO-Offload: optimizer state and step on the CPU (stage 1-3)")
     offload_param: bool = Field(False, description="ZeRO-Infinity: parameters on the CPU between uses (stage 3)")
     overlap_comm: bool = Field(False, description="overlap gradient reduction with the backward pass")
     contiguous_gradients: bool = Field(True, description="copy gradients into one buffer as they are produced")
-    reduce_bucket_size: int = Field(500_000_000, ge=0, description="elements reduced at a time (0: each gradient "
-                                                                  "on its own, as Transformers' ZeRO-3 test config has "
-                                                                  "it; run and recorded as 1, which DeepSpeed takes)")
+    reduce_bucket_size: int = Field(
+        500_000_000,
+        ge=0,
+        description="elements reduced at a time (0: each gradient "
+        "on its own, as Transformers' ZeRO-3 test config has "
+        "it; run and recorded as 1, which DeepSpeed takes)",
+    )
     allgather_bucket_size: int = Field(500_000_000, ge=1, description="elements gathered at a time (stage 1-2)")
     param_persistence_threshold: int = Field(
-        0, ge=0, description="stage 3: parameters smaller than this stay whole on every rank; DeepSpeed's default, "
-                             "100000, would keep every parameter of the study's models unsharded")
+        0,
+        ge=0,
+        description="stage 3: parameters smaller than this stay whole on every rank; DeepSpeed's default, "
+        "100000, would keep every parameter of the study's models unsharded",
+    )
     hpz_partition_size: int = Field(
-        1, ge=1, description="stage 3, ZeRO++ hierarchical partitioning: each group of this many consecutive ranks (the "
-                             "GPUs of one node) keeps a second copy of the parameters sharded among itself, so "
-                             "backward's all-gather stays inside the node; 1: off")
+        1,
+        ge=1,
+        description="stage 3, ZeRO++ hierarchical partitioning: each group of this many consecutive ranks (the "
+        "GPUs of one node) keeps a second copy of the parameters sharded among itself, so "
+        "backward's all-gather stays inside the node; 1: off",
+    )
     quantized_weights: bool = Field(False, description="stage 3, ZeRO++ qwZ: all-gather parameters in int8 (CUDA only)")
-    quantized_gradients: bool = Field(False, description="stage 3, ZeRO++ qgZ: reduce-scatter gradients in int4/int8 "
-                                                         "(CUDA only)")
+    quantized_gradients: bool = Field(
+        False, description="stage 3, ZeRO++ qgZ: reduce-scatter gradients in int4/int8 (CUDA only)"
+    )
 
     @field_validator("reduce_bucket_size")
     @classmethod
@@ -115,11 +130,18 @@ class DeepSpeedConfig(StrategyConfig):
     def native(self) -> dict[str, Any]:
         """The native file's contents (a copy to change freely); {} without one."""
         if self._native is None:
-            self._native = {} if self.config is None else read_mapping(
-                find_file(self.config, "strategy.config", "DeepSpeed config"), "strategy.config", what="a JSON object")
+            self._native = (
+                {}
+                if self.config is None
+                else read_mapping(
+                    find_file(self.config, "strategy.config", "DeepSpeed config"),
+                    "strategy.config",
+                    what="a JSON object",
+                )
+            )
         return copy.deepcopy(self._native)
 
-    def resolved(self, model: ModelConfig) -> "DeepSpeedConfig":
+    def resolved(self, model: ModelConfig) -> DeepSpeedConfig:
         """These options with what the native file sets filled in, so that what the run records
         is what DeepSpeed runs (a ``zero3`` preset records ``zero_stage: 3``; an ``"auto"``
         bucket size records the number it becomes for ``model``). Where the file and an option
@@ -148,9 +170,11 @@ class DeepSpeedConfig(StrategyConfig):
             if option not in from_file:
                 lines.append(f"strategy.{option}: {error['msg']}")
                 continue
-            lines.append(f"{'.'.join(OPTION_KEYS[option])} is {error.get('input')!r} in {self.config}: "
-                         f"{error['msg'].removeprefix('Value error, ')}; change it in {self.config}, or decide it with "
-                         f"--set strategy.{option}=VALUE")
+            lines.append(
+                f"{'.'.join(OPTION_KEYS[option])} is {error.get('input')!r} in {self.config}: "
+                f"{error['msg'].removeprefix('Value error, ')}; change it in {self.config}, or decide it with "
+                f"--set strategy.{option}=VALUE"
+            )
         return f"strategy.config: {self.config}: " + "; ".join(lines)
 
     def native_training(self, training: TrainingConfig) -> TrainingConfig:
@@ -217,11 +241,15 @@ class DeepSpeedConfig(StrategyConfig):
     def _check_stage(resolved: dict[str, Any]) -> None:
         stage = get_path(resolved, ("zero_optimization", "stage")) or 0
         if get_path(resolved, OPTION_KEYS["offload_optimizer"]) not in (None, "none") and stage < 1:
-            raise ConfigError("strategy.offload_optimizer: optimizer offload needs ZeRO stage 1, 2 or 3; "
-                              "set strategy.zero_stage to 1-3 or offload_optimizer=false")
+            raise ConfigError(
+                "strategy.offload_optimizer: optimizer offload needs ZeRO stage 1, 2 or 3; "
+                "set strategy.zero_stage to 1-3 or offload_optimizer=false"
+            )
         if get_path(resolved, OPTION_KEYS["offload_param"]) not in (None, "none") and stage != 3:
-            raise ConfigError("strategy.offload_param: parameter offload needs ZeRO stage 3; set strategy.zero_stage=3 "
-                              "or offload_param=false")
+            raise ConfigError(
+                "strategy.offload_param: parameter offload needs ZeRO stage 3; set strategy.zero_stage=3 "
+                "or offload_param=false"
+            )
 
     def missing_precision_support(self, precision: str, device_type: str) -> str | None:
         return deepspeed_lacks(precision, device_type)
@@ -233,9 +261,11 @@ class DeepSpeedConfig(StrategyConfig):
         if self.hpz_partition_size > 1:
             per_node = ranks_per_node or world_size
             if per_node % self.hpz_partition_size or world_size % self.hpz_partition_size:
-                raise ConfigError(f"strategy.hpz_partition_size: {self.hpz_partition_size} ranks per secondary partition "
-                                  f"must divide the ranks of one node ({per_node}) and the world size ({world_size}), or "
-                                  "a partition would span nodes; set it to the ranks per node, or a divisor of it")
+                raise ConfigError(
+                    f"strategy.hpz_partition_size: {self.hpz_partition_size} ranks per secondary partition "
+                    f"must divide the ranks of one node ({per_node}) and the world size ({world_size}), or "
+                    "a partition would span nodes; set it to the ranks per node, or a divisor of it"
+                )
         return MeshShape(dp_replicate=world_size) if self.zero_stage == 0 else MeshShape(dp_shard=world_size)
 
     def cost_model(self) -> StrategyModel | None:
@@ -251,28 +281,50 @@ class DeepSpeedConfig(StrategyConfig):
         if self.zero_stage == 0:
             return StrategyModel(label, grads="all_reduce")
         if self.zero_stage < 3:
-            return StrategyModel(label, grads="all_reduce", gather="after_step", sharded_state=True, master=True,
-                                 norm=True, offload=offload)
-        return StrategyModel(label, grads="reduce_scatter", gather="before_forward", sharded_state=True,
-                             sharded_params="all", master=True, norm=True, offload=offload)
+            return StrategyModel(
+                label,
+                grads="all_reduce",
+                gather="after_step",
+                sharded_state=True,
+                master=True,
+                norm=True,
+                offload=offload,
+            )
+        return StrategyModel(
+            label,
+            grads="reduce_scatter",
+            gather="before_forward",
+            sharded_state=True,
+            sharded_params="all",
+            master=True,
+            norm=True,
+            offload=offload,
+        )
 
     def backend_config_preview(self, training: TrainingConfig, world_size: int) -> tuple[str, dict[str, Any]]:
         return "the DeepSpeed config every rank passes to deepspeed.initialize", self.resolve(training, world_size)
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         if importlib.util.find_spec("deepspeed") is None:
-            raise ConfigError("strategy.name: deepspeed is not installed; pip install deepspeed (or pick another strategy)")
+            raise ConfigError(
+                "strategy.name: deepspeed is not installed; pip install deepspeed (or pick another strategy)"
+            )
         if (self.hpz_partition_size > 1 or self.quantized) and self.zero_stage != 3:
-            raise ConfigError(f"strategy.zero_stage: ZeRO++ (hpz_partition_size, quantized_weights, quantized_gradients) "
-                              f"is part of stage 3, and zero_stage is {self.zero_stage}; set strategy.zero_stage=3 or "
-                              "drop the ZeRO++ options")
+            raise ConfigError(
+                f"strategy.zero_stage: ZeRO++ (hpz_partition_size, quantized_weights, quantized_gradients) "
+                f"is part of stage 3, and zero_stage is {self.zero_stage}; set strategy.zero_stage=3 or "
+                "drop the ZeRO++ options"
+            )
         if self.quantized and device_type != "cuda":
             # qwZ and qgZ quantize in DeepSpeed's CUDA quantizer kernels; its CPU accelerator has none
             asked = [o for o in ("quantized_weights", "quantized_gradients") if getattr(self, o)]
-            raise ConfigError(f"strategy.{asked[0]}: ZeRO++'s quantized collectives run DeepSpeed's CUDA quantizer "
-                              "kernels, which its CPU accelerator does not have; set "
-                              + " and ".join(f"strategy.{o}=false" for o in asked) + " on a CPU-only machine (hpz runs "
-                              "on CPUs)")
+            raise ConfigError(
+                f"strategy.{asked[0]}: ZeRO++'s quantized collectives run DeepSpeed's CUDA quantizer "
+                "kernels, which its CPU accelerator does not have; set "
+                + " and ".join(f"strategy.{o}=false" for o in asked)
+                + " on a CPU-only machine (hpz runs "
+                "on CPUs)"
+            )
         warn_unchecked(resolution := self.resolution(training, world_size), f"strategy.config: {self.config}")
         check_async_io(resolution.config, accelerator_env(device_type))
 
@@ -289,5 +341,7 @@ class DeepSpeedConfig(StrategyConfig):
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
         optimizer = build_optimizer(model.parameters(), training)
         initial = initial_weights(model, training)
-        ds_engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config, dist_init_required=False)
+        ds_engine, *_ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=ds_config, dist_init_required=False
+        )
         return DeepSpeedEngine(ds_engine, training, env.world_size, ds_config, initial)

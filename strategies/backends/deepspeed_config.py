@@ -57,26 +57,60 @@ TRAINING_BLOCKS = ("optimizer", "scheduler")
 # Keys the suite fills, sets or checks, and ZeRO's scheduling knobs that decide only when and in
 # what pieces state moves (DeepSpeed validates their values). Any other key may change what is
 # trained or measured, so it is named in a warning.
-KNOWN_TOP_LEVEL = frozenset({
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-    "fp16", "bf16", "zero_optimization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
-    "steps_per_print", "wall_clock_breakdown", *TRAINING_BLOCKS,
-})
-KNOWN_ZERO = frozenset({
-    "stage", "offload_optimizer", "offload_param", "overlap_comm", "contiguous_gradients", "reduce_bucket_size",
-    "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-    "stage3_gather_16bit_weights_on_model_save", "stage3_max_live_parameters", "stage3_max_reuse_distance",
-    "sub_group_size", "allgather_partitions", "reduce_scatter", "round_robin_gradients", "zero_hpz_partition_size",
-    "zero_quantized_weights", "zero_quantized_gradients",
-})
+KNOWN_TOP_LEVEL = frozenset(
+    {
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+        "gradient_clipping",
+        "fp16",
+        "bf16",
+        "zero_optimization",
+        "zero_allow_untested_optimizer",
+        "zero_force_ds_cpu_optimizer",
+        "steps_per_print",
+        "wall_clock_breakdown",
+        *TRAINING_BLOCKS,
+    }
+)
+KNOWN_ZERO = frozenset(
+    {
+        "stage",
+        "offload_optimizer",
+        "offload_param",
+        "overlap_comm",
+        "contiguous_gradients",
+        "reduce_bucket_size",
+        "allgather_bucket_size",
+        "stage3_prefetch_bucket_size",
+        "stage3_param_persistence_threshold",
+        "stage3_gather_16bit_weights_on_model_save",
+        "stage3_max_live_parameters",
+        "stage3_max_reuse_distance",
+        "sub_group_size",
+        "allgather_partitions",
+        "reduce_scatter",
+        "round_robin_gradients",
+        "zero_hpz_partition_size",
+        "zero_quantized_weights",
+        "zero_quantized_gradients",
+    }
+)
 # ZeRO keys DeepSpeed accepts (its aliases and older names among them) that lie close enough to
 # a key above to be taken for a misspelling of it; they are passed on unchecked, like any other
 # key DeepSpeed knows (tests check this list against DeepSpeed's own ZeRO config model).
-OTHER_ZERO = frozenset({
-    "cpu_offload_param", "gather_16bit_weights_on_model_save", "max_live_parameters", "max_reuse_distance",
-    "param_persistence_threshold", "prefetch_bucket_size", "stage3_gather_fp16_weights_on_model_save",
-    "stage3_model_persistence_threshold",
-})
+OTHER_ZERO = frozenset(
+    {
+        "cpu_offload_param",
+        "gather_16bit_weights_on_model_save",
+        "max_live_parameters",
+        "max_reuse_distance",
+        "param_persistence_threshold",
+        "prefetch_bucket_size",
+        "stage3_gather_fp16_weights_on_model_save",
+        "stage3_model_persistence_threshold",
+    }
+)
 # How alike (difflib's ratio) an unknown key and a known one must be for the unknown one to be
 # refused as its misspelling: zero_optimisation and stgae are; activation_checkpointing is not.
 MISSPELLING_CUTOFF = 0.8
@@ -93,8 +127,14 @@ EQUIVALENT_VALUES: dict[KeyPath, tuple[Any, Any]] = {("zero_optimization", "redu
 # DeepSpeed's dynamic loss scaling set to torch.amp.GradScaler's schedule, which the other
 # strategies' fp16 runs use: start at 2^16, halve on the first overflow (DeepSpeed's default
 # hysteresis waits for two), double after 2000 clean steps (DeepSpeed's default: 1000).
-GRAD_SCALER_SCHEDULE = {"loss_scale": 0, "initial_scale_power": 16, "hysteresis": 1, "consecutive_hysteresis": False,
-                        "loss_scale_window": 2000, "min_loss_scale": 1}
+GRAD_SCALER_SCHEDULE = {
+    "loss_scale": 0,
+    "initial_scale_power": 16,
+    "hysteresis": 1,
+    "consecutive_hysteresis": False,
+    "loss_scale_window": 2000,
+    "min_loss_scale": 1,
+}
 
 
 class UncheckedDeepSpeedKeys(UserWarning):
@@ -124,7 +164,9 @@ def hidden_size_values(hidden: int) -> dict[KeyPath, int]:
     }
 
 
-def training_keys(training: TrainingConfig, world_size: int) -> dict[KeyPath, tuple[Any, str, Callable[[Any], str | None]]]:
+def training_keys(
+    training: TrainingConfig, world_size: int
+) -> dict[KeyPath, tuple[Any, str, Callable[[Any], str | None]]]:
     """DeepSpeed keys whose values the experiment owns, each with the experiment keys it comes from
     and the ``--set`` line that would make the experiment say what the file says (None: no one line)."""
     micro = training.micro_batch_for(world_size)
@@ -132,24 +174,44 @@ def training_keys(training: TrainingConfig, world_size: int) -> dict[KeyPath, tu
     per_rank = "training.micro_batch" if by_micro else "training.global_batch"
     precision = f"training.precision={training.precision}"
     return {
-        ("train_micro_batch_size_per_gpu",): (micro, per_rank, lambda v: set_line("micro_batch", v) if by_micro else None),
-        ("gradient_accumulation_steps",): (training.grad_accum, "training.grad_accum", lambda v: set_line("grad_accum", v)),
-        ("train_batch_size",): (micro * training.grad_accum * world_size,
-                                f"{per_rank} x training.grad_accum x {world_size} ranks",
-                                lambda v: None if by_micro else set_line("global_batch", v)),
+        ("train_micro_batch_size_per_gpu",): (
+            micro,
+            per_rank,
+            lambda v: set_line("micro_batch", v) if by_micro else None,
+        ),
+        ("gradient_accumulation_steps",): (
+            training.grad_accum,
+            "training.grad_accum",
+            lambda v: set_line("grad_accum", v),
+        ),
+        ("train_batch_size",): (
+            micro * training.grad_accum * world_size,
+            f"{per_rank} x training.grad_accum x {world_size} ranks",
+            lambda v: None if by_micro else set_line("global_batch", v),
+        ),
         ("gradient_clipping",): (training.grad_clip, "training.grad_clip", lambda v: set_line("grad_clip", v)),
-        ("fp16", "enabled"): (training.precision == "fp16", precision,
-                              lambda v: set_line("precision", "fp16" if v is True else "fp32")),
-        ("bf16", "enabled"): (training.precision == "bf16", precision,
-                              lambda v: set_line("precision", "bf16" if v is True else "fp32")),
+        ("fp16", "enabled"): (
+            training.precision == "fp16",
+            precision,
+            lambda v: set_line("precision", "fp16" if v is True else "fp32"),
+        ),
+        ("bf16", "enabled"): (
+            training.precision == "bf16",
+            precision,
+            lambda v: set_line("precision", "bf16" if v is True else "fp32"),
+        ),
     }
 
 
 def suite_owned_flags() -> dict[str, Any]:
     """Settings every suite-built DeepSpeed config carries: the suite's own (torch) optimizer is
     allowed under ZeRO and under offload, and DeepSpeed's periodic console output is off."""
-    return dict(zero_allow_untested_optimizer=True, zero_force_ds_cpu_optimizer=False,
-                steps_per_print=2**31 - 1, wall_clock_breakdown=False)
+    return dict(
+        zero_allow_untested_optimizer=True,
+        zero_force_ds_cpu_optimizer=False,
+        steps_per_print=2**31 - 1,
+        wall_clock_breakdown=False,
+    )
 
 
 def get_path(tree: dict[str, Any], path: KeyPath) -> Any:
@@ -180,8 +242,9 @@ def auto_paths(tree: dict[str, Any], prefix: KeyPath = ()) -> list[KeyPath]:
 def unknown_keys(config: dict[str, Any]) -> list[str]:
     """Top-level and ``zero_optimization`` keys outside what the suite knows, dotted."""
     zero = config.get("zero_optimization")
-    return ([key for key in config if key not in KNOWN_TOP_LEVEL]
-            + [f"zero_optimization.{key}" for key in (zero if isinstance(zero, dict) else {}) if key not in KNOWN_ZERO])
+    return [key for key in config if key not in KNOWN_TOP_LEVEL] + [
+        f"zero_optimization.{key}" for key in (zero if isinstance(zero, dict) else {}) if key not in KNOWN_ZERO
+    ]
 
 
 def misspelled(dotted: str) -> str | None:
@@ -200,13 +263,18 @@ def misspelled(dotted: str) -> str | None:
 def nvme_offloads(config: dict[str, Any]) -> list[str]:
     """The offload blocks of ``config`` that go to NVMe (ZeRO-Infinity), dotted:
     ``zero_optimization.offload_optimizer`` and/or ``zero_optimization.offload_param``."""
-    return [f"zero_optimization.{block}" for block in ("offload_optimizer", "offload_param")
-            if get_path(config, ("zero_optimization", block, "device")) == "nvme"]
+    return [
+        f"zero_optimization.{block}"
+        for block in ("offload_optimizer", "offload_param")
+        if get_path(config, ("zero_optimization", block, "device")) == "nvme"
+    ]
 
 
 # exit 3: DeepSpeed's async_io op (its NVMe swapper) cannot be built or loaded here
-ASYNC_IO_CHECK = ("import sys; from deepspeed.ops.op_builder import AsyncIOBuilder; "
-                  "sys.exit(0 if AsyncIOBuilder().is_compatible(verbose=False) else 3)")
+ASYNC_IO_CHECK = (
+    "import sys; from deepspeed.ops.op_builder import AsyncIOBuilder; "
+    "sys.exit(0 if AsyncIOBuilder().is_compatible(verbose=False) else 3)"
+)
 
 
 def check_async_io(config: dict[str, Any], accelerator: dict[str, str]) -> None:
@@ -217,25 +285,35 @@ def check_async_io(config: dict[str, Any], accelerator: dict[str, str]) -> None:
     blocks = nvme_offloads(config)
     if not blocks:
         return
-    asked = subprocess.run([sys.executable, "-c", ASYNC_IO_CHECK], env={**os.environ, **accelerator},
-                           capture_output=True, text=True, timeout=300)
+    asked = subprocess.run(
+        [sys.executable, "-c", ASYNC_IO_CHECK],
+        env={**os.environ, **accelerator},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     devices = " and ".join(f"{block}.device" for block in blocks)
     if asked.returncode == 3:
-        raise ConfigError(f"strategy.config: {devices} is \"nvme\", but DeepSpeed's async_io op, which swaps to NVMe, "
-                          "is not available on this machine (AsyncIOBuilder().is_compatible() is False: it needs libaio, "
-                          "e.g. apt install libaio-dev; ds_report lists the ops); install it, or set the device to \"cpu\"")
+        raise ConfigError(
+            f'strategy.config: {devices} is "nvme", but DeepSpeed\'s async_io op, which swaps to NVMe, '
+            "is not available on this machine (AsyncIOBuilder().is_compatible() is False: it needs libaio, "
+            'e.g. apt install libaio-dev; ds_report lists the ops); install it, or set the device to "cpu"'
+        )
     if asked.returncode != 0:
         why = (asked.stderr.strip().splitlines() or [f"exit code {asked.returncode}"])[-1]
-        raise ConfigError(f"strategy.config: {devices} is \"nvme\", and whether DeepSpeed's async_io op is available "
-                          f"here could not be found out ({why}); set the device to \"cpu\", or fix the installation")
+        raise ConfigError(
+            f'strategy.config: {devices} is "nvme", and whether DeepSpeed\'s async_io op is available '
+            f'here could not be found out ({why}); set the device to "cpu", or fix the installation'
+        )
 
 
 def as_json(value: Any) -> str:
     return json.dumps(value)
 
 
-def resolve_native(native: dict[str, Any], training: TrainingConfig, world_size: int, hidden: int,
-                   source: str) -> Resolution:
+def resolve_native(
+    native: dict[str, Any], training: TrainingConfig, world_size: int, hidden: int, source: str
+) -> Resolution:
     """``native`` (not changed) checked and resolved for this experiment at ``world_size`` ranks,
     with a model of hidden size ``hidden``; ``source`` names the file in the advice."""
     adoption = adopt(native, training, source)
@@ -246,8 +324,10 @@ def resolve_native(native: dict[str, Any], training: TrainingConfig, world_size:
         given = get_path(config, path)
         if given not in (None, AUTO) and given != value:
             resolving = fix(given)
-            problems.append(f"{'.'.join(path)}={as_json(given)}, but {origin} implies {as_json(value)}: set it to "
-                            f"{as_json(value)} or \"auto\" in {source}" + (f", or {resolving}" if resolving else ""))
+            problems.append(
+                f"{'.'.join(path)}={as_json(given)}, but {origin} implies {as_json(value)}: set it to "
+                f'{as_json(value)} or "auto" in {source}' + (f", or {resolving}" if resolving else "")
+            )
         set_path(config, path, value)
     if training.precision == "fp16":
         for key, value in GRAD_SCALER_SCHEDULE.items():  # where the file leaves them open
@@ -261,17 +341,25 @@ def resolve_native(native: dict[str, Any], training: TrainingConfig, world_size:
             set_path(config, path, same)
     unresolved = [".".join(path) for path in auto_paths(config)]
     if unresolved:
-        problems.append(f"the suite cannot fill \"auto\" for {', '.join(unresolved)}; give a value in {source} "
-                        "(\"auto\" is filled for batch sizes, accumulation, clipping, fp16/bf16.enabled, "
-                        "reduce_bucket_size, stage3_prefetch_bucket_size, stage3_param_persistence_threshold and "
-                        "stage3_gather_16bit_weights_on_model_save)")
+        problems.append(
+            f'the suite cannot fill "auto" for {", ".join(unresolved)}; give a value in {source} '
+            '("auto" is filled for batch sizes, accumulation, clipping, fp16/bf16.enabled, '
+            "reduce_bucket_size, stage3_prefetch_bucket_size, stage3_param_persistence_threshold and "
+            "stage3_gather_16bit_weights_on_model_save)"
+        )
     # DeepSpeed asserts this inside every rank, after the launch
-    problems += [f"{block}.device is \"nvme\" but {block}.nvme_path is not set (DeepSpeed needs the directory it swaps "
-                 f"to): give {block}.nvme_path, a directory on a local NVMe drive, in {source}, or set {block}.device "
-                 "to \"cpu\"" for block in nvme_offloads(config) if not get_path(config, (*block.split("."), "nvme_path"))]
+    problems += [
+        f'{block}.device is "nvme" but {block}.nvme_path is not set (DeepSpeed needs the directory it swaps '
+        f"to): give {block}.nvme_path, a directory on a local NVMe drive, in {source}, or set {block}.device "
+        'to "cpu"'
+        for block in nvme_offloads(config)
+        if not get_path(config, (*block.split("."), "nvme_path"))
+    ]
     unknown = unknown_keys(native)
     fixes = {key: fix for key in unknown if (fix := misspelled(key))}
-    problems += [f"{key} is not a DeepSpeed key; did you mean {fix}? (rename it in {source})" for key, fix in fixes.items()]
+    problems += [
+        f"{key} is not a DeepSpeed key; did you mean {fix}? (rename it in {source})" for key, fix in fixes.items()
+    ]
     if not problems:
         problems += zero_values_refused(config, source)
     config.update(suite_owned_flags())
@@ -292,8 +380,11 @@ def zero_values_refused(config: dict[str, Any], source: str) -> list[str]:
             warnings.simplefilter("ignore")
             DeepSpeedZeroConfig(**zero)
     except ValidationError as err:
-        return [f"zero_optimization.{'.'.join(str(part) for part in error['loc'])} is {as_json(error.get('input'))} "
-                f"in {source}, which DeepSpeed refuses: {error['msg']}; change it in {source}" for error in err.errors()]
+        return [
+            f"zero_optimization.{'.'.join(str(part) for part in error['loc'])} is {as_json(error.get('input'))} "
+            f"in {source}, which DeepSpeed refuses: {error['msg']}; change it in {source}"
+            for error in err.errors()
+        ]
     return []
 
 
@@ -301,5 +392,8 @@ def warn_unchecked(resolution: Resolution, source: str) -> None:
     """One warning naming the keys passed to DeepSpeed unchecked. Every launcher exports RANK:
     the launch check (no RANK) and rank 0 report them, the other ranks would only repeat it."""
     if resolution.unchecked and os.environ.get("RANK", "0") == "0":
-        warnings.warn(f"{source}: the suite does not know {', '.join(resolution.unchecked)}; they are passed to "
-                      "DeepSpeed unchecked", UncheckedDeepSpeedKeys)  # from this line: shown once per process
+        warnings.warn(
+            f"{source}: the suite does not know {', '.join(resolution.unchecked)}; they are passed to "
+            "DeepSpeed unchecked",
+            UncheckedDeepSpeedKeys,
+        )  # from this line: shown once per process

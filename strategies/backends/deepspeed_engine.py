@@ -29,8 +29,11 @@ def initial_weights(model: nn.Module, training: TrainingConfig) -> dict[str, tor
 def master_tensors(zero: Any) -> list[torch.Tensor]:
     """The float32 master copies a DeepSpeed optimizer keeps: ZeRO 1-2's and 3's partitions, or
     under bf16/fp16 at stage 0 whole copies; none in full precision at stage 0."""
-    return list(getattr(zero, "single_partition_of_fp32_groups", None) or getattr(zero, "fp32_partitioned_groups_flat", None)
-                or [m for group in getattr(zero, "fp32_groups", None) or [] for m in group])
+    return list(
+        getattr(zero, "single_partition_of_fp32_groups", None)
+        or getattr(zero, "fp32_partitioned_groups_flat", None)
+        or [m for group in getattr(zero, "fp32_groups", None) or [] for m in group]
+    )
 
 
 def deepspeed_state_bytes(ds_engine: Any) -> ModelStateBytes:
@@ -42,15 +45,25 @@ def deepspeed_state_bytes(ds_engine: Any) -> ModelStateBytes:
     zero = ds_engine.optimizer
     params = list(ds_engine.module.parameters())
     # ZeRO++ hpZ keeps a second partition of each parameter over its node's ranks (ds_secondary_tensor)
-    partitions = [t for p in params for t in (getattr(p, "ds_tensor", None), getattr(p, "ds_secondary_tensor", None))
-                  if t is not None]
+    partitions = [
+        t
+        for p in params
+        for t in (getattr(p, "ds_tensor", None), getattr(p, "ds_secondary_tensor", None))
+        if t is not None
+    ]
     masters = master_tensors(zero)
     averaged = getattr(zero, "averaged_gradients", None) or {}
-    averaged = [g for group in (averaged.values() if isinstance(averaged, dict) else averaged) for g in (group or []) if g is not None]
+    averaged = [
+        g
+        for group in (averaged.values() if isinstance(averaged, dict) else averaged)
+        for g in (group or [])
+        if g is not None
+    ]
     inner = getattr(zero, "optimizer", zero)
     return ModelStateBytes(
         params=tensor_bytes(p.data for p in params) + tensor_bytes(partitions),
-        grads=tensor_bytes(p.grad for p in params if p.grad is not None) + tensor_bytes(averaged)
+        grads=tensor_bytes(p.grad for p in params if p.grad is not None)
+        + tensor_bytes(averaged)
         + tensor_bytes(m.grad for m in masters if m.grad is not None),
         optimizer=tensor_bytes(optimizer_state_tensors(inner)),
         master_params=tensor_bytes(masters),
@@ -61,15 +74,23 @@ class DeepSpeedEngine(Engine):
     checkpoint_format = "deepspeed"
     TAG = "state"
 
-    def __init__(self, ds_engine: Any, training: TrainingConfig, world_size: int, ds_config: dict[str, Any],
-                 initial: dict[str, torch.Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        ds_engine: Any,
+        training: TrainingConfig,
+        world_size: int,
+        ds_config: dict[str, Any],
+        initial: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         super().__init__(ds_engine, ds_engine.optimizer, training)
         self.ds = ds_engine
         self.world_size = world_size
         self.ds_config = ds_config
         self.stage = ds_engine.zero_optimization_stage()
         self._boundary = True
-        offloaded = any(get_path(ds_config, OPTION_KEYS[k]) not in (None, "none") for k in ("offload_optimizer", "offload_param"))
+        offloaded = any(
+            get_path(ds_config, OPTION_KEYS[k]) not in (None, "none") for k in ("offload_optimizer", "offload_param")
+        )
         self.kind = zero_label(self.stage, offloaded)
         low = next((LOW_DTYPES[key] for key in LOW_DTYPES if get_path(ds_config, (key, "enabled"))), None)
         if low is not None:
@@ -112,14 +133,18 @@ class DeepSpeedEngine(Engine):
 
         tag_dir = directory / DeepSpeedEngine.TAG
         # mp_rank_00_model_states.pt, or under ZeRO-3 zero_pp_rank_0_mp_rank_00_model_states.pt
-        module = torch.load(sorted(tag_dir.glob("*model_states.pt"))[0], map_location="cpu", weights_only=False)["module"]
+        module = torch.load(sorted(tag_dir.glob("*model_states.pt"))[0], map_location="cpu", weights_only=False)[
+            "module"
+        ]
         if not any(tag_dir.glob("*optim_states.pt")) or not any(tag_dir.glob("zero_pp_rank_*")):
             return module
         state = get_fp32_state_dict_from_zero_checkpoint(str(directory), tag=DeepSpeedEngine.TAG)
         return {**{k: v for k, v in module.items() if k not in state}, **state}
 
     def load(self, directory: Path) -> None:
-        self.ds.load_checkpoint(str(directory), tag=self.TAG, load_optimizer_states=True, load_lr_scheduler_states=False)
+        self.ds.load_checkpoint(
+            str(directory), tag=self.TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+        )
 
     @torch.no_grad()
     def _start_like_the_others(self, initial: dict[str, torch.Tensor] | None) -> None:
@@ -142,15 +167,20 @@ class DeepSpeedEngine(Engine):
         """Stage 0 under bf16/fp16: the float32 master of each module parameter (by id), which its
         optimizer keeps in lists beside the module's 16-bit ones; ZeRO 1-3 map theirs themselves."""
         opt = self.ds.optimizer
-        return {id(low): high for lows, highs in zip(getattr(opt, "fp16_groups", []), getattr(opt, "fp32_groups", []))
-                for low, high in zip(lows, highs)}
+        return {
+            id(low): high
+            for lows, highs in zip(getattr(opt, "fp16_groups", []), getattr(opt, "fp32_groups", []))
+            for low, high in zip(lows, highs)
+        }
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         import deepspeed
         from deepspeed.utils import safe_get_full_fp32_param
 
         module = self.ds.module
-        gather = deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None, enabled=self.stage == 3)
+        gather = deepspeed.zero.GatheredParameters(
+            list(module.parameters()), modifier_rank=None, enabled=self.stage == 3
+        )
         with gather:
             state = detached_copy(module.state_dict())
         if self.input_dtype is None:

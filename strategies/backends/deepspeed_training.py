@@ -35,22 +35,31 @@ FieldPath = tuple[str, ...]  # inside training: ("lr",), ("schedule", "warmup_st
 # DeepSpeed's optimizer types the suite builds (DeepSpeed compares them lower-cased): Adam is
 # AdamW unless adam_w_mode is false (DeepSpeed's ADAM_W_MODE_DEFAULT), AdamW always.
 ADAM_TYPES = {"adam", "adamw"}
-OPTIMIZER_PARAMS: dict[str, FieldPath] = {"lr": ("lr",), "betas": ("betas",), "eps": ("eps",),
-                                          "weight_decay": ("weight_decay",)}
+OPTIMIZER_PARAMS: dict[str, FieldPath] = {
+    "lr": ("lr",),
+    "betas": ("betas",),
+    "eps": ("eps",),
+    "weight_decay": ("weight_decay",),
+}
 # params that choose DeepSpeed's implementation of the same update (torch's, its fused or CPU
 # Adam), which the suite's torch optimizer computes: read (adam_w_mode) or accepted as they are
 IMPLEMENTATION_PARAMS = {"torch_adam": None, "adam_w_mode": None, "bias_correction": True}
 # scheduler type -> training.schedule.name, and the params each takes (DeepSpeed's constructors)
 SCHEDULERS = {"warmuplr": "warmup", "warmupdecaylr": "warmup_decay", "warmupcosinelr": "warmup_cosine"}
 SCHEDULER_PARAMS: dict[str, FieldPath] = {
-    "warmup_min_lr": ("schedule", "warmup_min_lr"), "warmup_max_lr": ("lr",),
-    "warmup_num_steps": ("schedule", "warmup_steps"), "warmup_type": ("schedule", "warmup_type"),
-    "total_num_steps": ("schedule", "total_steps"), "warmup_min_ratio": ("schedule", "warmup_min_ratio"),
+    "warmup_min_lr": ("schedule", "warmup_min_lr"),
+    "warmup_max_lr": ("lr",),
+    "warmup_num_steps": ("schedule", "warmup_steps"),
+    "warmup_type": ("schedule", "warmup_type"),
+    "total_num_steps": ("schedule", "total_steps"),
+    "warmup_min_ratio": ("schedule", "warmup_min_ratio"),
     "cos_min_ratio": ("schedule", "cos_min_ratio"),
 }
-TAKES = {"warmup": {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"},
-         "warmup_decay": {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps"},
-         "warmup_cosine": {"warmup_min_ratio", "warmup_num_steps", "warmup_type", "total_num_steps", "cos_min_ratio"}}
+TAKES = {
+    "warmup": {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"},
+    "warmup_decay": {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps"},
+    "warmup_cosine": {"warmup_min_ratio", "warmup_num_steps", "warmup_type", "total_num_steps", "cos_min_ratio"},
+}
 
 
 @dataclass(frozen=True)
@@ -95,8 +104,10 @@ def wanted_values(native: dict[str, Any], source: str) -> tuple[dict[FieldPath, 
         if path not in wanted:
             wanted[path] = (value, key)
         elif not same(wanted[path][0], value):
-            problems.append(f"{wanted[path][1]} is {value_text(wanted[path][0])} but {key} is {value_text(value)}, and "
-                            f"both are training.{'.'.join(path)} here; make them equal in {source}")
+            problems.append(
+                f"{wanted[path][1]} is {value_text(wanted[path][0])} but {key} is {value_text(value)}, and "
+                f"both are training.{'.'.join(path)} here; make them equal in {source}"
+            )
 
     optimizer = native.get("optimizer")
     if isinstance(optimizer, dict):
@@ -106,32 +117,40 @@ def wanted_values(native: dict[str, Any], source: str) -> tuple[dict[FieldPath, 
             w_mode = kind == "adamw" or params.get("adam_w_mode", True) is not False
             want(("optimizer",), "adamw" if w_mode else "adam", "optimizer.type")  # the key's value is named as written
         elif kind != AUTO:
-            problems.append(f"optimizer.type is {optimizer.get('type')!r}, which the suite does not build (it "
-                            "trains with torch's Adam, AdamW or SGD); set optimizer.type to \"AdamW\" or \"Adam\", or "
-                            "remove the optimizer block and set training.optimizer")
+            problems.append(
+                f"optimizer.type is {optimizer.get('type')!r}, which the suite does not build (it "
+                'trains with torch\'s Adam, AdamW or SGD); set optimizer.type to "AdamW" or "Adam", or '
+                "remove the optimizer block and set training.optimizer"
+            )
         for key, value in params.items():
             if key in OPTIMIZER_PARAMS:
                 want(OPTIMIZER_PARAMS[key], value, f"optimizer.params.{key}")
             elif key not in IMPLEMENTATION_PARAMS or IMPLEMENTATION_PARAMS[key] not in (None, value):
-                problems.append(f"optimizer.params.{key} is not among what the suite's optimizer takes "
-                                f"({', '.join(OPTIMIZER_PARAMS)}; torch_adam, adam_w_mode and bias_correction: true "
-                                f"choose DeepSpeed's implementation of the same update); remove it from {source}")
+                problems.append(
+                    f"optimizer.params.{key} is not among what the suite's optimizer takes "
+                    f"({', '.join(OPTIMIZER_PARAMS)}; torch_adam, adam_w_mode and bias_correction: true "
+                    f"choose DeepSpeed's implementation of the same update); remove it from {source}"
+                )
     scheduler = native.get("scheduler")
     if isinstance(scheduler, dict):
         params = scheduler.get("params") or {}
         name = SCHEDULERS.get(str(scheduler.get("type", "")).lower())
         if name is None:
-            problems.append(f"scheduler.type is {scheduler.get('type')!r}; the suite runs DeepSpeed's "
-                            "WarmupLR, WarmupDecayLR and WarmupCosineLR (training.schedule); use one of them, or remove "
-                            "the scheduler block and set training.schedule")
+            problems.append(
+                f"scheduler.type is {scheduler.get('type')!r}; the suite runs DeepSpeed's "
+                "WarmupLR, WarmupDecayLR and WarmupCosineLR (training.schedule); use one of them, or remove "
+                "the scheduler block and set training.schedule"
+            )
             return wanted, problems
         want(("schedule", "name"), name, "scheduler.type")
         for key, value in params.items():
             if key == "last_batch_iteration" and value in (-1, AUTO):
                 continue  # DeepSpeed's default: start the schedule at the start (a resume continues it by step)
             if key not in TAKES[name]:
-                problems.append(f"scheduler.params.{key}: {scheduler['type']} takes no {key} here (it takes "
-                                f"{', '.join(sorted(TAKES[name]))}); remove it from {source}")
+                problems.append(
+                    f"scheduler.params.{key}: {scheduler['type']} takes no {key} here (it takes "
+                    f"{', '.join(sorted(TAKES[name]))}); remove it from {source}"
+                )
                 continue
             want(SCHEDULER_PARAMS[key], value, f"scheduler.params.{key}")
     return wanted, problems
@@ -157,7 +176,10 @@ def adopt(native: dict[str, Any], training: TrainingConfig, source: str) -> Adop
     if len(precision) > 1:
         problems.append(f"fp16.enabled and bf16.enabled are both true; enable one of them in {source}")
     elif precision:
-        wanted[("precision",)] = (precision[0], f"{precision[0]}.enabled")  # a set precision that contradicts it: resolve_native
+        wanted[("precision",)] = (
+            precision[0],
+            f"{precision[0]}.enabled",
+        )  # a set precision that contradicts it: resolve_native
     data = training.model_dump(exclude_unset=True)
     adopted: dict[str, str] = {}
     conflicts: dict[str, str] = {}  # the file's key -> the --set line that takes its value
@@ -166,8 +188,10 @@ def adopt(native: dict[str, Any], training: TrainingConfig, source: str) -> Adop
         if is_set(training, path):
             given = current(training, path)
             if path != ("precision",) and not same(given, value):
-                problems.append(f"{key} is {shown(native, key, value)}, but the experiment sets training.{field} to "
-                                f"{value_text(given)}")
+                problems.append(
+                    f"{key} is {shown(native, key, value)}, but the experiment sets training.{field} to "
+                    f"{value_text(given)}"
+                )
                 conflicts[key] = set_line(field, value)
             continue
         node = data
@@ -176,17 +200,24 @@ def adopt(native: dict[str, Any], training: TrainingConfig, source: str) -> Adop
         node[path[-1]] = value
         adopted[f"training.{field}"] = f"{source}: {key} = {shown(native, key, value)}"
     if conflicts:
-        problems.append(f"to train with the file's values: {' '.join(conflicts.values())}; to keep the experiment's: set "
-                        f"{', '.join(conflicts)} to \"auto\" in {source}")
+        problems.append(
+            f"to train with the file's values: {' '.join(conflicts.values())}; to keep the experiment's: set "
+            f'{", ".join(conflicts)} to "auto" in {source}'
+        )
     try:
         result = TrainingConfig.model_validate(data)
     except ValidationError as err:
         for error in err.errors():
             path = tuple(str(p) for p in error["loc"])
-            key = next((k for p, (_, k) in wanted.items() if path[:len(p)] == p and f"training.{'.'.join(p)}" in adopted), None)
+            key = next(
+                (k for p, (_, k) in wanted.items() if path[: len(p)] == p and f"training.{'.'.join(p)}" in adopted),
+                None,
+            )
             where = key or (f"training.{'.'.join(path)}" if path else "the optimizer and scheduler blocks")
-            problems.append(f"{where}: {error['msg'].removeprefix('Value error, ')} (given: {error.get('input')!r}); "
-                            f"give a value the suite takes in {source}")
+            problems.append(
+                f"{where}: {error['msg'].removeprefix('Value error, ')} (given: {error.get('input')!r}); "
+                f"give a value the suite takes in {source}"
+            )
         return Adoption(training, {}, problems)
     return Adoption(result, adopted, problems)
 

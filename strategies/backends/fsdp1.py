@@ -14,8 +14,8 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffload, FullStateDictConfig, MixedPrecision, ShardingStrategy, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from kanscale.errors import ConfigError
 from analysis.projection.step_model import StrategyModel
+from kanscale.errors import ConfigError
 from strategies.backends.dcp import ShardedCheckpoints
 from strategies.distributed import DistEnv
 from strategies.engine import AveragingEngine, Engine, detached_copy, frozen_parameters
@@ -39,8 +39,9 @@ class FSDP1Engine(ShardedCheckpoints, AveragingEngine):
         self.model.clip_grad_norm_(max_norm)  # the norm over all ranks' shards
 
     def _full_state(self) -> contextlib.AbstractContextManager:
-        return FSDP.state_dict_type(self.model, StateDictType.FULL_STATE_DICT,
-                                    FullStateDictConfig(offload_to_cpu=False, rank0_only=False))
+        return FSDP.state_dict_type(
+            self.model, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=False, rank0_only=False)
+        )
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         with self._full_state():
@@ -57,21 +58,35 @@ class FSDP1Config(StrategyConfig):
 
     name: Literal["fsdp1"]
     compiles_step: ClassVar[bool] = True
-    sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"] = Field(
-        "FULL_SHARD", description="what is sharded: params+grads+optimizer / grads+optimizer / nothing / FULL_SHARD "
-                                  "within a shard group, replicated across groups / SHARD_GRAD_OP likewise")
+    sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"] = (
+        Field(
+            "FULL_SHARD",
+            description="what is sharded: params+grads+optimizer / grads+optimizer / nothing / FULL_SHARD "
+            "within a shard group, replicated across groups / SHARD_GRAD_OP likewise",
+        )
+    )
     shard_degree: int | Literal["node"] = Field(
-        "node", description="the hybrid strategies' shard group: node (the ranks of one node) or a number of ranks "
-                            "dividing the world size")
+        "node",
+        description="the hybrid strategies' shard group: node (the ranks of one node) or a number of ranks "
+        "dividing the world size",
+    )
     cpu_offload: bool = Field(False, description="keep sharded parameters on the CPU between uses (GPU runs)")
     limit_all_gathers: bool = Field(True, description="rate-limit all-gathers to bound memory")
     forward_prefetch: bool = Field(False, description="prefetch the next layer's all-gather in forward")
-    use_orig_params: bool = Field(True, description="expose the original parameters (needed when a layer mixes "
-                                                    "trainable and frozen tensors, as pykan's layers do)")
+    use_orig_params: bool = Field(
+        True,
+        description="expose the original parameters (needed when a layer mixes "
+        "trainable and frozen tensors, as pykan's layers do)",
+    )
 
     def label(self) -> str:
-        suffix = {"FULL_SHARD": "", "SHARD_GRAD_OP": "_grad_op", "NO_SHARD": "_no_shard", "HYBRID_SHARD": "_hybrid",
-                  "_HYBRID_SHARD_ZERO2": "_hybrid_zero2"}
+        suffix = {
+            "FULL_SHARD": "",
+            "SHARD_GRAD_OP": "_grad_op",
+            "NO_SHARD": "_no_shard",
+            "HYBRID_SHARD": "_hybrid",
+            "_HYBRID_SHARD_ZERO2": "_hybrid_zero2",
+        }
         return "fsdp1" + suffix[self.sharding_strategy]
 
     @property
@@ -91,18 +106,28 @@ class FSDP1Config(StrategyConfig):
         # all-reduces the shards across the groups. The other sharding strategies are not modelled yet.
         if self.sharding_strategy not in ("FULL_SHARD", "HYBRID_SHARD"):
             return None
-        return StrategyModel(self.label(), grads="reduce_scatter", gather="per_unit", sharded_state=True,
-                             sharded_params="trainable", shard=self.shard_degree if self.hybrid else "world",
-                             one_rank_as="fsdp1" if self.hybrid else None)
+        return StrategyModel(
+            self.label(),
+            grads="reduce_scatter",
+            gather="per_unit",
+            sharded_state=True,
+            sharded_params="trainable",
+            shard=self.shard_degree if self.hybrid else "world",
+            one_rank_as="fsdp1" if self.hybrid else None,
+        )
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         if not self.hybrid and self.shard_degree != "node":
-            raise ConfigError(f"strategy.shard_degree: {self.shard_degree} sets the shard group of the hybrid sharding "
-                              f"strategies, and sharding_strategy is {self.sharding_strategy}; set "
-                              "strategy.sharding_strategy=HYBRID_SHARD (or _HYBRID_SHARD_ZERO2), or drop shard_degree")
+            raise ConfigError(
+                f"strategy.shard_degree: {self.shard_degree} sets the shard group of the hybrid sharding "
+                f"strategies, and sharding_strategy is {self.sharding_strategy}; set "
+                "strategy.sharding_strategy=HYBRID_SHARD (or _HYBRID_SHARD_ZERO2), or drop shard_degree"
+            )
         if self.cpu_offload and device_type != "cuda":
-            raise ConfigError("strategy.cpu_offload: offloading parameters to the CPU needs CUDA devices; "
-                              "set strategy.cpu_offload=false on a CPU-only machine")
+            raise ConfigError(
+                "strategy.cpu_offload: offloading parameters to the CPU needs CUDA devices; "
+                "set strategy.cpu_offload=false on a CPU-only machine"
+            )
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
         blocks = set(self.wrap_units(model))
@@ -127,6 +152,14 @@ class FSDP1Config(StrategyConfig):
             ignored_states=frozen_parameters(model),
             mixed_precision=mixed,
         )
-        cast = f"FSDP1 MixedPrecision(param_dtype={dtype_name(low)}, reduce_dtype=float32)" if mixed is not None else None
-        return FSDP1Engine(fsdp, build_optimizer(fsdp.parameters(), training), training, env.world_size,
-                           Amp.sharded_scaler(training, env.device.type), cast)
+        cast = (
+            f"FSDP1 MixedPrecision(param_dtype={dtype_name(low)}, reduce_dtype=float32)" if mixed is not None else None
+        )
+        return FSDP1Engine(
+            fsdp,
+            build_optimizer(fsdp.parameters(), training),
+            training,
+            env.world_size,
+            Amp.sharded_scaler(training, env.device.type),
+            cast,
+        )

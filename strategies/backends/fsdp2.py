@@ -19,8 +19,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import Shard
 
-from kanscale.errors import ConfigError
 from analysis.projection.step_model import StrategyModel
+from kanscale.errors import ConfigError
 from strategies.backends.dcp import DTensorStateDicts, ShardedCheckpoints
 from strategies.distributed import DistEnv
 from strategies.engine import AveragingEngine, Engine, frozen_parameters
@@ -58,14 +58,24 @@ class FSDP2Options(Section):
     """What fully_shard is given, whichever mesh it shards over: the options of ``fsdp2`` and of
     the FSDP2 half of ``fsdp2_tp`` (strategies/backends/tp.py)."""
 
-    reshard_after_forward: bool = Field(True, description="free gathered parameters after forward (ZeRO-3-like); false keeps them until backward (ZeRO-2-like)")
-    cpu_offload: bool = Field(False, description="CPUOffloadPolicy: sharded parameters, gradients and optimizer step on the CPU (GPU runs)")
+    reshard_after_forward: bool = Field(
+        True,
+        description="free gathered parameters after forward (ZeRO-3-like); false keeps them until backward (ZeRO-2-like)",
+    )
+    cpu_offload: bool = Field(
+        False, description="CPUOffloadPolicy: sharded parameters, gradients and optimizer step on the CPU (GPU runs)"
+    )
     param_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        None, description="dtype of gathered parameters for compute; null = what training.precision says (set "
-                          "training.precision, which every backend follows)")
+        None,
+        description="dtype of gathered parameters for compute; null = what training.precision says (set "
+        "training.precision, which every backend follows)",
+    )
     reduce_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        None, description="dtype of the gradient reduce-scatter; null = float32 (bfloat16 halves the bytes sent)")
-    shard_largest_dim: bool = Field(True, description="shard each parameter along its longest dimension instead of dim 0")
+        None, description="dtype of the gradient reduce-scatter; null = float32 (bfloat16 halves the bytes sent)"
+    )
+    shard_largest_dim: bool = Field(
+        True, description="shard each parameter along its longest dimension instead of dim 0"
+    )
 
     def fsdp2_label(self, name: str = "fsdp2") -> str:
         return name if self.reshard_after_forward else f"{name}_keep"
@@ -74,23 +84,29 @@ class FSDP2Options(Section):
         """Refuse, before launch, options fully_shard cannot run as asked."""
         asked = DTYPES.get(self.param_dtype)
         if asked is not None and asked != (low_dtype(training) or getattr(torch, training.dtype)):
-            raise ConfigError(f"strategy.param_dtype: {self.param_dtype} contradicts training.precision="
-                              f"{training.precision}; set training.precision (fp32, bf16 or fp16), which every backend "
-                              "follows, and leave strategy.param_dtype null")
+            raise ConfigError(
+                f"strategy.param_dtype: {self.param_dtype} contradicts training.precision="
+                f"{training.precision}; set training.precision (fp32, bf16 or fp16), which every backend "
+                "follows, and leave strategy.param_dtype null"
+            )
         if self.cpu_offload and device_type != "cuda":
-            raise ConfigError("strategy.cpu_offload: CPUOffloadPolicy moves shards between GPU and CPU and needs CUDA "
-                              "devices; set strategy.cpu_offload=false on a CPU-only machine")
+            raise ConfigError(
+                "strategy.cpu_offload: CPUOffloadPolicy moves shards between GPU and CPU and needs CUDA "
+                "devices; set strategy.cpu_offload=false on a CPU-only machine"
+            )
 
 
-def apply_fsdp2(model: nn.Module, units: list[nn.Module], mesh: DeviceMesh, options: FSDP2Options,
-                training: TrainingConfig) -> str | None:
+def apply_fsdp2(
+    model: nn.Module, units: list[nn.Module], mesh: DeviceMesh, options: FSDP2Options, training: TrainingConfig
+) -> str | None:
     """fully_shard every unit and the root over ``mesh`` (a sub-mesh of the run's), which its
     gradients are averaged over: 1-D, sharded over all of it; 2-D (replicate, shard), HSDP. Returns
     how the parameters are cast for compute, in words (None: they are not)."""
     low = low_dtype(training)
     reduce = DTYPES.get(options.reduce_dtype) or (torch.float32 if low is not None else None)
     fsdp_options = dict(
-        mesh=mesh, reshard_after_forward=options.reshard_after_forward,
+        mesh=mesh,
+        reshard_after_forward=options.reshard_after_forward,
         offload_policy=CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy(),
         mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce),
         shard_placement_fn=partial(shard_largest_dim, world_size=mesh.shape[-1]) if options.shard_largest_dim else None,
@@ -109,8 +125,10 @@ class FSDP2Config(FSDP2Options, StrategyConfig):
 
     name: Literal["fsdp2"]
     shard_degree: int | Literal["world", "node"] = Field(
-        "world", description="ranks each replica of the model state is sharded over: world (all: full sharding), node "
-                             "(the ranks of one node, replicated across nodes: HSDP) or a number dividing the world size")
+        "world",
+        description="ranks each replica of the model state is sharded over: world (all: full sharding), node "
+        "(the ranks of one node, replicated across nodes: HSDP) or a number dividing the world size",
+    )
 
     compiles_step: ClassVar[bool] = True
 
@@ -127,9 +145,15 @@ class FSDP2Config(FSDP2Options, StrategyConfig):
         if not self.reshard_after_forward:
             return None
         hybrid = self.shard_degree != "world"
-        return StrategyModel(self.label(), grads="reduce_scatter", gather="per_unit", sharded_state=True,
-                             sharded_params="trainable", shard=self.shard_degree,
-                             one_rank_as=self.fsdp2_label() if hybrid else None)
+        return StrategyModel(
+            self.label(),
+            grads="reduce_scatter",
+            gather="per_unit",
+            sharded_state=True,
+            sharded_params="trainable",
+            shard=self.shard_degree,
+            one_rank_as=self.fsdp2_label() if hybrid else None,
+        )
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         self.check_fsdp2(training, device_type)
@@ -138,5 +162,11 @@ class FSDP2Config(FSDP2Options, StrategyConfig):
         hybrid = env.mesh.shape.dp_replicate > 1
         mesh = env.mesh[("dp_replicate", "dp_shard")] if hybrid else env.mesh["dp_shard"]
         cast = apply_fsdp2(model, self.wrap_units(model), mesh, self, training)
-        return FSDP2Engine(model, build_optimizer(model.parameters(), training), training, env.mesh.dp_size,
-                           Amp.sharded_scaler(training, env.device.type), cast)
+        return FSDP2Engine(
+            model,
+            build_optimizer(model.parameters(), training),
+            training,
+            env.mesh.dp_size,
+            Amp.sharded_scaler(training, env.device.type),
+            cast,
+        )

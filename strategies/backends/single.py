@@ -6,13 +6,13 @@ from typing import ClassVar, Literal
 
 from torch import nn
 
+from analysis.projection.step_model import StrategyModel
 from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.engine import Engine
 from strategies.optim import build_optimizer
 from strategies.precision import Amp
 from strategies.sections import TrainingConfig
-from analysis.projection.step_model import StrategyModel
 from strategies.strategy import StrategyConfig
 
 
@@ -32,7 +32,10 @@ class SingleConfig(StrategyConfig):
         if world_size > 1:
             raise ConfigError(
                 f"strategy.name: single trains in one process but {world_size} ranks were launched; "
-                "launch one process or choose a distributed strategy (kanscale train --help lists the presets)")
+                "launch one process or choose a distributed strategy (kanscale train --help lists the presets)"
+            )
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
-        return Engine(model, build_optimizer(model.parameters(), training), training, Amp.autocast(training, env.device.type))
+        return Engine(
+            model, build_optimizer(model.parameters(), training), training, Amp.autocast(training, env.device.type)
+        )

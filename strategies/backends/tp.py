@@ -14,9 +14,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 from torch import nn
 
+from analysis.projection.step_model import StrategyModel
 from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
-from analysis.projection.step_model import StrategyModel
 from strategies.backends.dcp import DTensorStateDicts, ShardedCheckpoints
 from strategies.backends.fsdp2 import FSDP2Engine, FSDP2Options, apply_fsdp2
 from strategies.backends.tp_plan import PLANS, LayerPlan, apply_tp, layer_plans, local_share, reduce_partial_gradients
@@ -42,17 +42,23 @@ def check_model_splits(model: ModelConfig, tp: int, plan: str) -> None:
     sketch = model.sketch()
     layers = getattr(sketch, "blocks", None)
     if not layers or not all(hasattr(layer, "layer_split") for layer in layers):
-        raise ConfigError(f"model.family: tensor parallelism cuts layers that declare how (bspline, rbf, chebyshev); "
-                          f"{model.family}'s do not; use one of those families, or a data-parallel strategy (fsdp2)")
+        raise ConfigError(
+            f"model.family: tensor parallelism cuts layers that declare how (bspline, rbf, chebyshev); "
+            f"{model.family}'s do not; use one of those families, or a data-parallel strategy (fsdp2)"
+        )
     if all(p.split == "whole" for p in layer_plans(layers, tp, plan)):
-        raise ConfigError(f"model.widths: TP degree {tp} divides no layer's width in {model.widths}, so no layer would "
-                          f"be cut; use widths divisible by {tp}, or another strategy")
+        raise ConfigError(
+            f"model.widths: TP degree {tp} divides no layer's width in {model.widths}, so no layer would "
+            f"be cut; use widths divisible by {tp}, or another strategy"
+        )
 
 
 def check_precision(training: TrainingConfig, label: str) -> None:
     if training.precision == "fp16":
-        raise ConfigError(f"training.precision: fp16's gradient scaler is not run under {label} (its gradients are "
-                          "DTensors); use precision bf16 or fp32")
+        raise ConfigError(
+            f"training.precision: fp16's gradient scaler is not run under {label} (its gradients are "
+            "DTensors); use precision bf16 or fp32"
+        )
 
 
 class CutLayout:
@@ -112,8 +118,13 @@ class TPConfig(TPOptions, StrategyConfig):
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
         plans = apply_tp(model, env.mesh["tp"], self.plan)
-        return TPEngine(model, build_optimizer(model.parameters(), training), training,
-                        Amp.autocast(training, env.device.type), cut=layout(plans, env.mesh))
+        return TPEngine(
+            model,
+            build_optimizer(model.parameters(), training),
+            training,
+            Amp.autocast(training, env.device.type),
+            cut=layout(plans, env.mesh),
+        )
 
     def compute_replica(self, model: nn.Module, env: DistEnv) -> nn.Module:
         return self.tp_share(model, env.mesh)
@@ -123,10 +134,12 @@ class FSDP2TPConfig(FSDP2Options, TPOptions, StrategyConfig):
     """2-D: tensor parallelism over the mesh's ``tp`` dimension, then FSDP2 over its ``dp_shard`` one."""
 
     name: Literal["fsdp2_tp"]
-    tp_degree: int = Field(2, ge=1, description="ranks each layer is cut over; the data-parallel degree is world "
-                                                "size / tp_degree")
-    shard_largest_dim: bool = Field(False, description="FSDP2 shards the TP shards along dim 0 (FSDP2 composes with "
-                                                       "TP on dim 0 only)")
+    tp_degree: int = Field(
+        2, ge=1, description="ranks each layer is cut over; the data-parallel degree is world size / tp_degree"
+    )
+    shard_largest_dim: bool = Field(
+        False, description="FSDP2 shards the TP shards along dim 0 (FSDP2 composes with TP on dim 0 only)"
+    )
 
     compiles_model: ClassVar[bool] = False
 
@@ -140,23 +153,38 @@ class FSDP2TPConfig(FSDP2Options, TPOptions, StrategyConfig):
         # the layers cut over tp_degree ranks (pairs plan), FSDP2 over the data-parallel ones
         if self.plan != "pairs" or not self.reshard_after_forward:
             return None
-        return StrategyModel(self.label(), grads="reduce_scatter", gather="per_unit", sharded_state=True,
-                             sharded_params="trainable", tp=self.tp_degree)
+        return StrategyModel(
+            self.label(),
+            grads="reduce_scatter",
+            gather="per_unit",
+            sharded_state=True,
+            sharded_params="trainable",
+            tp=self.tp_degree,
+        )
 
     def preflight(self, training: TrainingConfig, device_type: str, world_size: int) -> None:
         self.check_fsdp2(training, device_type)
         self.mesh_shape(world_size)
         if self.shard_largest_dim:
-            raise ConfigError("strategy.shard_largest_dim: FSDP2 shards tensor-parallel parameters along dim 0 only; "
-                              "set strategy.shard_largest_dim=false")
+            raise ConfigError(
+                "strategy.shard_largest_dim: FSDP2 shards tensor-parallel parameters along dim 0 only; "
+                "set strategy.shard_largest_dim=false"
+            )
         check_precision(training, self.label())
         check_model_splits(self.resolved_model(), self.tp_degree, self.plan)
 
     def apply(self, model: nn.Module, training: TrainingConfig, env: DistEnv) -> Engine:
         plans = apply_tp(model, env.mesh["tp"], self.plan)
         cast = apply_fsdp2(model, self.wrap_units(model), env.mesh["dp_shard"], self, training)
-        return FSDP2TPEngine(model, build_optimizer(model.parameters(), training), training, env.mesh.dp_size,
-                             Amp.sharded_scaler(training, env.device.type), cast, cut=layout(plans, env.mesh))
+        return FSDP2TPEngine(
+            model,
+            build_optimizer(model.parameters(), training),
+            training,
+            env.mesh.dp_size,
+            Amp.sharded_scaler(training, env.device.type),
+            cast,
+            cut=layout(plans, env.mesh),
+        )
 
     def compute_replica(self, model: nn.Module, env: DistEnv) -> nn.Module:
         return self.tp_share(model, env.mesh)

@@ -40,7 +40,7 @@ from kan_models.base import LayerSplit
 
 PLANS = {
     "pairs": "a colwise layer followed by a rowwise one wherever two consecutive layers allow (Megatron), "
-             "a layer left over rowwise",
+    "a layer left over rowwise",
     "colwise": "every layer's outputs split, gathered whole after each layer",
     "rowwise": "every layer's inputs split, partial outputs all-reduced after each layer",
 }
@@ -48,7 +48,10 @@ PLANS = {
 FEATURES = Shard(1)
 # What a layer's local computation takes and returns, by split: the input's placement, the output's.
 COMPUTE: dict[str, tuple[Placement, Placement]] = {
-    "colwise": (Replicate(), FEATURES), "rowwise": (FEATURES, Partial()), "whole": (Replicate(), Replicate())}
+    "colwise": (Replicate(), FEATURES),
+    "rowwise": (FEATURES, Partial()),
+    "whole": (Replicate(), Replicate()),
+}
 # What the local gradient of the layer's input is: colwise outputs each carry part of it.
 INPUT_GRAD: dict[str, Placement] = {"colwise": Partial(), "rowwise": FEATURES, "whole": Replicate()}
 
@@ -66,8 +69,10 @@ def declared_split(layer: nn.Module) -> LayerSplit | None:
 
 def can_split(layer: nn.Module, tp: int) -> dict[str, bool]:
     split = declared_split(layer)
-    return {"colwise": split is not None and layer.out_features % tp == 0,
-            "rowwise": split is not None and split.inputs is not None and layer.in_features % tp == 0}
+    return {
+        "colwise": split is not None and layer.out_features % tp == 0,
+        "rowwise": split is not None and split.inputs is not None and layer.in_features % tp == 0,
+    }
 
 
 def layer_plans(layers: Sequence[nn.Module], tp: int, plan: str) -> list[LayerPlan]:
@@ -179,8 +184,14 @@ class KANLayerParallel(ParallelStyle):
                 return layer_forward(module, x)
 
         compute_in, compute_out = COMPUTE[split]
-        mapped = local_map(compute, out_placements=[compute_out], in_placements=([compute_in], *placements),
-                           in_grad_placements=([INPUT_GRAD[split]], *grads), device_mesh=mesh, redistribute_inputs=True)
+        mapped = local_map(
+            compute,
+            out_placements=[compute_out],
+            in_placements=([compute_in], *placements),
+            in_grad_placements=([INPUT_GRAD[split]], *grads),
+            device_mesh=mesh,
+            redistribute_inputs=True,
+        )
         return lambda x: mapped(x, *current())
 
 

@@ -102,9 +102,19 @@ def save_checkpoint(engine: Any, env: DistEnv, run_dir: Path, step: int, meta: d
         torch.save(torch.get_rng_state(), tmp / f"rng-rank{env.rank}.pt")
         env.barrier()
         if env.is_main:
-            (tmp / META_FILE).write_text(json.dumps({**meta, "step": step, "format": engine.checkpoint_format,
-                                                     "world_size": env.world_size, "files": file_digests(tmp)},
-                                                    indent=2, default=str))
+            (tmp / META_FILE).write_text(
+                json.dumps(
+                    {
+                        **meta,
+                        "step": step,
+                        "format": engine.checkpoint_format,
+                        "world_size": env.world_size,
+                        "files": file_digests(tmp),
+                    },
+                    indent=2,
+                    default=str,
+                )
+            )
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             prune(run_dir, keep)
@@ -127,8 +137,11 @@ def _sha256(path: Path) -> str:
 
 def file_digests(directory: Path) -> dict[str, str]:
     """The sha256 of every file under a checkpoint directory but its manifest, by relative path."""
-    return {p.relative_to(directory).as_posix(): _sha256(p) for p in sorted(Path(directory).rglob("*"))
-            if p.is_file() and p.relative_to(directory).as_posix() != META_FILE}
+    return {
+        p.relative_to(directory).as_posix(): _sha256(p)
+        for p in sorted(Path(directory).rglob("*"))
+        if p.is_file() and p.relative_to(directory).as_posix() != META_FILE
+    }
 
 
 def verify(checkpoint: Checkpoint) -> str | None:
@@ -136,8 +149,10 @@ def verify(checkpoint: Checkpoint) -> str | None:
     its directory, or a file it lists is missing or differs from its checksum. Files the manifest
     does not list are not looked at. A checkpoint without checksums passes (see the docstring)."""
     if checkpoint.path.name != f"step-{checkpoint.step:06d}":
-        return (f"its {META_FILE} says step {checkpoint.step}, not the step of its name (its save named it "
-                f"step-{checkpoint.step:06d})")
+        return (
+            f"its {META_FILE} says step {checkpoint.step}, not the step of its name (its save named it "
+            f"step-{checkpoint.step:06d})"
+        )
     for name, expected in (checkpoint.meta["files"] if checkpoint.verifiable else {}).items():
         path = checkpoint.path / name
         if not path.is_file():
@@ -176,8 +191,9 @@ def usable_checkpoint(run_dir: Path, steps_recorded: int | None) -> tuple[Checkp
         if isinstance(found, str):
             passed_over.append(PassedOver(path, found, corrupt=True))
         elif steps_recorded is not None and found.step > steps_recorded:
-            passed_over.append(PassedOver(path, f"steps.jsonl holds only {steps_recorded} of its {found.step} steps",
-                                          corrupt=False))
+            passed_over.append(
+                PassedOver(path, f"steps.jsonl holds only {steps_recorded} of its {found.step} steps", corrupt=False)
+            )
         else:
             return found, passed_over
     return None, passed_over
@@ -210,12 +226,16 @@ def discard_partial_saves(run_dir: Path) -> None:
 
 def load_checkpoint(engine: Any, env: DistEnv, checkpoint: Checkpoint) -> None:
     if checkpoint.meta["format"] != engine.checkpoint_format:
-        raise ValueError(f"{checkpoint.path} is a {checkpoint.meta['format']} checkpoint but this strategy reads "
-                         f"{engine.checkpoint_format}; resume with the strategy that wrote it, or start a new run from "
-                         "`kanscale export` output with training.init_from")
+        raise ValueError(
+            f"{checkpoint.path} is a {checkpoint.meta['format']} checkpoint but this strategy reads "
+            f"{engine.checkpoint_format}; resume with the strategy that wrote it, or start a new run from "
+            "`kanscale export` output with training.init_from"
+        )
     if checkpoint.meta["world_size"] != env.world_size:
-        raise ValueError(f"{checkpoint.path} was written by {checkpoint.meta['world_size']} ranks, this run has "
-                         f"{env.world_size}; resume with the same world size, or export and use training.init_from")
+        raise ValueError(
+            f"{checkpoint.path} was written by {checkpoint.meta['world_size']} ranks, this run has "
+            f"{env.world_size}; resume with the same world size, or export and use training.init_from"
+        )
     engine.load(checkpoint.path)
     rng = checkpoint.path / f"rng-rank{env.rank}.pt"
     if rng.exists():

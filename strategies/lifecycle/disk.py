@@ -51,11 +51,16 @@ class DiskFull(OSError):
     def __init__(self, code: int | None, path: Path, what: str, free: int | None, seen: str | None = None) -> None:
         super().__init__(code or errno.ENOSPC, os.strerror(code or errno.ENOSPC), str(path))
         left = f"{free} bytes free there now" if free is not None else "the free space there cannot be read"
-        said = (f"[Errno {code}] {os.strerror(code)} ({errno.errorcode[code]}); {left}" if code else
-                f"{seen} (torch's writer gives no errno) with {left}: no space left on device (ENOSPC, errno "
-                f"{errno.ENOSPC})")
-        self.text = (f"the disk is full: writing {what} {path} failed with {said}. Make room there (or set output.dir "
-                     "to a disk with room) and run again; a run with a checkpoint continues from it with --resume")
+        said = (
+            f"[Errno {code}] {os.strerror(code)} ({errno.errorcode[code]}); {left}"
+            if code
+            else f"{seen} (torch's writer gives no errno) with {left}: no space left on device (ENOSPC, errno "
+            f"{errno.ENOSPC})"
+        )
+        self.text = (
+            f"the disk is full: writing {what} {path} failed with {said}. Make room there (or set output.dir "
+            "to a disk with room) and run again; a run with a checkpoint continues from it with --resume"
+        )
 
     def __str__(self) -> str:
         return self.text

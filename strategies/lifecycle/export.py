@@ -57,42 +57,60 @@ def checkpoint_to_export(path: Path) -> Checkpoint:
     where there is none it can trust."""
     path = Path(path)
     if not path.exists():
-        raise ConfigError(f"export: {path} does not exist; give a run directory or one of its checkpoints "
-                          "(RUN_DIR/checkpoints/step-NNNNNN)")
+        raise ConfigError(
+            f"export: {path} does not exist; give a run directory or one of its checkpoints "
+            "(RUN_DIR/checkpoints/step-NNNNNN)"
+        )
     if (path / META_FILE).exists() or path.name.startswith("step-"):
         checkpoint = _named_checkpoint(path)
     else:
         checkpoint, passed_over = usable_checkpoint(path, steps_recorded=None)
         if checkpoint is None and not passed_over:
-            raise ConfigError(f"export: {path}: no complete checkpoint here (a checkpoint directory has {META_FILE}); "
-                              "give a run directory written with training.checkpoint_every, or one of its checkpoints")
+            raise ConfigError(
+                f"export: {path}: no complete checkpoint here (a checkpoint directory has {META_FILE}); "
+                "give a run directory written with training.checkpoint_every, or one of its checkpoints"
+            )
         if checkpoint is None:
-            raise ConfigError(f"export: {path} has no checkpoint that verifies ("
-                              + "; ".join(f"{p.path.name}: {p.why}" for p in passed_over)
-                              + "); none of it can be exported: train it again (a checkpoint that fails verification "
-                              "is never read)")
+            raise ConfigError(
+                f"export: {path} has no checkpoint that verifies ("
+                + "; ".join(f"{p.path.name}: {p.why}" for p in passed_over)
+                + "); none of it can be exported: train it again (a checkpoint that fails verification "
+                "is never read)"
+            )
         for p in passed_over:
             print(f"kanscale: export {path}: skipped {p.path.name} ({p.why}; left in place)", file=sys.stderr)
         if passed_over:
-            print(f"kanscale: export {path}: exporting {checkpoint.path.name}, the newest checkpoint that verifies",
-                  file=sys.stderr)
+            print(
+                f"kanscale: export {path}: exporting {checkpoint.path.name}, the newest checkpoint that verifies",
+                file=sys.stderr,
+            )
     if not checkpoint.verifiable:
-        print(f"kanscale: export: {checkpoint.path} was written without checksums (by an earlier kanscale) and is "
-              "read unverified", file=sys.stderr)
+        print(
+            f"kanscale: export: {checkpoint.path} was written without checksums (by an earlier kanscale) and is "
+            "read unverified",
+            file=sys.stderr,
+        )
     return checkpoint
 
 
 def _named_checkpoint(path: Path) -> Checkpoint:
     """A checkpoint directory given by name: read only if it is a complete one that verifies."""
     run_dir = path.parent.parent if path.parent.name == "checkpoints" else None
-    instead = (f"export the run directory {run_dir} instead, which takes its newest checkpoint that verifies"
-               if run_dir is not None else "export the run directory it belongs to, or another checkpoint")
+    instead = (
+        f"export the run directory {run_dir} instead, which takes its newest checkpoint that verifies"
+        if run_dir is not None
+        else "export the run directory it belongs to, or another checkpoint"
+    )
     if SET_ASIDE.match(path.name):
-        raise ConfigError(f"export: {path} was set aside by a resume because it failed verification (a .corrupt "
-                          f"checkpoint is never read); {instead}")
-    if path.name.endswith(PARTIAL) or not STEP_DIR.match(path.name) and not (path / META_FILE).exists():
-        raise ConfigError(f"export: {path} is no complete checkpoint (a save that did not finish, ending in {PARTIAL}, "
-                          f"or without {META_FILE}: never read); {instead}")
+        raise ConfigError(
+            f"export: {path} was set aside by a resume because it failed verification (a .corrupt "
+            f"checkpoint is never read); {instead}"
+        )
+    if path.name.endswith(PARTIAL) or (not STEP_DIR.match(path.name) and not (path / META_FILE).exists()):
+        raise ConfigError(
+            f"export: {path} is no complete checkpoint (a save that did not finish, ending in {PARTIAL}, "
+            f"or without {META_FILE}: never read); {instead}"
+        )
     found = verified(path)
     if isinstance(found, str):
         raise ConfigError(f"export: {path} fails verification: {found}; {instead}")
@@ -108,9 +126,11 @@ def refuse_out_inside(out: Path, checkpoint: Checkpoint) -> None:
     where = Path(out).resolve()
     if where == protected or protected in where.parents:
         what = "run directory" if protected != source else "checkpoint"
-        raise ConfigError(f"--out: {out} lies inside the {what} being exported ({protected}), where it would overwrite "
-                          "or add to the files it is read from; write the export outside it, e.g. --out "
-                          f"{protected.parent / (protected.name + '.pt')}")
+        raise ConfigError(
+            f"--out: {out} lies inside the {what} being exported ({protected}), where it would overwrite "
+            "or add to the files it is read from; write the export outside it, e.g. --out "
+            f"{protected.parent / (protected.name + '.pt')}"
+        )
 
 
 def consolidated_state(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
@@ -119,13 +139,17 @@ def consolidated_state(checkpoint: Checkpoint) -> dict[str, torch.Tensor]:
     suite reads its own torch checkpoints with weights_only=True too."""
     consolidate = CHECKPOINT_FORMATS.get(checkpoint.meta["format"])
     if consolidate is None:
-        raise ValueError(f"{checkpoint.path}: unknown checkpoint format {checkpoint.meta['format']!r}; "
-                         f"this kanscale reads {', '.join(CHECKPOINT_FORMATS)}")
+        raise ValueError(
+            f"{checkpoint.path}: unknown checkpoint format {checkpoint.meta['format']!r}; "
+            f"this kanscale reads {', '.join(CHECKPOINT_FORMATS)}"
+        )
     try:
         return consolidate(checkpoint.path)
     except pickle.UnpicklingError as err:
-        raise ConfigError(f"export: {checkpoint.path} holds a file that is not a kanscale checkpoint, or holds Python "
-                          f"objects ({why_not_loaded(err)}); {NOT_PLAIN}") from None
+        raise ConfigError(
+            f"export: {checkpoint.path} holds a file that is not a kanscale checkpoint, or holds Python "
+            f"objects ({why_not_loaded(err)}); {NOT_PLAIN}"
+        ) from None
 
 
 def export(checkpoint_path: str | Path, out: str | Path) -> tuple[Path, Checkpoint]:
@@ -141,8 +165,9 @@ def export(checkpoint_path: str | Path, out: str | Path) -> tuple[Path, Checkpoi
     model.load_state_dict(state)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    source = json.loads(json.dumps({k: checkpoint.meta[k] for k in ("run_id", "step", "strategy", "format", "world_size")},
-                                   default=str))
+    source = json.loads(
+        json.dumps({k: checkpoint.meta[k] for k in ("run_id", "step", "strategy", "format", "world_size")}, default=str)
+    )
     fd, tmp = new_temp_file(out)  # beside out, renamed onto it once complete (as run records are written)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -160,19 +185,25 @@ def read_export(path: str | Path, field: str) -> dict[str, Any]:
     """A ``kanscale export`` file, read with ``weights_only=True``: ``{"model_state": {name:
     tensor}, "model": {...}, "source": {...}}``. Anything else (another pickle, a file holding
     Python objects, no torch file at all) is a ConfigError naming ``field``, the file and why."""
+
     def refused(reason: str) -> ConfigError:
-        return ConfigError(f"{field}: {path} is not a kanscale export, or it holds Python objects ({reason}); {NOT_PLAIN}; "
-                           "give a file written by kanscale export")
+        return ConfigError(
+            f"{field}: {path} is not a kanscale export, or it holds Python objects ({reason}); {NOT_PLAIN}; "
+            "give a file written by kanscale export"
+        )
 
     try:
         with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the refusal below says what matters
             warnings.simplefilter("ignore")
             exported = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - on a file that is no torch file it raises KeyError, EOFError, RuntimeError, ...
+    except Exception as err:
         raise refused(why_not_loaded(err)) from None
     state = exported.get("model_state") if isinstance(exported, dict) else None
-    if (not isinstance(state, dict) or not isinstance(exported.get("model"), dict)
-            or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())):
+    if (
+        not isinstance(state, dict)
+        or not isinstance(exported.get("model"), dict)
+        or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
+    ):
         raise refused("it loads, but holds no model_state of tensors beside a model config")
     return exported
 
@@ -182,7 +213,9 @@ def why_not_loaded(err: Exception, limit: int = 300) -> str:
     to a page of advice, including to load with weights_only=False), cut to ``limit`` characters."""
     lines = [line.strip() for line in str(err).splitlines() if line.strip()]
     if isinstance(err, pickle.UnpicklingError) and lines and lines[0].startswith("Weights only load failed"):
-        details = [line for line in lines[1:] if not line.startswith(("Check the documentation", "Please file an issue"))]
+        details = [
+            line for line in lines[1:] if not line.startswith(("Check the documentation", "Please file an issue"))
+        ]
         text = details[0] if details else "it holds Python objects"
     else:
         text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__

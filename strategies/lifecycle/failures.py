@@ -67,7 +67,9 @@ class FailureReport:
             return "terminated"
         if any(hint in message for hint in TIMEOUT_HINTS):
             return "timeout"
-        if self.type in ("DistBackendError", "DistNetworkError", "DistStoreError") or any(h in message for h in LOST_PEER_HINTS):
+        if self.type in ("DistBackendError", "DistNetworkError", "DistStoreError") or any(
+            h in message for h in LOST_PEER_HINTS
+        ):
             return "lost"
         return "primary"
 
@@ -95,8 +97,14 @@ def write_report(folder: Path, report: FailureReport) -> None:
     atomic_write_text(Path(folder) / f"rank{report.rank}.json", json.dumps(asdict(report)))
 
 
-def record_failure(folder: Path, report: FailureReport, world_size: int, write: Callable[[RunError], None],
-                   make_room: Callable[[], None] = lambda: None, tries: int = 10) -> None:
+def record_failure(
+    folder: Path,
+    report: FailureReport,
+    world_size: int,
+    write: Callable[[RunError], None],
+    make_room: Callable[[], None] = lambda: None,
+    tries: int = 10,
+) -> None:
     """Under the reports' lock, write this rank's report and then the record (``write``, given the
     root cause of every report so far). A full disk that the reserve of strategies/lifecycle/disk.py
     could not cover (another rank, still writing its part of a checkpoint, took the room the reserve
@@ -111,8 +119,11 @@ def record_failure(folder: Path, report: FailureReport, world_size: int, write: 
             return
         except OSError as err:
             if err.errno not in (errno.ENOSPC, errno.EDQUOT) or attempt == tries - 1:
-                print(f"kanscale: rank {report.rank} could not record its failure in {Path(folder).parent.parent} "
-                      f"({err}); it failed with {report.type}: {report.message}", file=sys.stderr)
+                print(
+                    f"kanscale: rank {report.rank} could not record its failure in {Path(folder).parent.parent} "
+                    f"({err}); it failed with {report.type}: {report.message}",
+                    file=sys.stderr,
+                )
                 return
             make_room()
             time.sleep(0.5)
@@ -139,23 +150,35 @@ def root_cause(reports: list[FailureReport], world_size: int) -> RunError:
     seen = by_time[0]
     silent = sorted(set(range(world_size)) - {r.rank for r in reports})
     if silent:
-        return RunError(type="RankLost", rank=silent[0], step=seen.step,
-                        message=f"rank {silent[0]} ended without reporting an error (it crashed or was killed); "
-                                f"rank {seen.rank} then saw: {seen.type}: {seen.message}")
+        return RunError(
+            type="RankLost",
+            rank=silent[0],
+            step=seen.step,
+            message=f"rank {silent[0]} ended without reporting an error (it crashed or was killed); "
+            f"rank {seen.rank} then saw: {seen.type}: {seen.message}",
+        )
     terminated = [r for r in by_time if r.kind == "terminated"]
     timed_out = [r for r in by_time if r.kind == "timeout"]
     if terminated and timed_out:
         hung = terminated[0]
-        return RunError(type="RankHung", rank=hung.rank, step=hung.step,
-                        message=f"rank {hung.rank} stopped responding: rank {timed_out[0].rank} gave up waiting for it "
-                                f"(runtime.timeout_s) and the launcher then terminated it; rank {timed_out[0].rank} saw: "
-                                f"{timed_out[0].type}: {timed_out[0].message}")
+        return RunError(
+            type="RankHung",
+            rank=hung.rank,
+            step=hung.step,
+            message=f"rank {hung.rank} stopped responding: rank {timed_out[0].rank} gave up waiting for it "
+            f"(runtime.timeout_s) and the launcher then terminated it; rank {timed_out[0].rank} saw: "
+            f"{timed_out[0].type}: {timed_out[0].message}",
+        )
     if terminated:  # and every other report followed from it: nothing failed before the signal
         first = terminated[0]
-        return RunError(type=STOPPED, rank=first.rank, step=first.step,
-                        message=f"the run was stopped by a signal (SIGTERM to rank {first.rank} after step {first.step}) "
-                                "before any rank failed: a user's kill, scancel or a job's time limit; continue it "
-                                "from its latest checkpoint with --resume")
+        return RunError(
+            type=STOPPED,
+            rank=first.rank,
+            step=first.step,
+            message=f"the run was stopped by a signal (SIGTERM to rank {first.rank} after step {first.step}) "
+            "before any rank failed: a user's kill, scancel or a job's time limit; continue it "
+            "from its latest checkpoint with --resume",
+        )
     return RunError(type=seen.type, message=seen.message, rank=seen.rank, step=seen.step)
 
 
@@ -196,8 +219,10 @@ def raise_on_sigterm() -> None:
 
 def check_finite(loss: float, step: int) -> None:
     if not math.isfinite(loss):
-        raise NonFiniteLoss(f"the training loss became {loss} at step {step}; lower training.lr, set training.grad_clip, "
-                            "or check the task's data")
+        raise NonFiniteLoss(
+            f"the training loss became {loss} at step {step}; lower training.lr, set training.grad_clip, "
+            "or check the task's data"
+        )
 
 
 def inject_fault(fault: FaultConfig | None, rank: int, step: int) -> None:

@@ -43,15 +43,21 @@ class Machines:
         return cls(count=max(1, world_size // ranks_here), ranks_here=ranks_here)
 
 
-def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines: Machines | None = None,
-              ranks_per_node: int | None = None) -> BatchPlan:
+def preflight(
+    cfg: ExperimentConfig,
+    device_type: str,
+    world_size: int,
+    machines: Machines | None = None,
+    ranks_per_node: int | None = None,
+) -> BatchPlan:
     """Every problem that can be found before a process starts: the strategy's own checks, its
     mesh at this world size, the batch split over it, the step count, the model's memory, the
     output directory, files it needs. ``machines``: where the ranks run (default:
     :meth:`Machines.from_environ`); ``ranks_per_node``: the launch's (default: ``machines``')."""
     check_device(cfg, device_type)
-    check_precision_support(cfg.training.precision, device_type, cfg.strategy.label(),
-                            cfg.strategy.missing_precision_support)
+    check_precision_support(
+        cfg.training.precision, device_type, cfg.strategy.label(), cfg.strategy.missing_precision_support
+    )
     cfg.strategy.preflight(cfg.training, device_type, world_size)
     machines = machines or Machines.from_environ(world_size)
     mesh = cfg.strategy.mesh_shape(world_size, ranks_per_node or machines.ranks_here)
@@ -62,24 +68,31 @@ def preflight(cfg: ExperimentConfig, device_type: str, world_size: int, machines
     if plan.total_steps <= t.warmup_steps:
         raise ConfigError(
             f"training.warmup_steps: {t.warmup_steps} warm-up steps leave none of the {plan.total_steps} steps to time; "
-            "lower warmup_steps or train longer (training.epochs / training.steps)")
+            "lower warmup_steps or train longer (training.epochs / training.steps)"
+        )
     probe = cfg.measurement.comm_probe
     if probe != "none" and probe not in cfg.strategy.probes:
         supporting = ", ".join(name for name, cls in STRATEGIES.items() if probe in cls.probes)
-        raise ConfigError(f"measurement.comm_probe: strategy {cfg.strategy.label()} does not support the {probe} probe "
-                          f"({PROBES[probe]}); use strategy {supporting} or set measurement.comm_probe=none")
+        raise ConfigError(
+            f"measurement.comm_probe: strategy {cfg.strategy.label()} does not support the {probe} probe "
+            f"({PROBES[probe]}); use strategy {supporting} or set measurement.comm_probe=none"
+        )
     check_compile(cfg, device_type)
     check_baseline(cfg, mesh)
     if t.grid_update_every and not cfg.model.refits_grids():
-        raise ConfigError(f"training.grid_update_every: a {cfg.model.family} model has no grids to refit (only spline "
-                          "KANs do: bspline, pykan, or a custom model with update_grid); set training.grid_update_every=0")
+        raise ConfigError(
+            f"training.grid_update_every: a {cfg.model.family} model has no grids to refit (only spline "
+            "KANs do: bspline, pykan, or a custom model with update_grid); set training.grid_update_every=0"
+        )
     if t.init_from is not None and not Path(t.init_from).is_file():
         raise ConfigError(f"training.init_from: {t.init_from} does not exist; give a file written by kanscale export")
     check_output_dir(cfg.output.dir, "output.dir", "for the run records")
     if machines.like_this_one:
         check_memory(cfg, device_type, machines.count)
         check_threads(cfg.runtime.threads, machines.ranks_here)
-    cfg.model.check_shape(cfg.task.name, cfg.task.input_dim, cfg.task.output_dim)  # after the memory check: it may build
+    cfg.model.check_shape(
+        cfg.task.name, cfg.task.input_dim, cfg.task.output_dim
+    )  # after the memory check: it may build
     return plan
 
 
@@ -88,33 +101,45 @@ def check_baseline(cfg: ExperimentConfig, mesh: MeshShape) -> None:
     if cfg.measurement.baseline != "layerwise":
         return
     if cfg.training.compile != "none":
-        raise ConfigError(f"measurement.baseline: layerwise times the units eagerly, but training.compile is "
-                          f"{cfg.training.compile}, so it would not time what the run computes; set "
-                          "measurement.baseline=replica (or off), or training.compile=none")
+        raise ConfigError(
+            f"measurement.baseline: layerwise times the units eagerly, but training.compile is "
+            f"{cfg.training.compile}, so it would not time what the run computes; set "
+            "measurement.baseline=replica (or off), or training.compile=none"
+        )
     if mesh.tp > 1:
-        raise ConfigError(f"measurement.baseline: layerwise times whole layers, but {cfg.strategy.label()} cuts each "
-                          "layer over tensor-parallel ranks; set measurement.baseline=replica (its replica is already "
-                          "this rank's part of each layer) or off")
+        raise ConfigError(
+            f"measurement.baseline: layerwise times whole layers, but {cfg.strategy.label()} cuts each "
+            "layer over tensor-parallel ranks; set measurement.baseline=replica (its replica is already "
+            "this rank's part of each layer) or off"
+        )
 
 
 def check_device(cfg: ExperimentConfig, device_type: str) -> None:
     if device_type == "cuda" and not torch.cuda.is_available() and cfg.runtime.device == "cuda":
-        raise ConfigError("runtime.device: cuda was asked for but this machine has no CUDA device; set runtime.device=cpu or auto")
+        raise ConfigError(
+            "runtime.device: cuda was asked for but this machine has no CUDA device; set runtime.device=cpu or auto"
+        )
 
 
 def check_compile(cfg: ExperimentConfig, device_type: str) -> None:
     t = cfg.training
     if t.compile == "step" and not cfg.strategy.compiles_step:
         supporting = ", ".join(name for name, cls in STRATEGIES.items() if cls.compiles_step)
-        raise ConfigError(f"training.compile: step compiles the whole step under strategy {supporting} only, not "
-                          f"{cfg.strategy.label()} (DeepSpeed and Accelerate run their own backward and optimizer "
-                          "step); use one of those strategies, or training.compile=model")
+        raise ConfigError(
+            f"training.compile: step compiles the whole step under strategy {supporting} only, not "
+            f"{cfg.strategy.label()} (DeepSpeed and Accelerate run their own backward and optimizer "
+            "step); use one of those strategies, or training.compile=model"
+        )
     if t.compile == "model" and not cfg.strategy.compiles_model:
-        raise ConfigError(f"training.compile: model is not run under strategy {cfg.strategy.label()} (its layers run "
-                          "through DTensor's local_map, which the suite has not compiled); set training.compile=none")
+        raise ConfigError(
+            f"training.compile: model is not run under strategy {cfg.strategy.label()} (its layers run "
+            "through DTensor's local_map, which the suite has not compiled); set training.compile=none"
+        )
     if t.compile_mode in ("reduce-overhead", "max-autotune") and device_type != "cuda":
-        raise ConfigError(f"training.compile_mode: {t.compile_mode} captures CUDA graphs, which a {device_type} run has "
-                          "none of; use compile_mode default (or max-autotune-no-cudagraphs)")
+        raise ConfigError(
+            f"training.compile_mode: {t.compile_mode} captures CUDA graphs, which a {device_type} run has "
+            "none of; use compile_mode default (or max-autotune-no-cudagraphs)"
+        )
 
 
 def check_batch_fits_data(t: TrainingConfig, n_train: int, shares: int, step: int) -> None:
@@ -123,13 +148,20 @@ def check_batch_fits_data(t: TrainingConfig, n_train: int, shares: int, step: in
     accum_x_ranks = t.grad_accum * shares
     if step <= n_train:
         return
-    sizes = (f"a step takes {t.micro_batch_for(shares)} samples per rank x grad_accum {t.grad_accum} x {shares} "
-             f"data-parallel rank(s) = {step}, but task.n_train has {n_train}")
+    sizes = (
+        f"a step takes {t.micro_batch_for(shares)} samples per rank x grad_accum {t.grad_accum} x {shares} "
+        f"data-parallel rank(s) = {step}, but task.n_train has {n_train}"
+    )
     if n_train < accum_x_ranks:
-        raise ConfigError(f"task.n_train: {sizes}, fewer than one per rank and micro-step; raise task.n_train to at "
-                          f"least {accum_x_ranks}")
-    field, most = (("training.micro_batch", n_train // accum_x_ranks) if t.micro_batch is not None
-                   else ("training.global_batch", n_train // accum_x_ranks * accum_x_ranks))
+        raise ConfigError(
+            f"task.n_train: {sizes}, fewer than one per rank and micro-step; raise task.n_train to at "
+            f"least {accum_x_ranks}"
+        )
+    field, most = (
+        ("training.micro_batch", n_train // accum_x_ranks)
+        if t.micro_batch is not None
+        else ("training.global_batch", n_train // accum_x_ranks * accum_x_ranks)
+    )
     raise ConfigError(f"{field}: {sizes}; lower {field} to at most {most} or raise task.n_train")
 
 
@@ -168,7 +200,8 @@ def check_memory(cfg: ExperimentConfig, device_type: str, machines: int) -> None
         f"model.widths: {cfg.model.family} {cfg.model.widths} has {count.trainable:,} trainable parameters; training "
         f"it needs about {gib(need)} (the {cfg.training.dtype} parameters, their gradients and "
         f"{cfg.training.optimizer}'s {optimizer_state_tensors(cfg.training)} state tensor(s) per parameter), more than "
-        f"the {gib(have)} of memory of {where}; use smaller model.widths (or model.grid), or more machines")
+        f"the {gib(have)} of memory of {where}; use smaller model.widths (or model.grid), or more machines"
+    )
 
 
 def gib(n: int) -> str:
@@ -181,7 +214,10 @@ def check_threads(threads: int | None, ranks_here: int) -> None:
     cores = os.cpu_count() or 1
     if threads is None or threads * ranks_here <= cores or os.environ.get("RANK", "0") != "0":
         return
-    warnings.warn(f"runtime.threads: {threads} thread(s) x {ranks_here} rank(s) on this machine = {threads * ranks_here} "
-                  f"for its {cores} cores; the ranks will compete for cores and the timings mean little; set "
-                  f"runtime.threads to at most {max(1, cores // ranks_here)} or leave it unset", ThreadsBeyondCores,
-                  stacklevel=2)
+    warnings.warn(
+        f"runtime.threads: {threads} thread(s) x {ranks_here} rank(s) on this machine = {threads * ranks_here} "
+        f"for its {cores} cores; the ranks will compete for cores and the timings mean little; set "
+        f"runtime.threads to at most {max(1, cores // ranks_here)} or leave it unset",
+        ThreadsBeyondCores,
+        stacklevel=2,
+    )

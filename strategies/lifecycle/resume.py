@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from analysis.records import CONFIG_FILE, SUMMARY_FILE, RecordError, read_steps, read_summary
 from analysis.schema import RunRecord, StepRecord
 from kanscale.errors import ConfigError
 from kanscale.files import read_mapping
-from kanscale.identity import differences as config_differences, identity
+from kanscale.identity import differences as config_differences
+from kanscale.identity import identity
 from strategies.distributed import DistEnv
 from strategies.experiment import ExperimentConfig
 from strategies.lifecycle.checkpoint import (
@@ -49,12 +51,18 @@ def find_resumable(cfg: ExperimentConfig, world_size: int) -> Path:
             record = read_summary(summary)
         except RecordError:
             continue  # an unreadable record is no run to continue; `kanscale analyze` reports it
-        if (record.topology.world_size == world_size and record.status != "ok" and same_experiment(record, summary.parent, cfg)
-                and latest_checkpoint(summary.parent) is not None):
+        if (
+            record.topology.world_size == world_size
+            and record.status != "ok"
+            and same_experiment(record, summary.parent, cfg)
+            and latest_checkpoint(summary.parent) is not None
+        ):
             candidates.append((record.started_at, summary.parent))
     if not candidates:
-        raise ConfigError(f"--resume: no unfinished run of this experiment with a checkpoint under {cfg.output.dir} "
-                          f"(at world size {world_size}); give the run directory, or set training.checkpoint_every")
+        raise ConfigError(
+            f"--resume: no unfinished run of this experiment with a checkpoint under {cfg.output.dir} "
+            f"(at world size {world_size}); give the run directory, or set training.checkpoint_every"
+        )
     return max(candidates)[1]
 
 
@@ -71,7 +79,10 @@ def differences(run_dir: Path, cfg: ExperimentConfig) -> list[str] | None:
         theirs = identity(read_mapping(run_dir / CONFIG_FILE, "--resume"))
     except (ConfigError, OSError):
         return None
-    return [f"{key}: {run!r} in the run, {now!r} now" for key, (run, now) in config_differences(theirs, cfg.identity()).items()]
+    return [
+        f"{key}: {run!r} in the run, {now!r} now"
+        for key, (run, now) in config_differences(theirs, cfg.identity()).items()
+    ]
 
 
 @dataclass
@@ -105,28 +116,39 @@ def _take(run_dir: Path, world_size: int) -> RunLock:
 def _decide_resume(cfg: ExperimentConfig, world_size: int, run_dir: Path) -> tuple[RunLock, dict[str, Any]]:
     """Rank 0: lock the run and check it can be resumed; what every rank needs, as plain data."""
     if not (run_dir / SUMMARY_FILE).is_file():
-        raise ConfigError(f"--resume {run_dir}: not a run directory (no {SUMMARY_FILE}); give a directory a run wrote "
-                          f"under output.dir, or --resume alone for the newest unfinished run")
+        raise ConfigError(
+            f"--resume {run_dir}: not a run directory (no {SUMMARY_FILE}); give a directory a run wrote "
+            f"under output.dir, or --resume alone for the newest unfinished run"
+        )
     lock, reserved = RunLock.acquire(run_dir), False
     try:
         previous = read_summary(run_dir)  # under the lock: the run cannot finish or resume meanwhile
         if previous.status == "ok":
-            raise ConfigError(f"--resume: {run_dir} finished (status ok); a finished run is not resumed: start a new "
-                              "one without --resume (a sweep with --resume skips finished points by itself)")
+            raise ConfigError(
+                f"--resume: {run_dir} finished (status ok); a finished run is not resumed: start a new "
+                "one without --resume (a sweep with --resume skips finished points by itself)"
+            )
         if previous.topology.world_size != world_size:
-            raise ConfigError(f"--resume: {run_dir} ran at world size {previous.topology.world_size}, this launch has "
-                              f"{world_size} ranks; resume with the launch it was started with")
+            raise ConfigError(
+                f"--resume: {run_dir} ran at world size {previous.topology.world_size}, this launch has "
+                f"{world_size} ranks; resume with the launch it was started with"
+            )
         if not same_experiment(previous, run_dir, cfg):
             differ = differences(run_dir, cfg)
-            raise ConfigError(f"--resume: {run_dir} is a different experiment"
-                              + (f" ({'; '.join(differ[:6])}{'; ...' if len(differ) > 6 else ''})" if differ else "")
-                              + "; resume with the config it was started with")
+            raise ConfigError(
+                f"--resume: {run_dir} is a different experiment"
+                + (f" ({'; '.join(differ[:6])}{'; ...' if len(differ) > 6 else ''})" if differ else "")
+                + "; resume with the config it was started with"
+            )
         steps = read_steps(run_dir)
         checkpoint, passed_over = usable_checkpoint(run_dir, len(steps))
         reasons = "; ".join(f"{p.path.name}: {p.why}" for p in passed_over)
         if checkpoint is None:
-            raise ConfigError(f"--resume: {run_dir} has no usable checkpoint to resume from"
-                              + (f" ({reasons})" if reasons else "") + "; start a new run without --resume")
+            raise ConfigError(
+                f"--resume: {run_dir} has no usable checkpoint to resume from"
+                + (f" ({reasons})" if reasons else "")
+                + "; start a new run without --resume"
+            )
         reserve_space(run_dir, world_size)  # before anything changes: a disk without room is refused as it is
         reserved = True
         for p in passed_over:
@@ -138,13 +160,22 @@ def _decide_resume(cfg: ExperimentConfig, world_size: int, run_dir: Path) -> tup
         lock.release()
         raise
     if passed_over:
-        print(f"kanscale: --resume {run_dir}: resuming from {checkpoint.path.name}, the newest checkpoint that verifies",
-              file=sys.stderr)
+        print(
+            f"kanscale: --resume {run_dir}: resuming from {checkpoint.path.name}, the newest checkpoint that verifies",
+            file=sys.stderr,
+        )
     if not checkpoint.verifiable:
-        print(f"kanscale: --resume {run_dir}: {checkpoint.path.name} was written without checksums (by an earlier "
-              "kanscale) and is used unverified", file=sys.stderr)
-    return lock, {"previous": previous.model_dump(mode="json"), "checkpoint": str(checkpoint.path),
-                  "meta": checkpoint.meta, "steps": [s.model_dump(mode="json") for s in steps[: checkpoint.step]]}
+        print(
+            f"kanscale: --resume {run_dir}: {checkpoint.path.name} was written without checksums (by an earlier "
+            "kanscale) and is used unverified",
+            file=sys.stderr,
+        )
+    return lock, {
+        "previous": previous.model_dump(mode="json"),
+        "checkpoint": str(checkpoint.path),
+        "meta": checkpoint.meta,
+        "steps": [s.model_dump(mode="json") for s in steps[: checkpoint.step]],
+    }
 
 
 def _on_rank0(env: DistEnv, decide: Callable[[], tuple[RunLock, dict[str, Any]]]) -> tuple[RunLock | None, dict]:
@@ -154,8 +185,10 @@ def _on_rank0(env: DistEnv, decide: Callable[[], tuple[RunLock, dict[str, Any]]]
     if env.is_main:
         try:
             lock, outcome = decide()
-        except Exception as err:  # noqa: BLE001 - passed on to every rank, then raised
-            env.broadcast_string(json.dumps({"refused": str(err), "config": isinstance(err, (ConfigError, RecordError))}))
+        except Exception as err:
+            env.broadcast_string(
+                json.dumps({"refused": str(err), "config": isinstance(err, (ConfigError, RecordError))})
+            )
             raise
         env.broadcast_string(json.dumps(outcome, default=str))
         return lock, outcome
@@ -174,9 +207,14 @@ def open_attempt(cfg: ExperimentConfig, env: DistEnv, run_dir: Path, resume: boo
         return Attempt(run_dir, number=1, lock=lock)
     lock, outcome = _on_rank0(env, lambda: _decide_resume(cfg, env.world_size, run_dir))
     previous = RunRecord.model_validate(outcome["previous"])
-    return Attempt(run_dir, number=len(previous.resumed_at_steps) + 2, lock=lock, previous=previous,
-                   checkpoint=Checkpoint(Path(outcome["checkpoint"]), outcome["meta"]),
-                   steps=[StepRecord.model_validate(s) for s in outcome["steps"]])
+    return Attempt(
+        run_dir,
+        number=len(previous.resumed_at_steps) + 2,
+        lock=lock,
+        previous=previous,
+        checkpoint=Checkpoint(Path(outcome["checkpoint"]), outcome["meta"]),
+        steps=[StepRecord.model_validate(s) for s in outcome["steps"]],
+    )
 
 
 def discard_abandoned_saves(out: Path) -> None:

@@ -81,14 +81,20 @@ class DirectoryLock:
     def _refusal(cls, directory: Path, owner: dict[str, Any] | None) -> ConfigError:
         path, holder = directory / cls.FILE, cls.HOLDER
         if owner is None:
-            return ConfigError(f"{directory} is in use by another {holder} that is just starting (its lock {path} is "
-                               f"held); wait for that {holder} to end or stop it, {cls.INSTEAD}")
+            return ConfigError(
+                f"{directory} is in use by another {holder} that is just starting (its lock {path} is "
+                f"held); wait for that {holder} to end or stop it, {cls.INSTEAD}"
+            )
         if _owner_alive(owner) is False:
-            return ConfigError(f"{directory} is locked ({path}) on behalf of a {holder} that has ended ({_describe(owner)}): "
-                               "a process it started still holds the lock, or a network filesystem has not released it "
-                               f"yet (about 90 s); `fuser -v {path}` shows who holds it here; stop it, {cls.INSTEAD}")
-        return ConfigError(f"{directory} is in use by another {holder} ({_describe(owner)}); one {holder} at a time owns "
-                           f"{cls.OWNS}: wait for that {holder} to end or stop it, {cls.INSTEAD}")
+            return ConfigError(
+                f"{directory} is locked ({path}) on behalf of a {holder} that has ended ({_describe(owner)}): "
+                "a process it started still holds the lock, or a network filesystem has not released it "
+                f"yet (about 90 s); `fuser -v {path}` shows who holds it here; stop it, {cls.INSTEAD}"
+            )
+        return ConfigError(
+            f"{directory} is in use by another {holder} ({_describe(owner)}); one {holder} at a time owns "
+            f"{cls.OWNS}: wait for that {holder} to end or stop it, {cls.INSTEAD}"
+        )
 
     @classmethod
     def acquire(cls, directory: Path) -> Self:
@@ -100,15 +106,20 @@ class DirectoryLock:
         try:
             file = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o666), "r+")
         except OSError as err:
-            raise ConfigError(f"{path}: cannot open the {cls.HOLDER}'s lock file ({err.strerror}); the directory must be "
-                              f"writable by whoever runs the {cls.HOLDER}") from None
+            raise ConfigError(
+                f"{path}: cannot open the {cls.HOLDER}'s lock file ({err.strerror}); the directory must be "
+                f"writable by whoever runs the {cls.HOLDER}"
+            ) from None
         try:
             fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
             locked = True
         except OSError as err:
             if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                print(f"kanscale: warning: {path}: this filesystem does not lock files ({err.strerror}); only a "
-                      f"{cls.HOLDER} recorded there and still running on this host stops a second one", file=sys.stderr)
+                print(
+                    f"kanscale: warning: {path}: this filesystem does not lock files ({err.strerror}); only a "
+                    f"{cls.HOLDER} recorded there and still running on this host stops a second one",
+                    file=sys.stderr,
+                )
                 locked = False
             else:
                 owner = _read_owner(file)
@@ -119,12 +130,23 @@ class DirectoryLock:
             file.close()
             raise cls._refusal(directory, previous)
         if previous is not None:
-            print(f"kanscale: {directory}: took over the lock of an earlier {cls.HOLDER} that did not end cleanly "
-                  f"({_describe(previous)}), which no longer holds it", file=sys.stderr)
+            print(
+                f"kanscale: {directory}: took over the lock of an earlier {cls.HOLDER} that did not end cleanly "
+                f"({_describe(previous)}), which no longer holds it",
+                file=sys.stderr,
+            )
         file.seek(0)
         file.truncate()
-        file.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                               "since": datetime.now(timezone.utc).isoformat(timespec="seconds")}) + "\n")
+        file.write(
+            json.dumps(
+                {
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "since": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                }
+            )
+            + "\n"
+        )
         file.flush()
         return cls(file)
 

@@ -35,8 +35,9 @@ from strategies.sections import TrainingConfig
 class MemoryBatches:
     """Micro-batches indexed from the training tensors (on the device) by the suite's split."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, plan: BatchPlan, training: TrainingConfig, dp_size: int,
-                 dp_rank: int) -> None:
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, plan: BatchPlan, training: TrainingConfig, dp_size: int, dp_rank: int
+    ) -> None:
         self.x, self.y, self.plan = x, y, plan
         self.grad_accum, self.dp_size, self.dp_rank = training.grad_accum, dp_size, dp_rank
 
@@ -63,15 +64,25 @@ class EpochBatchSampler:
         for epoch in range(self.first_epoch, self.first_epoch + self.epochs):
             self.sampler.set_epoch(epoch)
             order = list(self.sampler)
-            batches = (order[i:i + self.micro_batch] for i in range(0, len(order), self.micro_batch))
+            batches = (order[i : i + self.micro_batch] for i in range(0, len(order), self.micro_batch))
             yield from itertools.islice(batches, self.skip if epoch == self.first_epoch else 0, None)
 
 
 class LoaderBatches:
     """Micro-batches from a DataLoader with a DistributedSampler (see the module docstring)."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, plan: BatchPlan, training: TrainingConfig, micro_batch: int,
-                 dp_size: int, dp_rank: int, device: torch.device, start_step: int) -> None:
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        plan: BatchPlan,
+        training: TrainingConfig,
+        micro_batch: int,
+        dp_size: int,
+        dp_rank: int,
+        device: torch.device,
+        start_step: int,
+    ) -> None:
         dataset = TensorDataset(x.cpu(), y.cpu())
         self.sampler = DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank, shuffle=True, seed=training.seed)
         self.grad_accum, self.dp_size, self.device = training.grad_accum, dp_size, device
@@ -83,8 +94,13 @@ class LoaderBatches:
         workers = training.loader_workers
         # One iterator over every epoch (the batch sampler spans them), so the workers live for the
         # run without persistent_workers, whose iterator the DataLoader would keep alive itself.
-        loader = DataLoader(dataset, batch_sampler=batch_sampler, num_workers=workers, pin_memory=device.type == "cuda",
-                            prefetch_factor=2 if workers else None)
+        loader = DataLoader(
+            dataset,
+            batch_sampler=batch_sampler,
+            num_workers=workers,
+            pin_memory=device.type == "cuda",
+            prefetch_factor=2 if workers else None,
+        )
         self.iterator = iter(loader)
 
     def batches(self, step: int) -> tuple[list[Batch], int]:
@@ -101,8 +117,17 @@ class LoaderBatches:
         self.iterator = None  # the last reference: the iterator's finaliser shuts the workers down
 
 
-def batch_source(x: torch.Tensor, y: torch.Tensor, plan: BatchPlan, training: TrainingConfig, micro_batch: int,
-                 dp_size: int, dp_rank: int, device: torch.device, start_step: int) -> MemoryBatches | LoaderBatches:
+def batch_source(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    plan: BatchPlan,
+    training: TrainingConfig,
+    micro_batch: int,
+    dp_size: int,
+    dp_rank: int,
+    device: torch.device,
+    start_step: int,
+) -> MemoryBatches | LoaderBatches:
     """The experiment's data path (``training.loader``) for this rank."""
     if training.loader == "dataloader":
         return LoaderBatches(x, y, plan, training, micro_batch, dp_size, dp_rank, device, start_step)

@@ -15,13 +15,16 @@ from tqdm import tqdm
 
 
 class Progress:
-    def __init__(self, total: int, enabled: bool, interactive: bool | None = None, log_every: int = 0,
-                 start: int = 0) -> None:
+    def __init__(
+        self, total: int, enabled: bool, interactive: bool | None = None, log_every: int = 0, start: int = 0
+    ) -> None:
         self.total, self.start_step = total, start
         self.every = log_every or max(1, math.ceil(total / 20))
         self.enabled = enabled
         interactive = sys.stderr.isatty() if interactive is None else interactive
-        self.bar = tqdm(total=total, initial=start, unit="step", dynamic_ncols=True) if enabled and interactive else None
+        self.bar = (
+            tqdm(total=total, initial=start, unit="step", dynamic_ncols=True) if enabled and interactive else None
+        )
         self.start = time.perf_counter()
 
     def due(self, step: int) -> bool:
@@ -36,8 +39,12 @@ class Progress:
             return
         elapsed = time.perf_counter() - self.start
         eta = elapsed / max(1, step - self.start_step) * (self.total - step)
-        print(f"[kanscale] step {step}/{self.total}  loss {loss:.4e}  {samples_per_s:,.0f} samples/s  "
-              f"elapsed {elapsed:.1f}s  eta {eta:.1f}s", file=sys.stderr, flush=True)
+        print(
+            f"[kanscale] step {step}/{self.total}  loss {loss:.4e}  {samples_per_s:,.0f} samples/s  "
+            f"elapsed {elapsed:.1f}s  eta {eta:.1f}s",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def close(self) -> None:
         if self.bar is not None:

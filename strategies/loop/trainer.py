@@ -14,6 +14,7 @@ each window every rank samples the compute-only baseline (strategies/measure/bas
 window's last micro-batches, so exposed communication (strategies/measure/comm_exposure.py) compares
 the training with a baseline taken on the same machine at the same time.
 """
+
 from __future__ import annotations
 
 import copy
@@ -51,8 +52,8 @@ from strategies.lifecycle.resume import find_resumable, open_attempt
 from strategies.loop.loader import MemoryBatches, batch_source
 from strategies.loop.progress import Progress
 from strategies.measure.baseline import ComputeBaseline
-from strategies.measure.comm_bytes import StepCommBytes
 from strategies.measure.combine import Window, combine_memory, combine_window
+from strategies.measure.comm_bytes import StepCommBytes
 from strategies.measure.layerwise import LayerwiseBaseline
 from strategies.measure.memory import TrainingPeaks
 from strategies.measure.outside_load import combine_outside_load, read_now
@@ -69,16 +70,19 @@ def load_exported(path: str, cfg: ExperimentConfig) -> dict[str, torch.Tensor]:
     theirs, ours = exported["model"], cfg.model.model_dump(mode="json")
     differ = [k for k in ("family", "widths", *cfg.model.identity) if theirs.get(k) != ours.get(k)]
     if differ:
-        raise ConfigError(f"training.init_from: {path} holds a {theirs['family']} {theirs['widths']} model, which differs "
-                          f"from this experiment's in {', '.join(differ)}; use an export of the same model")
+        raise ConfigError(
+            f"training.init_from: {path} holds a {theirs['family']} {theirs['widths']} model, which differs "
+            f"from this experiment's in {', '.join(differ)}; use an export of the same model"
+        )
     return exported["model_state"]
 
 
 class Trainer:
     """Runs one experiment on this rank and writes its record (rank 0)."""
 
-    def __init__(self, cfg: ExperimentConfig, env: DistEnv, show_progress: bool | None = None,
-                 resume: Path | None = None) -> None:
+    def __init__(
+        self, cfg: ExperimentConfig, env: DistEnv, show_progress: bool | None = None, resume: Path | None = None
+    ) -> None:
         cfg = with_native_training(cfg)
         t = cfg.training
         if cfg.runtime.threads:
@@ -99,9 +103,11 @@ class Trainer:
         # factory that built another model on some rank would fail inside the broadcast, naming nothing.
         layout = "; ".join(f"{k} {tuple(v.shape)} {v.dtype}" for k, v in self.model.state_dict().items())
         if differ := env.ranks_differing(hashlib.sha256(layout.encode()).hexdigest()):
-            raise ConfigError(f"model: rank(s) {differ} built a model other than rank 0's (names, shapes or dtypes of its "
-                              f"tensors differ); the model ({cfg.model.family}, model.factory where custom) must be built "
-                              "the same on every rank: do not make it depend on the rank")
+            raise ConfigError(
+                f"model: rank(s) {differ} built a model other than rank 0's (names, shapes or dtypes of its "
+                f"tensors differ); the model ({cfg.model.family}, model.factory where custom) must be built "
+                "the same on every rank: do not make it depend on the rank"
+            )
         env.broadcast_tensors(list(self.model.state_dict().values()))
         self.params = count_parameters(self.model)
         # A plain copy for refitting grids: the engine's model may be sharded or wrapped.
@@ -112,8 +118,11 @@ class Trainer:
         self.probe = build_probe(cfg.measurement.comm_probe, env)
         counted = t.warmup_steps - 1 if t.compile == "none" and t.warmup_steps else None  # an untimed step, eager
         self.traffic = StepCommBytes(env, counted)
-        run_dir = Path(env.broadcast_string(str(resume) if resume is not None else
-                                            str(Path(cfg.output.dir) / new_run_id(cfg, env.world_size))))
+        run_dir = Path(
+            env.broadcast_string(
+                str(resume) if resume is not None else str(Path(cfg.output.dir) / new_run_id(cfg, env.world_size))
+            )
+        )
         # From here rank 0 holds the run directory's lock, until run() has written the last record.
         self.attempt = open_attempt(cfg, env, run_dir, resume=resume is not None)
         self.run_dir, self.checkpoint = run_dir, self.attempt.checkpoint
@@ -127,13 +136,17 @@ class Trainer:
         x, y = self.data.x_train, self.data.y_train
         self.memory = MemoryBatches(x, y, self.plan, t, mesh.dp_size, mesh.dp_rank)
         self.baseline_kind = cfg.measurement.baseline_for(mesh.shape, t.compile)
-        self.source = batch_source(x, y, self.plan, t, self.micro_batch, mesh.dp_size, mesh.dp_rank, env.device,
-                                   self.start_step)
+        self.source = batch_source(
+            x, y, self.plan, t, self.micro_batch, mesh.dp_size, mesh.dp_rank, env.device, self.start_step
+        )
         self.last_batches: tuple[list[Batch], int] = self.memory.batches(self.start_step)
         if self.attempt.previous is not None:
-            self.record = self.record.model_copy(update={
-                "started_at": self.attempt.previous.started_at,
-                "resumed_at_steps": [*self.attempt.previous.resumed_at_steps, self.checkpoint.step]})
+            self.record = self.record.model_copy(
+                update={
+                    "started_at": self.attempt.previous.started_at,
+                    "resumed_at_steps": [*self.attempt.previous.resumed_at_steps, self.checkpoint.step],
+                }
+            )
         self.writer: RunWriter | None = None
         self.step_lrs: dict[int, float] = {}  # this window's learning rates, read from the optimizer, by step
         self.breaks_before = graph_break_counts()  # the record counts this run's graph breaks only
@@ -162,16 +175,30 @@ class Trainer:
             if self.checkpoint is not None:
                 self.writer.rewrite_steps(self.combined)
         self._write()
-        self.progress = Progress(self.plan.total_steps, enabled=self.env.is_main, interactive=self.show_progress,
-                                 log_every=self.cfg.training.log_every, start=self.start_step)
+        self.progress = Progress(
+            self.plan.total_steps,
+            enabled=self.env.is_main,
+            interactive=self.show_progress,
+            log_every=self.cfg.training.log_every,
+            start=self.start_step,
+        )
         try:
             self.compile_s = self._compile(self.model) if self.cfg.training.compile == "model" else None
             self.baseline = self._build_baseline()
             self.engine: Engine = self.cfg.strategy.apply(self.model, self.cfg.training, self.env)
-            self.record = self.record.model_copy(update={"strategy": self.record.strategy.model_copy(update={
-                "label": self.engine.label or self.record.strategy.label,
-                "distributed_type": self.engine.distributed_type(), "backend_config": self.engine.backend_config()}),
-                "precision": self.engine.precision_info(), "compile": self.engine.compile_info()})
+            self.record = self.record.model_copy(
+                update={
+                    "strategy": self.record.strategy.model_copy(
+                        update={
+                            "label": self.engine.label or self.record.strategy.label,
+                            "distributed_type": self.engine.distributed_type(),
+                            "backend_config": self.engine.backend_config(),
+                        }
+                    ),
+                    "precision": self.engine.precision_info(),
+                    "compile": self.engine.compile_info(),
+                }
+            )
             if self.checkpoint is not None:
                 load_checkpoint(self.engine, self.env, self.checkpoint)
             self._train()
@@ -181,13 +208,19 @@ class Trainer:
             measured = results(self.env, self.combined, self.windows, memory, self.cfg.measurement, self.baseline_kind)
             measured["timings"] = measured["timings"].model_copy(update={"compile_s": self.compile_s})
             outside = combine_outside_load(self.env, self.load_start, self.load_end) if self.load_start else None
-            measured["measurement"] = measured["measurement"].model_copy(update={
-                "outside_load": outside, **(self.probe.results() if self.probe is not None else {})})
-            self.record = self.record.model_copy(update={**measured, "test_metrics": test_metrics,
-                                                         "comm_bytes": self.traffic.result(),
-                                                         "batch": self._batch_info(self.steps_done),
-                                                         "precision": self.engine.precision_info(),
-                                                         "compile": self._compile_info()})
+            measured["measurement"] = measured["measurement"].model_copy(
+                update={"outside_load": outside, **(self.probe.results() if self.probe is not None else {})}
+            )
+            self.record = self.record.model_copy(
+                update={
+                    **measured,
+                    "test_metrics": test_metrics,
+                    "comm_bytes": self.traffic.result(),
+                    "batch": self._batch_info(self.steps_done),
+                    "precision": self.engine.precision_info(),
+                    "compile": self._compile_info(),
+                }
+            )
             free_space(self.run_dir)  # the room kept for the last record (strategies/lifecycle/disk.py)
             self._write()
         except BaseException as exc:
@@ -203,7 +236,11 @@ class Trainer:
 
     def _compile_info(self) -> CompileInfo:
         info = self.engine.compile_info()
-        return info if info.setting == "none" else info.model_copy(update={"graph_breaks": graph_breaks(self.breaks_before)})
+        return (
+            info
+            if info.setting == "none"
+            else info.model_copy(update={"graph_breaks": graph_breaks(self.breaks_before)})
+        )
 
     def _compile(self, model: torch.nn.Module) -> float:
         """Compile the (unwrapped) model in place on a batch of the training shape; returns the
@@ -221,9 +258,16 @@ class Trainer:
         if self.baseline_kind == "off":
             return None
         if self.baseline_kind == "layerwise":
-            baseline = LayerwiseBaseline(self.model, self.cfg.strategy.wrap_units(self.model), self.env.device, t,
-                                         self.env.mesh.shape.dp_shard, m.baseline_steps)
+            baseline = LayerwiseBaseline(
+                self.model,
+                self.cfg.strategy.wrap_units(self.model),
+                self.env.device,
+                t,
+                self.env.mesh.shape.dp_shard,
+                m.baseline_steps,
+            )
         else:
+
             def replica() -> torch.nn.Module:
                 model = build_model(self.cfg.model, t.seed).to(device=self.env.device, dtype=self.dtype)
                 model.load_state_dict(self.model.state_dict())
@@ -242,7 +286,9 @@ class Trainer:
         first_index = max(numbered) + 1 if numbered else 0
         self.peaks.reset()
         self.load_start = self.load_end = None
-        bounds = window_bounds(self.start_step, self.plan.total_steps, t.warmup_steps, m.window_steps, t.checkpoint_every)
+        bounds = window_bounds(
+            self.start_step, self.plan.total_steps, t.warmup_steps, m.window_steps, t.checkpoint_every
+        )
         for index, (first, end) in enumerate(bounds, start=first_index):
             if self.load_start is None and first >= t.warmup_steps:
                 self.load_start = read_now()
@@ -267,16 +313,28 @@ class Trainer:
             if any(self.progress.due(n) for n in range(first + 1, end + 1)) or checkpoint_due:
                 self._write_steps()
             if checkpoint_due:
-                save_checkpoint(self.engine, env, self.run_dir, end,
-                                {"run_id": self.run_dir.name, "config": self.cfg.resolved(), "strategy": self.record.strategy.label},
-                                keep=t.keep_checkpoints)
+                save_checkpoint(
+                    self.engine,
+                    env,
+                    self.run_dir,
+                    end,
+                    {
+                        "run_id": self.run_dir.name,
+                        "config": self.cfg.resolved(),
+                        "strategy": self.record.strategy.label,
+                    },
+                    keep=t.keep_checkpoints,
+                )
         self.load_end = read_now()
         self._write_steps()
 
     def _grid_update_due(self, step: int) -> bool:
         t = self.cfg.training
-        return bool(t.grid_update_every) and step % t.grid_update_every == 0 and (
-            t.grid_update_until is None or step <= t.grid_update_until)
+        return (
+            bool(t.grid_update_every)
+            and step % t.grid_update_every == 0
+            and (t.grid_update_until is None or step <= t.grid_update_until)
+        )
 
     def _step(self, step: int, timer: StepTimer) -> None:
         """One training step, stamped by ``timer``; nothing in it waits for the device or the
@@ -321,7 +379,7 @@ class Trainer:
 
     def _write_steps(self) -> None:
         """Append the combined step records not yet in steps.jsonl (rank 0 writes; no collective)."""
-        records = self.combined[self.written:]
+        records = self.combined[self.written :]
         if not records:
             return
         if self.writer is not None:
@@ -338,8 +396,9 @@ class Trainer:
         shard = torch.arange(n_test).tensor_split(mesh.dp_size)[mesh.dp_rank]
         chunk = max(self.micro_batch, 1024)
         n_chunks = max(1, math.ceil(math.ceil(n_test / mesh.dp_size) / chunk))
-        sums = self.engine.evaluate(((self.data.x_test[i], self.data.y_test[i]) for i in shard.tensor_split(n_chunks)),
-                                    task.metric_sums)
+        sums = self.engine.evaluate(
+            ((self.data.x_test[i], self.data.y_test[i]) for i in shard.tensor_split(n_chunks)), task.metric_sums
+        )
         # The statistics may be of any shape (one per output): summed over ranks as one tensor.
         names = sorted(sums)
         parts = [sums[n].double().reshape(-1) for n in names]
@@ -352,17 +411,30 @@ class Trainer:
         or a SIGTERM no rank's failure preceded, leaves the run ``incomplete``: stopped, not failed."""
         with reporting_failure():
             free_space(self.run_dir)  # on a full disk, the room for the report and the record
-            report = FailureReport(rank=self.env.rank, step=self.steps_done, type=type(exc).__name__,
-                                   message=str(exc) or type(exc).__name__, time=time.time())
+            report = FailureReport(
+                rank=self.env.rank,
+                step=self.steps_done,
+                type=type(exc).__name__,
+                message=str(exc) or type(exc).__name__,
+                time=time.time(),
+            )
 
             def write(error: RunError) -> None:
                 status = "incomplete" if isinstance(exc, KeyboardInterrupt) or error.type == STOPPED else "failed"
-                self.record = self.record.model_copy(update=dict(status=status, error=error, finished_at=now_iso(),
-                                                                 batch=self._batch_info(error.step or 0)))
+                self.record = self.record.model_copy(
+                    update=dict(
+                        status=status, error=error, finished_at=now_iso(), batch=self._batch_info(error.step or 0)
+                    )
+                )
                 (self.writer or RunWriter(self.run_dir)).write_summary(self.record)
 
-            record_failure(reports_dir(self.run_dir, self.attempt.number), report, self.env.world_size, write,
-                           make_room=lambda: discard_partial_saves(self.run_dir))
+            record_failure(
+                reports_dir(self.run_dir, self.attempt.number),
+                report,
+                self.env.world_size,
+                write,
+                make_room=lambda: discard_partial_saves(self.run_dir),
+            )
             # The steps after the record: the reserve holds room for the record, whose size is
             # bounded; how many steps are not yet written is not.
             if self.writer is not None:
@@ -379,8 +451,9 @@ class RunResult:
     is_main: bool  # rank 0, the rank that wrote the record
 
 
-def train(cfg: ExperimentConfig, env: DistEnv | None = None, show_progress: bool | None = None,
-          resume: Path | bool = False) -> RunResult:
+def train(
+    cfg: ExperimentConfig, env: DistEnv | None = None, show_progress: bool | None = None, resume: Path | bool = False
+) -> RunResult:
     """Train one experiment on this rank, joining the launch's process group where the strategy
     needs one. ``resume``: a run directory to continue, or True for the newest resumable run of
     this experiment."""

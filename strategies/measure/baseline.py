@@ -36,8 +36,9 @@ class ComputeBaseline:
     """The replica ``build_replica`` makes (on ``device``, with the training model's weights)
     and its optimizer."""
 
-    def __init__(self, build_replica: Callable[[], nn.Module], device: torch.device, training: TrainingConfig,
-                 steps: int) -> None:
+    def __init__(
+        self, build_replica: Callable[[], nn.Module], device: torch.device, training: TrainingConfig, steps: int
+    ) -> None:
         self.device = device
         replica = build_replica()
         # A learning rate of 0: the weights stay put, so the timing cannot be spoilt by a
@@ -45,8 +46,9 @@ class ComputeBaseline:
         still = training.model_copy(update={"lr": 0.0})
         # Under mixed precision the replica computes in the same low dtype, by autocast whatever
         # the backend's own mechanism (docs/precision.md says what that leaves out).
-        self.engine = Engine(replica, build_optimizer(replica.parameters(), still), still,
-                             Amp(device.type, low_dtype(training)))
+        self.engine = Engine(
+            replica, build_optimizer(replica.parameters(), still), still, Amp(device.type, low_dtype(training))
+        )
         self.steps = steps
         self.samples: list[float] = []
 

@@ -29,8 +29,9 @@ class Window:
     times: WindowTimes
 
 
-def combine_window(env: DistEnv, index: int, first_step: int, window: WindowSample, compute_s: float | None,
-                   warmup_steps: int) -> tuple[list[StepRecord], Window]:
+def combine_window(
+    env: DistEnv, index: int, first_step: int, window: WindowSample, compute_s: float | None, warmup_steps: int
+) -> tuple[list[StepRecord], Window]:
     """Step records and the window summary from every rank's samples of one window (two
     collectives for the whole window). A step's exposed communication on a rank is its time
     beyond data and the compute baseline sampled after the window. Losses and samples are summed
@@ -40,8 +41,7 @@ def combine_window(env: DistEnv, index: int, first_step: int, window: WindowSamp
     compute_s = compute_s if measured else 0.0
     samples = window.steps
     losses = torch.stack([s.loss_share.double() for s in samples]).cpu().tolist()
-    rows = [[loss, s.time_s, s.time_s - s.data_s - compute_s, s.samples, s.data_s]
-            for loss, s in zip(losses, samples)]
+    rows = [[loss, s.time_s, s.time_s - s.data_s - compute_s, s.samples, s.data_s] for loss, s in zip(losses, samples)]
     rows.append([compute_s, window.wall_s, float(window.blocked_s is not None), window.blocked_s or 0.0, 0.0])
     table = torch.tensor(rows, dtype=torch.float64, device=env.device)
     summed = env.all_reduce(table.clone(), "sum").cpu().tolist()
@@ -49,25 +49,59 @@ def combine_window(env: DistEnv, index: int, first_step: int, window: WindowSamp
     world, per_replica = env.world_size, env.mesh.ranks_per_replica
     (compute_sum, _, checked, blocked_sum, _), window_max = summed.pop(), maxed.pop()
     compute = compute_sum / world
-    steps = [StepRecord(step=first_step + n + 1, loss=s[0] / per_replica, time_s_max=m[1], time_s_mean=s[1] / world,
-                        comm_s_max=m[2] if measured else None, comm_s_mean=s[2] / world if measured else None,
-                        compute_s=compute if measured else None, window=index,
-                        samples=round(s[3] / per_replica), timed=first_step + n >= warmup_steps)
-             for n, (s, m) in enumerate(zip(summed, maxed))]
+    steps = [
+        StepRecord(
+            step=first_step + n + 1,
+            loss=s[0] / per_replica,
+            time_s_max=m[1],
+            time_s_mean=s[1] / world,
+            comm_s_max=m[2] if measured else None,
+            comm_s_mean=s[2] / world if measured else None,
+            compute_s=compute if measured else None,
+            window=index,
+            samples=round(s[3] / per_replica),
+            timed=first_step + n >= warmup_steps,
+        )
+        for n, (s, m) in enumerate(zip(summed, maxed))
+    ]
     n = len(steps)
-    times = WindowTimes(step_s=sum(s[1] for s in summed) / world / n, data_s=sum(s[4] for s in summed) / world / n,
-                        compute_s=compute if measured else math.nan,
-                        blocked_s=blocked_sum / world if checked == world else None)
-    return steps, Window(first_step=first_step, timed=first_step >= warmup_steps, steps=n,
-                         samples=sum(r.samples for r in steps), wall_s=window_max[1], times=times)
+    times = WindowTimes(
+        step_s=sum(s[1] for s in summed) / world / n,
+        data_s=sum(s[4] for s in summed) / world / n,
+        compute_s=compute if measured else math.nan,
+        blocked_s=blocked_sum / world if checked == world else None,
+    )
+    return steps, Window(
+        first_step=first_step,
+        timed=first_step >= warmup_steps,
+        steps=n,
+        samples=sum(r.samples for r in steps),
+        wall_s=window_max[1],
+        times=times,
+    )
 
 
 def combine_memory(env: DistEnv, peaks: TrainingPeaks, replica_bytes: int, state: ModelStateBytes) -> Memory:
     """The largest of every rank's peaks (less the compute baseline's own replica) and model-state
     bytes (a collective)."""
-    local = torch.tensor([max(0, peaks.rss - replica_bytes), max(0, peaks.device_bytes - replica_bytes), replica_bytes,
-                          state.params, state.grads, state.optimizer, state.master_params], dtype=torch.float64)
-    peak_rss, peak_device, replica, *state_max = (int(v) for v in env.all_reduce(local.to(env.device), "max").cpu().tolist())
-    return Memory(peak_device_bytes=peak_device if env.device.type == "cuda" else None, peak_rss_bytes=peak_rss,
-                  replica_bytes=replica,
-                  model_state=ModelStateBytes(**dict(zip(("params", "grads", "optimizer", "master_params"), state_max))))
+    local = torch.tensor(
+        [
+            max(0, peaks.rss - replica_bytes),
+            max(0, peaks.device_bytes - replica_bytes),
+            replica_bytes,
+            state.params,
+            state.grads,
+            state.optimizer,
+            state.master_params,
+        ],
+        dtype=torch.float64,
+    )
+    peak_rss, peak_device, replica, *state_max = (
+        int(v) for v in env.all_reduce(local.to(env.device), "max").cpu().tolist()
+    )
+    return Memory(
+        peak_device_bytes=peak_device if env.device.type == "cuda" else None,
+        peak_rss_bytes=peak_rss,
+        replica_bytes=replica,
+        model_state=ModelStateBytes(**dict(zip(("params", "grads", "optimizer", "master_params"), state_max))),
+    )

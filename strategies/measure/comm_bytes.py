@@ -118,10 +118,17 @@ class StepCommBytes:
         if self.step is None or self.env.world_size == 1:
             return None
         c = self.counted or CollectiveBytes(self.env.local_world_size)
-        local = torch.tensor([c.sent["intra"], c.sent["inter"], c.count["intra"], c.count["inter"],
-                              self.counted is not None], dtype=torch.float64)
+        local = torch.tensor(
+            [c.sent["intra"], c.sent["inter"], c.count["intra"], c.count["inter"], self.counted is not None],
+            dtype=torch.float64,
+        )
         intra, inter, n_intra, n_inter, counted = self.env.all_reduce(local.to(self.env.device), "max").cpu().tolist()
         if not counted:
             return None
-        return CommBytes(step=self.step + 1, intra_node_bytes=intra, inter_node_bytes=inter,
-                         intra_node_collectives=int(n_intra), inter_node_collectives=int(n_inter))
+        return CommBytes(
+            step=self.step + 1,
+            intra_node_bytes=intra,
+            inter_node_bytes=inter,
+            intra_node_collectives=int(n_intra),
+            inter_node_collectives=int(n_inter),
+        )

@@ -63,8 +63,12 @@ def exposure(windows: list[WindowTimes], step_s: float, check_valid: bool, commu
     trusted where it reads a time, else the run has none (``trusted: none``)."""
     comm = _compare(windows, step_s, check_valid)
     if not communicates:
-        comm = comm.model_copy(update={"note": f"one process, so no communication: what is measured is overhead beyond "
-                                               f"compute (the loop's own work and the baseline's error). {comm.note}"})
+        comm = comm.model_copy(
+            update={
+                "note": f"one process, so no communication: what is measured is overhead beyond "
+                f"compute (the loop's own work and the baseline's error). {comm.note}"
+            }
+        )
     return comm
 
 
@@ -74,38 +78,57 @@ def _compare(windows: list[WindowTimes], step_s: float, check_valid: bool) -> Co
     if check_valid and all(w.blocked_s is not None for w in windows):
         check = spread([w.blocked_s for w in windows])
     floor = NOISE_FLOOR * step_s
-    negative = [f"the {name} method read {ms(s.median_s)} per step, "
-                + (f"zero within noise ({ms(floor)})" if s.median_s >= -floor else
-                   "less than nothing beyond noise: that is its error on this machine, not a measurement")
-                for name, s in (("replica", replica), ("check", check)) if s is not None and s.median_s < 0]
+    negative = [
+        f"the {name} method read {ms(s.median_s)} per step, "
+        + (
+            f"zero within noise ({ms(floor)})"
+            if s.median_s >= -floor
+            else "less than nothing beyond noise: that is its error on this machine, not a measurement"
+        )
+        for name, s in (("replica", replica), ("check", check))
+        if s is not None and s.median_s < 0
+    ]
     if check is not None and check.median_s < 0:
         check = None
     if check is None:
         if replica.median_s < 0:
             return CommExposure(replica=replica, trusted="none", note="; ".join(negative) + ": no figure for this run")
         why = (negative or ["no independent check on this device or with more than one thread per rank"])[0]
-        return CommExposure(replica=replica, trusted="replica",
-                            note=f"replica method only ({ms(replica.median_s)} per step): {why}")
+        return CommExposure(
+            replica=replica, trusted="replica", note=f"replica method only ({ms(replica.median_s)} per step): {why}"
+        )
     differences = [w.replica_s - w.blocked_s for w in windows]
     difference = statistics.median(differences)
     noise = max((max(differences) - min(differences)) / 2, NOISE_FLOOR * step_s)
     agree = abs(difference) <= noise
     both = f"the replica method reads {ms(replica.median_s)} per step, the check {ms(check.median_s)} blocked"
     if replica.median_s < 0:
-        trusted, note = "check", f"{negative[0]}; the check reads {ms(check.median_s)} blocked per step: trust the check"
+        trusted, note = (
+            "check",
+            f"{negative[0]}; the check reads {ms(check.median_s)} blocked per step: trust the check",
+        )
     elif agree:
         trusted, note = "replica", f"the methods agree: {both}, within noise ({ms(noise)})"
     elif difference > 0:
-        trusted, note = "replica", (
-            f"{both}: the {ms(difference)} between them is CPU work on the critical path besides the model's (the backend's "
-            "copies, hooks and bookkeeping). Trust the replica for the cost beyond compute, the check for time spent waiting "
-            "on communication")
+        trusted, note = (
+            "replica",
+            (
+                f"{both}: the {ms(difference)} between them is CPU work on the critical path besides the model's (the backend's "
+                "copies, hooks and bookkeeping). Trust the replica for the cost beyond compute, the check for time spent waiting "
+                "on communication"
+            ),
+        )
     else:
-        trusted, note = "check", (
-            f"{both}: a replica figure below the check means the compute baseline ran slower than the training's own "
-            f"compute (by {ms(-difference)}, beyond noise of {ms(noise)}); trust the check")
-    return CommExposure(replica=replica, check=check, difference_s=difference, noise_s=noise, agree=agree,
-                        trusted=trusted, note=note)
+        trusted, note = (
+            "check",
+            (
+                f"{both}: a replica figure below the check means the compute baseline ran slower than the training's own "
+                f"compute (by {ms(-difference)}, beyond noise of {ms(noise)}); trust the check"
+            ),
+        )
+    return CommExposure(
+        replica=replica, check=check, difference_s=difference, noise_s=noise, agree=agree, trusted=trusted, note=note
+    )
 
 
 def unmeasured(note: str) -> CommExposure:

@@ -39,7 +39,6 @@ from strategies.optim import build_optimizer
 from strategies.precision import Amp, low_dtype
 from strategies.sections import TrainingConfig
 
-
 # Elements of the optimizer chunk: 16 MiB per fp32 tensor, larger than a CPU's caches (so each
 # step streams from memory as the shard's does), small beside any model worth sharding.
 CHUNK = 4 * 2**20
@@ -49,22 +48,43 @@ class LayerwiseBaseline:
     """Built from the whole model before the strategy shards it (every rank holds it then anyway),
     ``units`` its sharded units, ``shard_degree`` the ranks one copy of the state is split over."""
 
-    def __init__(self, model: nn.Module, units: Sequence[nn.Module], device: torch.device, training: TrainingConfig,
-                 shard_degree: int, steps: int) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        units: Sequence[nn.Module],
+        device: torch.device,
+        training: TrainingConfig,
+        shard_degree: int,
+        steps: int,
+    ) -> None:
         if not units:
-            raise ConfigError("measurement.baseline: layerwise needs the units the strategy shards, and this model has "
-                              "none (model.wrap); set measurement.baseline=replica or off")
+            raise ConfigError(
+                "measurement.baseline: layerwise needs the units the strategy shards, and this model has "
+                "none (model.wrap); set measurement.baseline=replica or off"
+            )
         self.model, self.units, self.device, self.steps = model, list(units), device, steps
         self.amp = Amp(device.type, low_dtype(training))
         self._before = self._held()
         # The units as skeletons: parameters on the meta device (no memory), buffers kept.
-        self.skeletons = [copy.deepcopy(unit, {id(p): nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
-                                              for p in unit.parameters()}) for unit in self.units]
-        self.fills = [[(p.detach().float().mean().item(), p.detach().float().std().item() if p.numel() > 1 else 0.0)
-                       for p in unit.parameters()] for unit in self.units]
+        self.skeletons = [
+            copy.deepcopy(
+                unit,
+                {id(p): nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad) for p in unit.parameters()},
+            )
+            for unit in self.units
+        ]
+        self.fills = [
+            [
+                (p.detach().float().mean().item(), p.detach().float().std().item() if p.numel() > 1 else 0.0)
+                for p in unit.parameters()
+            ]
+            for unit in self.units
+        ]
         shard = math.ceil(sum(p.numel() for p in model.parameters() if p.requires_grad) / shard_degree)
         self.chunks = math.ceil(shard / CHUNK)
-        chunk = nn.Parameter(torch.zeros(math.ceil(shard / self.chunks), device=device, dtype=next(model.parameters()).dtype))
+        chunk = nn.Parameter(
+            torch.zeros(math.ceil(shard / self.chunks), device=device, dtype=next(model.parameters()).dtype)
+        )
         chunk.grad = torch.full_like(chunk, 1e-3)
         still = training.model_copy(update={"lr": 0.0})  # as the replica's: every sample does the same arithmetic
         self.optimizer = build_optimizer([chunk], still)
@@ -81,10 +101,13 @@ class LayerwiseBaseline:
         def keeper(i: int):
             def hook(_module: nn.Module, args: tuple) -> None:
                 if len(args) != 1 or not isinstance(args[0], torch.Tensor):
-                    raise ConfigError(f"measurement.baseline: layerwise times units that take one tensor, and unit {i} "
-                                      f"({type(self.units[i]).__name__}) takes {len(args)} argument(s); set "
-                                      "measurement.baseline=replica or off")
+                    raise ConfigError(
+                        f"measurement.baseline: layerwise times units that take one tensor, and unit {i} "
+                        f"({type(self.units[i]).__name__}) takes {len(args)} argument(s); set "
+                        "measurement.baseline=replica or off"
+                    )
                 seen[i].append(args[0].detach().clone())
+
             return hook
 
         handles = [unit.register_forward_pre_hook(keeper(i)) for i, unit in enumerate(self.units)]
@@ -120,8 +143,11 @@ class LayerwiseBaseline:
                     out = unit(x)
                 # A unit may return several tensors (pykan's layer: its output and what it saw on
                 # the way); each that carries a gradient gets one, as the loss would give it.
-                outs = [t for t in (out if isinstance(out, (tuple, list)) else [out])
-                        if isinstance(t, torch.Tensor) and t.requires_grad]
+                outs = [
+                    t
+                    for t in (out if isinstance(out, (tuple, list)) else [out])
+                    if isinstance(t, torch.Tensor) and t.requires_grad
+                ]
                 torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
                 x.grad = None
             self._sync()

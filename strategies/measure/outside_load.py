@@ -82,16 +82,27 @@ def read_now() -> Reading:
 def combine_outside_load(env: DistEnv, start: Reading, end: Reading) -> OutsideLoad | None:
     """Cores kept busy by other processes on the busiest machine between ``start`` and ``end``
     (a collective: every rank calls it); None where the kernel does not say."""
-    mine = {"host": hostname(), "busy": None if start.busy is None or end.busy is None else end.busy - start.busy,
-            "own": end.own - start.own, "wall": end.wall - start.wall, "cores": len(cores())}
+    mine = {
+        "host": hostname(),
+        "busy": None if start.busy is None or end.busy is None else end.busy - start.busy,
+        "own": end.own - start.own,
+        "wall": end.wall - start.wall,
+        "cores": len(cores()),
+    }
     hosts: dict[str, dict] = {}
     for rank in map(json.loads, env.gather_strings(json.dumps(mine))):
         if rank["busy"] is None:
             return None
-        host = hosts.setdefault(rank["host"], {"busy": rank["busy"], "own": 0.0, "wall": rank["wall"], "cores": rank["cores"]})
+        host = hosts.setdefault(
+            rank["host"], {"busy": rank["busy"], "own": 0.0, "wall": rank["wall"], "cores": rank["cores"]}
+        )
         host["own"] += rank["own"]
     # Ranks on one machine read the same cores' busy time; their own time adds up.
     worst = max(hosts.values(), key=lambda h: (h["busy"] - h["own"]) / max(h["wall"], 1e-9))
     wall = max(worst["wall"], 1e-9)
-    return OutsideLoad(cores_busy=max(0.0, (worst["busy"] - worst["own"]) / wall), cores=worst["cores"], seconds=wall,
-                       run_cores_busy=worst["own"] / wall)
+    return OutsideLoad(
+        cores_busy=max(0.0, (worst["busy"] - worst["own"]) / wall),
+        cores=worst["cores"],
+        seconds=wall,
+        run_cores_busy=worst["own"] / wall,
+    )

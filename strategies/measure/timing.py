@@ -61,8 +61,10 @@ def blocked_clock_method() -> str | None:
     """How :class:`WindowSample` ``blocked_s`` is measured here, or None where it cannot be."""
     if thread_clock() is None:
         return None
-    return ("wall time - main thread's CPU time - its time waiting for a core (/proc/thread-self/schedstat), "
-            "over each window's steps, per step")
+    return (
+        "wall time - main thread's CPU time - its time waiting for a core (/proc/thread-self/schedstat), "
+        "over each window's steps, per step"
+    )
 
 
 @dataclass
@@ -144,8 +146,11 @@ class StepTimer:
         if not self._steps:
             return None
         if self.per_step:
-            spans = [(s["start"]["wall"], s["start"]["thread"], s["end"]["wall"], s["end"]["thread"])
-                     for s in self._steps] if not self.cuda else []
+            spans = (
+                [(s["start"]["wall"], s["start"]["thread"], s["end"]["wall"], s["end"]["thread"]) for s in self._steps]
+                if not self.cuda
+                else []
+            )
         else:
             start = self._window_clocks
             spans = [(start[0], start[1], end[0], end[1])] if start is not None and end is not None else []
@@ -163,8 +168,9 @@ class StepTimer:
         return StepSample(loss_share=step["loss"].detach(), time_s=elapsed, data_s=data_s, samples=step["samples"])
 
 
-def window_bounds(start_step: int, total_steps: int, warmup_steps: int, window_steps: int,
-                  also_at: int = 0) -> list[tuple[int, int]]:
+def window_bounds(
+    start_step: int, total_steps: int, warmup_steps: int, window_steps: int, also_at: int = 0
+) -> list[tuple[int, int]]:
     """The windows of steps ``[first, end)`` (0-based) a run from ``start_step`` goes through:
     warm-up steps form their own windows, so no timed window holds one, and a window also ends
     where a checkpoint is due (``also_at``: every that many steps), so checkpoints, progress

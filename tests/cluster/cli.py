@@ -25,24 +25,37 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def kanscale(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def kanscale(
+    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess:
     """Run ``kanscale ARGS`` (this environment's, as a user would) and return what it did; on a
     timeout its whole process group is ended and the test fails with its output."""
-    proc = subprocess.Popen([sys.executable, "-m", "launchers.cli", *args], cwd=cwd, env=env or cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launchers.cli", *args],
+        cwd=cwd,
+        env=env or cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"kanscale {' '.join(args)} still running after {timeout:.0f} s\n--- stdout\n{out[-3000:]}"
-                             f"\n--- stderr\n{err[-6000:]}") from None
+        raise AssertionError(
+            f"kanscale {' '.join(args)} still running after {timeout:.0f} s\n--- stdout\n{out[-3000:]}"
+            f"\n--- stderr\n{err[-6000:]}"
+        ) from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def explain(done: subprocess.CompletedProcess) -> str:
-    return (f"{' '.join(map(str, done.args[3:]))} exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
-            f"\n--- stderr\n{done.stderr[-6000:]}")
+    return (
+        f"{' '.join(map(str, done.args[3:]))} exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}"
+        f"\n--- stderr\n{done.stderr[-6000:]}"
+    )
 
 
 def submitted_job(done: subprocess.CompletedProcess) -> str:

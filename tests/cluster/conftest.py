@@ -21,8 +21,10 @@ from tests.cluster.sshd import SshServer
 
 HERE = Path(__file__).resolve().parent
 ENABLED = os.environ.get("KANSCALE_CLUSTER_TESTS") == "1"
-GATE = ("tests/cluster starts real SLURM, munge and sshd daemons and a headless Chromium (root, Debian packages): "
-        "run them with `make test-cluster`, or set KANSCALE_CLUSTER_TESTS=1")
+GATE = (
+    "tests/cluster starts real SLURM, munge and sshd daemons and a headless Chromium (root, Debian packages): "
+    "run them with `make test-cluster`, or set KANSCALE_CLUSTER_TESTS=1"
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,8 +39,10 @@ def pytest_collection_modifyitems(config, items):
 def need_root(what: str, programs: dict[str, str]) -> None:
     if os.geteuid() != 0:
         absent = missing(programs)
-        pytest.skip(f"{what} needs root (its daemons run as root and as the munge user); run `make test-cluster` as root"
-                    + (f"; also missing here: {', '.join(absent)}" if absent else ""))
+        pytest.skip(
+            f"{what} needs root (its daemons run as root and as the munge user); run `make test-cluster` as root"
+            + (f"; also missing here: {', '.join(absent)}" if absent else "")
+        )
 
 
 @pytest.fixture(scope="session")

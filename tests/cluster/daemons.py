@@ -20,9 +20,18 @@ PACKAGE_SCRIPT = ROOT / "scripts" / "cluster_packages.sh"
 SBIN = "/usr/sbin:/sbin"
 
 # program -> the Debian package that ships it
-SLURM_PROGRAMS = {"munged": "munge", "mungekey": "munge", "slurmctld": "slurm-wlm", "slurmd": "slurm-wlm",
-                  "sbatch": "slurm-wlm", "scontrol": "slurm-wlm", "squeue": "slurm-wlm", "srun": "slurm-wlm",
-                  "scancel": "slurm-wlm", "sinfo": "slurm-wlm"}
+SLURM_PROGRAMS = {
+    "munged": "munge",
+    "mungekey": "munge",
+    "slurmctld": "slurm-wlm",
+    "slurmd": "slurm-wlm",
+    "sbatch": "slurm-wlm",
+    "scontrol": "slurm-wlm",
+    "squeue": "slurm-wlm",
+    "srun": "slurm-wlm",
+    "scancel": "slurm-wlm",
+    "sinfo": "slurm-wlm",
+}
 SSH_PROGRAMS = {"sshd": "openssh-server", "ssh": "openssh-client", "ssh-keygen": "openssh-client", "pdsh": "pdsh"}
 
 
@@ -85,8 +94,9 @@ class Daemons:
 
     def start(self, name: str, cmd: list[str], log: Path, **kwargs) -> subprocess.Popen:
         with open(log, "ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, **kwargs)
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, **kwargs
+            )
         self.procs.append((name, proc))
         return proc
 
@@ -119,7 +129,7 @@ def _stat(pid: int) -> list[str] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return text[text.rindex(")") + 2:].split()  # the fields after "pid (comm)"
+    return text[text.rindex(")") + 2 :].split()  # the fields after "pid (comm)"
 
 
 def _start_time(pid: int) -> str | None:
@@ -165,8 +175,13 @@ def environ_of(pid: int) -> dict[str, str]:
 def node_hardware() -> dict[str, str]:
     """This machine's CPU layout as slurmd sees it (``slurmd -C``), so that both node entries
     match what their slurmd reports."""
-    layout = {"CPUs": str(os.cpu_count() or 1), "Boards": "1", "SocketsPerBoard": "1",
-              "CoresPerSocket": str(os.cpu_count() or 1), "ThreadsPerCore": "1"}
+    layout = {
+        "CPUs": str(os.cpu_count() or 1),
+        "Boards": "1",
+        "SocketsPerBoard": "1",
+        "CoresPerSocket": str(os.cpu_count() or 1),
+        "ThreadsPerCore": "1",
+    }
     try:
         done = subprocess.run([which("slurmd"), "-C"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired, TypeError):
@@ -192,5 +207,3 @@ def kill_process(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-

@@ -17,12 +17,34 @@ import time
 from pathlib import Path
 
 from tests.cluster.daemons import (
-    Daemons, cmdline, environ_of, free_port, keep_files, kill_process, node_hardware, pids_of, search_path, wait_for, which,
+    Daemons,
+    cmdline,
+    environ_of,
+    free_port,
+    keep_files,
+    kill_process,
+    node_hardware,
+    pids_of,
+    search_path,
+    wait_for,
+    which,
 )
 
 # JobState values a job does not leave (scontrol's names)
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-                "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "SPECIAL_EXIT",
+    "REVOKED",
+}
+
 
 class SlurmCluster:
     """A two-node SLURM cluster on this machine (see the module docstring)."""
@@ -88,27 +110,42 @@ class SlurmCluster:
             "InactiveLimit=0",
             "KillWait=5",
             "Waittime=0",
-            *[f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} {node}"
-              for name, port in self.node_ports.items()],
+            *[
+                f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} {node}"
+                for name, port in self.node_ports.items()
+            ],
             f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
         ]
         return "\n".join(lines) + "\n"
 
-    def start(self) -> "SlurmCluster":
+    def start(self) -> SlurmCluster:
         for sub in ("etc", "state", "run", "log", *[f"spool/{n}" for n in self.nodes]):
             (self.base / sub).mkdir(parents=True, exist_ok=True)
         self.conf.write_text(self.slurm_conf())
         self.start_munge()
         env = {**os.environ, **self.env}
-        self.daemons.start("slurmctld", [which("slurmctld"), "-D", "-f", str(self.conf)],
-                           self.log_dir / "slurmctld.out", env=env)
-        wait_for("slurmctld to answer", lambda: self.daemons.check_alive() or self.scontrol("ping").returncode == 0,
-                 60, self.log_dir / "slurmctld.log")
+        self.daemons.start(
+            "slurmctld", [which("slurmctld"), "-D", "-f", str(self.conf)], self.log_dir / "slurmctld.out", env=env
+        )
+        wait_for(
+            "slurmctld to answer",
+            lambda: self.daemons.check_alive() or self.scontrol("ping").returncode == 0,
+            60,
+            self.log_dir / "slurmctld.log",
+        )
         for name in self.nodes:
-            self.daemons.start(f"slurmd {name}", [which("slurmd"), "-D", "-f", str(self.conf), "-N", name],
-                               self.log_dir / f"slurmd-{name}.out", env=env)
-        wait_for("both nodes to be idle", lambda: self.daemons.check_alive() or self.idle_nodes() == set(self.nodes),
-                 90, self.log_dir / "slurmctld.log")
+            self.daemons.start(
+                f"slurmd {name}",
+                [which("slurmd"), "-D", "-f", str(self.conf), "-N", name],
+                self.log_dir / f"slurmd-{name}.out",
+                env=env,
+            )
+        wait_for(
+            "both nodes to be idle",
+            lambda: self.daemons.check_alive() or self.idle_nodes() == set(self.nodes),
+            90,
+            self.log_dir / "slurmctld.log",
+        )
         return self
 
     def start_munge(self) -> None:
@@ -117,19 +154,38 @@ class SlurmCluster:
         os.chown(self.munge_dir, munge.pw_uid, munge.pw_gid)
         self.munge_dir.chmod(0o755)  # world-executable: every client reaches the socket
         key = self.munge_dir / "munge.key"
-        subprocess.run([which("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True,
-                       user=munge.pw_uid, group=munge.pw_gid, extra_groups=[])
+        subprocess.run(
+            [which("mungekey"), "--create", f"--keyfile={key}"],
+            check=True,
+            capture_output=True,
+            user=munge.pw_uid,
+            group=munge.pw_gid,
+            extra_groups=[],
+        )
         log = self.munge_dir / "munged.log"
-        self.daemons.start("munged", [which("munged"), "--foreground", f"--socket={self.munge_socket}",
-                                      f"--key-file={key}", f"--log-file={log}", f"--pid-file={self.munge_dir / 'munged.pid'}",
-                                      f"--seed-file={self.munge_dir / 'munged.seed'}"],
-                           self.base / "log" / "munged.out", user=munge.pw_uid, group=munge.pw_gid, extra_groups=[])
+        self.daemons.start(
+            "munged",
+            [
+                which("munged"),
+                "--foreground",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--log-file={log}",
+                f"--pid-file={self.munge_dir / 'munged.pid'}",
+                f"--seed-file={self.munge_dir / 'munged.seed'}",
+            ],
+            self.base / "log" / "munged.out",
+            user=munge.pw_uid,
+            group=munge.pw_gid,
+            extra_groups=[],
+        )
         wait_for("munged's socket", lambda: self.daemons.check_alive() or self.munge_socket.exists(), 30, log)
 
     # -- clients --------------------------------------------------------------------------
     def client(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
-        return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **self.env})
+        return subprocess.run(
+            list(args), capture_output=True, text=True, timeout=timeout, env={**os.environ, **self.env}
+        )
 
     def scontrol(self, *args: str) -> subprocess.CompletedProcess:
         return self.client(which("scontrol"), *args)
@@ -165,8 +221,10 @@ class SlurmCluster:
                 return state
             time.sleep(1)
         self.client(which("scancel"), str(job_id))
-        raise AssertionError(f"job {job_id} still {state} after {timeout_s:.0f} s (cancelled)\n"
-                             f"{self.scontrol('show', 'job', str(job_id)).stdout}")
+        raise AssertionError(
+            f"job {job_id} still {state} after {timeout_s:.0f} s (cancelled)\n"
+            f"{self.scontrol('show', 'job', str(job_id)).stdout}"
+        )
 
     def active_jobs(self) -> list[str]:
         done = self.client(which("squeue"), "-h", "-o", "%i %T")
@@ -190,5 +248,3 @@ class SlurmCluster:
                     kill_process(pid)
             if not keep_files():
                 shutil.rmtree(self.base, ignore_errors=True)
-
-

@@ -28,17 +28,39 @@ def hostfile(tmp_path: Path, hosts) -> Path:
 def test_pdsh_reaches_both_host_entries_through_the_test_sshd(ssh_hosts):
     """The setup itself: pdsh with DeepSpeed's options and PDSH_SSH_ARGS_APPEND carrying port and key."""
     env = dict(os.environ, PDSH_RCMD_TYPE="ssh", PDSH_SSH_ARGS_APPEND=" ".join(ssh_hosts.ssh_options))
-    done = subprocess.run([which("pdsh"), "-S", "-f", "1024", "-w", ",".join(ssh_hosts.hosts), "hostname"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [which("pdsh"), "-S", "-f", "1024", "-w", ",".join(ssh_hosts.hosts), "hostname"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert sorted(line.split(":")[0] for line in done.stdout.splitlines()) == sorted(ssh_hosts.hosts)
 
 
 def deepspeed_ssh_run(ssh_hosts, tmp_path, env):
-    return kanscale("run", "quickstart", "--strategy", "zero2", "--launcher", "deepspeed",
-                    "--hostfile", str(hostfile(tmp_path, ssh_hosts.hosts)), "--ssh-port", str(ssh_hosts.port),
-                    "--ssh-key", str(ssh_hosts.key), "--nproc-per-node", "1", "--out", str(tmp_path / "runs"), *SHORT,
-                    env=env, timeout=480)
+    return kanscale(
+        "run",
+        "quickstart",
+        "--strategy",
+        "zero2",
+        "--launcher",
+        "deepspeed",
+        "--hostfile",
+        str(hostfile(tmp_path, ssh_hosts.hosts)),
+        "--ssh-port",
+        str(ssh_hosts.port),
+        "--ssh-key",
+        str(ssh_hosts.key),
+        "--nproc-per-node",
+        "1",
+        "--out",
+        str(tmp_path / "runs"),
+        *SHORT,
+        env=env,
+        timeout=480,
+    )
 
 
 def test_deepspeed_over_ssh_trains_two_ranks_on_two_host_entries(ssh_hosts, tmp_path):

@@ -34,11 +34,23 @@ WINDOW = (1400, 3000)
 CONSOLE = re.compile(r":CONSOLE[:(]\d+\)?\] (.*)")
 # Keep the browser's own housekeeping (component updates, sign-in, ...) off the net log where a
 # switch allows; what remains is told apart below by its initiator.
-QUIET = ["--no-first-run", "--no-default-browser-check", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--disable-default-apps", "--disable-extensions", "--disable-domain-reliability",
-         "--disable-client-side-phishing-detection", "--disable-breakpad", "--metrics-recording-only", "--no-pings",
-         "--disable-field-trial-config", "--disable-features=Translate,OptimizationHints,MediaRouter,SpellCheck,"
-         "AutofillServerCommunication,CertificateTransparencyComponentUpdater,SafeBrowsing,NetworkTimeServiceQuerying"]
+QUIET = [
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--disable-domain-reliability",
+    "--disable-client-side-phishing-detection",
+    "--disable-breakpad",
+    "--metrics-recording-only",
+    "--no-pings",
+    "--disable-field-trial-config",
+    "--disable-features=Translate,OptimizationHints,MediaRouter,SpellCheck,"
+    "AutofillServerCommunication,CertificateTransparencyComponentUpdater,SafeBrowsing,NetworkTimeServiceQuerying",
+]
 
 
 @dataclass(frozen=True)
@@ -81,9 +93,20 @@ def net_requests(net_log: Path) -> tuple[list[str], list[str]]:
 def visit(chromium: str, page: Path, tmp_path: Path) -> Visit:
     """Open ``page`` in headless Chromium (its own profile) and return what it showed and did."""
     shot, net_log = tmp_path / f"{page.stem}.png", tmp_path / f"{page.stem}.netlog.json"
-    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}", *QUIET,
-           f"--screenshot={shot}", f"--window-size={WINDOW[0]},{WINDOW[1]}", "--enable-logging=stderr", "--v=0",
-           f"--log-net-log={net_log}", page.resolve().as_uri()]
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        *QUIET,
+        f"--screenshot={shot}",
+        f"--window-size={WINDOW[0]},{WINDOW[1]}",
+        "--enable-logging=stderr",
+        "--v=0",
+        f"--log-net-log={net_log}",
+        page.resolve().as_uri(),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         _, err = proc.communicate(timeout=120)
@@ -91,16 +114,20 @@ def visit(chromium: str, page: Path, tmp_path: Path) -> Visit:
         os.killpg(proc.pid, signal.SIGKILL)  # the browser's process group: it and the helpers it started
         _, err = proc.communicate()
         raise AssertionError(f"chromium still running after 120 s on {page}\n{err[-4000:]}") from None
-    assert proc.returncode == 0 and shot.is_file() and net_log.is_file(), f"chromium exited {proc.returncode}\n{err[-4000:]}"
+    assert proc.returncode == 0 and shot.is_file() and net_log.is_file(), (
+        f"chromium exited {proc.returncode}\n{err[-4000:]}"
+    )
     page_requests, own = net_requests(net_log)
     return Visit(shot, [m.group(1) for m in CONSOLE.finditer(err)], page_requests, own, err)
 
 
 def test_the_checks_catch_an_external_request_and_a_throwing_script(chromium, tmp_path):
     broken = tmp_path / "broken.html"
-    broken.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'><title>broken</title></head><body><h1>broken</h1>"
-                      "<img src='http://example.invalid/pixel.png' alt='external'>"
-                      "<script>throw new Error('deliberate failure')</script></body></html>")
+    broken.write_text(
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>broken</title></head><body><h1>broken</h1>"
+        "<img src='http://example.invalid/pixel.png' alt='external'>"
+        "<script>throw new Error('deliberate failure')</script></body></html>"
+    )
     seen = visit(chromium, broken, tmp_path)
     assert seen.requests == ["http://example.invalid/pixel.png"], (seen.requests, seen.ignored)
     assert any("Uncaught Error: deliberate failure" in message for message in seen.console), seen.stderr[-4000:]
@@ -108,11 +135,12 @@ def test_the_checks_catch_an_external_request_and_a_throwing_script(chromium, tm
 
 def test_the_report_renders_offline_without_console_messages(chromium, tmp_path):
     runs = tmp_path / "runs"
-    for record in [make_record("single", strategy="single", world=1, micro_batch=128, samples_per_s=1000),
-                   make_record("ddp", world=2, micro_batch=64, samples_per_s=1500, comm=0.3),
-                   make_record("fsdp2", strategy="fsdp2", world=2, micro_batch=64, samples_per_s=1300,
-                               state=(200, 200, 400, 0)),
-                   make_record("mem", study="memory", strategy="fsdp2", world=2, peak_rss=350 * 2**20)]:
+    for record in [
+        make_record("single", strategy="single", world=1, micro_batch=128, samples_per_s=1000),
+        make_record("ddp", world=2, micro_batch=64, samples_per_s=1500, comm=0.3),
+        make_record("fsdp2", strategy="fsdp2", world=2, micro_batch=64, samples_per_s=1300, state=(200, 200, 400, 0)),
+        make_record("mem", study="memory", strategy="fsdp2", world=2, peak_rss=350 * 2**20),
+    ]:
         write_record(runs, record)
     done = kanscale("analyze", str(runs), "--out", str(tmp_path / "report"))
     assert done.returncode == 0, explain(done)
@@ -130,15 +158,30 @@ def test_the_report_renders_offline_without_console_messages(chromium, tmp_path)
 
 def dump_dom(chromium: str, page: Path, tmp_path: Path) -> str:
     """The DOM as Chromium built it from ``page``."""
-    return subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'dom'}",
-                           *QUIET, "--dump-dom", page.resolve().as_uri()], capture_output=True, text=True, timeout=120).stdout
+    return subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--user-data-dir={tmp_path / 'dom'}",
+            *QUIET,
+            "--dump-dom",
+            page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
 
 
 def test_the_verdict_is_the_first_thing_the_browser_shows(chromium, tmp_path):
     """The first section is the verdict, with its findings."""
     runs = tmp_path / "runs"
-    for record in [make_record("single", strategy="single", world=1, samples_per_s=1000, window=(950, 1050)),
-                   make_record("ddp", world=2, micro_batch=32, samples_per_s=1500, window=(1400, 1600))]:
+    for record in [
+        make_record("single", strategy="single", world=1, samples_per_s=1000, window=(950, 1050)),
+        make_record("ddp", world=2, micro_batch=32, samples_per_s=1500, window=(1400, 1600)),
+    ]:
         write_record(runs, record)
     assert kanscale("analyze", str(runs), "--out", str(tmp_path / "report")).returncode == 0
     dom = dump_dom(chromium, tmp_path / "report" / "report.html", tmp_path)

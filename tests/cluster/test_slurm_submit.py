@@ -21,9 +21,29 @@ JOB_TIMEOUT = {"torchrun": 300, "accelerate": 300, "deepspeed": 480}
 
 def submit(cluster, out, *args, strategy="ddp", inner="torchrun", nnodes=1, nproc=1, cwd=None):
     """``kanscale run quickstart --launcher slurm --submit ...``; the job id sbatch gave."""
-    done = kanscale("run", "quickstart", "--strategy", strategy, "--launcher", "slurm", "--inner-launcher", inner,
-                    "--nnodes", str(nnodes), "--nproc-per-node", str(nproc), "--slurm-device", "cpu", "--submit",
-                    "--out", str(out), *SHORT, *args, env=cli_env(**cluster.env), **({"cwd": cwd} if cwd else {}))
+    done = kanscale(
+        "run",
+        "quickstart",
+        "--strategy",
+        strategy,
+        "--launcher",
+        "slurm",
+        "--inner-launcher",
+        inner,
+        "--nnodes",
+        str(nnodes),
+        "--nproc-per-node",
+        str(nproc),
+        "--slurm-device",
+        "cpu",
+        "--submit",
+        "--out",
+        str(out),
+        *SHORT,
+        *args,
+        env=cli_env(**cluster.env),
+        **({"cwd": cwd} if cwd else {}),
+    )
     return submitted_job(done)
 
 
@@ -50,8 +70,18 @@ def test_submitted_job_trains_and_writes_an_ok_record(slurm_cluster, tmp_path, i
 
 def test_failing_rank_ends_the_job_with_a_failed_record(slurm_cluster, tmp_path):
     out = tmp_path / "runs"
-    job = submit(slurm_cluster, out, "--set", "fault.rank=1", "--set", "fault.step=2", "--set", "fault.kind=exception",
-                 nnodes=2, nproc=1)
+    job = submit(
+        slurm_cluster,
+        out,
+        "--set",
+        "fault.rank=1",
+        "--set",
+        "fault.step=2",
+        "--set",
+        "fault.kind=exception",
+        nnodes=2,
+        nproc=1,
+    )
     state = slurm_cluster.wait_job(job, JOB_TIMEOUT["torchrun"])
     assert state == "FAILED", f"job {job} ended {state}\n{job_logs(out, job)}"
     found = records(out)
@@ -66,13 +96,36 @@ def test_relative_out_works_when_the_script_is_submitted_from_another_directory(
     another: SLURM resolves #SBATCH paths against the submitting directory, so they must be absolute."""
     work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
     work.mkdir(), elsewhere.mkdir()
-    done = kanscale("run", "quickstart", "--strategy", "ddp", "--launcher", "slurm", "--nnodes", "2", "--nproc-per-node", "1",
-                    "--slurm-device", "cpu", "--out", "rel-runs", *SHORT, cwd=work, env=cli_env(**slurm_cluster.env))
+    done = kanscale(
+        "run",
+        "quickstart",
+        "--strategy",
+        "ddp",
+        "--launcher",
+        "slurm",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--slurm-device",
+        "cpu",
+        "--out",
+        "rel-runs",
+        *SHORT,
+        cwd=work,
+        env=cli_env(**slurm_cluster.env),
+    )
     assert done.returncode == 0, explain(done)
     scripts = list((work / "rel-runs").rglob("*.sbatch"))
     assert len(scripts) == 1, f"sbatch scripts under {work / 'rel-runs'}: {scripts}\n{explain(done)}"
-    sbatch = subprocess.run([which("sbatch"), str(scripts[0])], cwd=elsewhere, capture_output=True, text=True, timeout=30,
-                            env=cli_env(**slurm_cluster.env))
+    sbatch = subprocess.run(
+        [which("sbatch"), str(scripts[0])],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=cli_env(**slurm_cluster.env),
+    )
     assert sbatch.returncode == 0, sbatch.stderr
     job = sbatch.stdout.split()[-1]
     state = slurm_cluster.wait_job(job, JOB_TIMEOUT["torchrun"])
@@ -81,7 +134,9 @@ def test_relative_out_works_when_the_script_is_submitted_from_another_directory(
     found = records(work / "rel-runs")
     assert [r.status for r in found] == ["ok"], logs
     assert found[0].topology.nodes == 2
-    assert list(elsewhere.iterdir()) == [], f"the job wrote into the directory sbatch ran in: {list(elsewhere.iterdir())}"
+    assert list(elsewhere.iterdir()) == [], (
+        f"the job wrote into the directory sbatch ran in: {list(elsewhere.iterdir())}"
+    )
     assert "no output file" not in job_logs(work / "rel-runs", job), "the job's output file is not beside its script"
 
 
@@ -102,8 +157,22 @@ def test_a_hung_rank_under_deepspeed_is_recorded_as_hung(slurm_cluster, tmp_path
     the launchers end the job; the record names the hung rank, as it does outside SLURM."""
     nnodes, nproc = map(int, topology.split("x"))
     out = tmp_path / "runs"
-    job = submit(slurm_cluster, out, "--set", "fault.rank=1", "--set", "fault.step=3", "--set", "fault.kind=hang",
-                 "--set", "runtime.timeout_s=15", strategy="zero2", inner="deepspeed", nnodes=nnodes, nproc=nproc)
+    job = submit(
+        slurm_cluster,
+        out,
+        "--set",
+        "fault.rank=1",
+        "--set",
+        "fault.step=3",
+        "--set",
+        "fault.kind=hang",
+        "--set",
+        "runtime.timeout_s=15",
+        strategy="zero2",
+        inner="deepspeed",
+        nnodes=nnodes,
+        nproc=nproc,
+    )
     state = slurm_cluster.wait_job(job, JOB_TIMEOUT["deepspeed"])
     assert state == "FAILED", f"job {job} ended {state}\n{job_logs(out, job)}"
     (record,) = records(out)

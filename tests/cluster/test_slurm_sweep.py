@@ -18,20 +18,25 @@ QUICKSTART = ROOT / "configs" / "experiments" / "quickstart.yaml"
 
 
 def write_study(path: Path, launcher: str, topologies: list[str]) -> Path:
-    path.write_text("\n".join([
-        "study: clustertiny",
-        "preset: cpu",
-        "description: two points of the quickstart, a few steps each",
-        f"experiment: {QUICKSTART}",
-        f"launcher: {launcher}",
-        "set:",
-        "  training.steps: 10",
-        "  training.micro_batch: 64",
-        "  measurement.baseline_steps: 2",
-        "matrix:",
-        "  strategy: [ddp]",
-        f"  topology: [{', '.join(topologies)}]",
-    ]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                "study: clustertiny",
+                "preset: cpu",
+                "description: two points of the quickstart, a few steps each",
+                f"experiment: {QUICKSTART}",
+                f"launcher: {launcher}",
+                "set:",
+                "  training.steps: 10",
+                "  training.micro_batch: 64",
+                "  measurement.baseline_steps: 2",
+                "matrix:",
+                "  strategy: [ddp]",
+                f"  topology: [{', '.join(topologies)}]",
+            ]
+        )
+        + "\n"
+    )
     return path
 
 
@@ -47,8 +52,9 @@ def final_statuses(out: Path) -> dict[str, str]:
 def test_submitted_sweep_ends_with_each_points_final_status(slurm_cluster, tmp_path):
     study = write_study(tmp_path / "study.yaml", "slurm", ["1x1", "2x1"])
     out = tmp_path / "sweep"
-    done = kanscale("sweep", str(study), "--out", str(out), "--submit", "--wait", env=cli_env(**slurm_cluster.env),
-                    timeout=600)
+    done = kanscale(
+        "sweep", str(study), "--out", str(out), "--submit", "--wait", env=cli_env(**slurm_cluster.env), timeout=600
+    )
     assert done.returncode == 0, explain(done)
     assert (out / "sweep.jsonl").exists(), explain(done)
     statuses = final_statuses(out)

@@ -45,7 +45,9 @@ def delayed_allreduce(delay_s: float):
     def hook(state, bucket):
         time.sleep(delay_s)
         tensor = bucket.buffer()
-        return dist.all_reduce(tensor.div_(dist.get_world_size()), async_op=True).get_future().then(lambda f: f.value()[0])
+        return (
+            dist.all_reduce(tensor.div_(dist.get_world_size()), async_op=True).get_future().then(lambda f: f.value()[0])
+        )
 
     original = DDPConfig.apply
 
@@ -84,8 +86,11 @@ def main(jobs_path: str, results_path: str) -> None:
             with delayed_allreduce(delay) if delay else contextlib.nullcontext():
                 record = trainer.run()
         except Exception as err:
-            results[job["id"]] = {"status": "raised", "error": f"{type(err).__name__}: {err}",
-                                  "losses": [s.loss for s in trainer.combined] if trainer is not None else []}
+            results[job["id"]] = {
+                "status": "raised",
+                "error": f"{type(err).__name__}: {err}",
+                "losses": [s.loss for s in trainer.combined] if trainer is not None else [],
+            }
             write_results(env, results, results_path)
             continue
         digests = env.gather_strings(state_digest(trainer.engine.full_state_dict()))

@@ -17,8 +17,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = ("kanscale", "torchrun", "accelerate", "deepspeed", "make", "python", "pip")
-SUBCOMMANDS = ("train", "run", "sweep", "analyze", "compare-paper", "export", "bench", "commbench", "project", "models",
-               "schema")
+SUBCOMMANDS = (
+    "train",
+    "run",
+    "sweep",
+    "analyze",
+    "compare-paper",
+    "export",
+    "bench",
+    "commbench",
+    "project",
+    "models",
+    "schema",
+)
 SHELL_BLOCKS = ("bash", "sh", "shell", "console")
 FENCE = re.compile(r"^```(\w*)\s*$")
 # a word of a synopsis line: a placeholder (CONFIG, STUDY.yaml), an optional part, a choice
@@ -53,7 +64,7 @@ class DocCommand:
         if self.program == "kanscale":
             return words[1] if len(words) > 1 and not words[1].startswith("-") else None
         if "launchers.cli" in words:
-            rest = words[words.index("launchers.cli") + 1:]
+            rest = words[words.index("launchers.cli") + 1 :]
             return rest[0] if rest else None
         return None
 
@@ -74,14 +85,15 @@ def _commands_of(document: Path) -> list[DocCommand]:
             if text.endswith("\\") or (text and line.startswith("[")):  # a synopsis may go on, indented
                 text = text.removesuffix("\\") + " " + line
                 continue
-            if line.startswith("$ ") or (not prompted and (language in SHELL_BLOCKS and line and not line.startswith("#")
-                                                           or _is_command(line))):
+            if line.startswith("$ ") or (
+                not prompted and ((language in SHELL_BLOCKS and line and not line.startswith("#")) or _is_command(line))
+            ):
                 if text:
                     commands += _commands(f"{name}:{start}", text, output)
                 text, start, output = line.removeprefix("$ "), number, []
             elif text and prompted and line:
                 output.append(line)
-            elif text and (line and not line.startswith("#") or not prompted):
+            elif text and ((line and not line.startswith("#")) or not prompted):
                 commands += _commands(f"{name}:{start}", text, output)
                 text, output = "", []
         if text:
@@ -111,7 +123,7 @@ def _is_command(line: str) -> bool:
     words = line.split()
     if not words or words[0].endswith("/") or Path(words[0]).name not in PROGRAMS:
         return False
-    return Path(words[0]).name != "kanscale" or len(words) > 1 and (words[1] in SUBCOMMANDS or words[1].startswith("-"))
+    return Path(words[0]).name != "kanscale" or (len(words) > 1 and (words[1] in SUBCOMMANDS or words[1].startswith("-")))
 
 
 def _commands(where: str, text: str, output: list[str]) -> list[DocCommand]:

@@ -44,10 +44,10 @@ COVERED = {
     "bench": "a benchmark: tests/test_bench.py runs kanscale bench",
     "commbench": "a benchmark: tests/test_commbench.py runs kanscale commbench on one node and across two agents",
     "recommend": "a recommendation (probes of every strategy, minutes): tests/test_recommend.py runs kanscale recommend "
-                 "with a cluster file and with --validate here",
+    "with a cluster file and with --validate here",
     "launcher": "a launcher line: tests/test_backends_cli.py starts torchrun, deepspeed and accelerate launch as users do",
     "option": "one training option under one strategy: the option's own tests train it under every strategy "
-              "(tests/test_compile_training.py, test_data_loader.py, test_precision.py)",
+    "(tests/test_compile_training.py, test_data_loader.py, test_precision.py)",
     "reads": "it reads what a study or a benchmark wrote (not run here, above)",
     "script": "a benchmark script: tests/test_bench.py and tests/test_measurement_honesty.py run the benchmarks",
 }
@@ -60,12 +60,17 @@ def not_run(command: DocCommand) -> str | None:
     reason = next((why for marker, why in ELSEWHERE.items() if marker in text), None)
     if reason:
         return reason
-    ranks = int(_value(words, "--nproc-per-node") or _value(words, "--nproc_per_node") or _value(words, "--num_gpus") or 1)
+    ranks = int(
+        _value(words, "--nproc-per-node") or _value(words, "--nproc_per_node") or _value(words, "--num_gpus") or 1
+    )
     if ranks > 2:
         return f"it starts {ranks} ranks per node, written for a GPU node (this machine has {os.cpu_count()} cores)"
     if command.program == "make":
-        return {"test": ".ci/run runs it"}.get(command.argv[1], "minutes of training: the fast tier plans make demo's "
-                                                                  "sweep point by point; tests/test_sweep.py runs sweeps")
+        return {"test": ".ci/run runs it"}.get(
+            command.argv[1],
+            "minutes of training: the fast tier plans make demo's "
+            "sweep point by point; tests/test_sweep.py runs sweeps",
+        )
     if command.program == "pip":
         return "make install installs the dev extras, and the fast tier checks that they hold what it installs"
     return COVERED.get(_kind(command))
@@ -90,7 +95,8 @@ def _kind(command: DocCommand) -> str | None:
 def resumed_later(command: DocCommand, later: list[DocCommand]) -> bool:
     """Whether a later command resumes this one's run (its words with ``--resume`` added)."""
     return "--resume" not in command.argv and any(
-        "--resume" in c.argv and [w for w in c.argv if w != "--resume"] == list(command.argv) for c in later)
+        "--resume" in c.argv and [w for w in c.argv if w != "--resume"] == list(command.argv) for c in later
+    )
 
 
 def short(command: DocCommand, sandbox: Path, cut: bool = False) -> list[str]:
@@ -113,11 +119,16 @@ def short(command: DocCommand, sandbox: Path, cut: bool = False) -> list[str]:
 
 
 def run(command: DocCommand, sandbox: Path, cut: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, **command.env, "KANSCALE_CACHE_DIR": str(sandbox / ".cache"),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **os.environ,
+        **command.env,
+        "KANSCALE_CACHE_DIR": str(sandbox / ".cache"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     words = short(command, sandbox, cut)
-    return subprocess.run(words, cwd=sandbox, env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        words, cwd=sandbox, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
 
 
 def _program(word: str) -> str:

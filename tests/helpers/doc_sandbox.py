@@ -79,5 +79,4 @@ def kanscale_words(words: list[str]) -> list[str]:
     launchers.cli`` under a launcher."""
     if Path(words[0]).name == "kanscale":
         return list(words[1:])
-    return list(words[words.index("launchers.cli") + 1:])
-
+    return list(words[words.index("launchers.cli") + 1 :])

@@ -20,7 +20,9 @@ def child_env(**extra: str) -> dict[str, str]:
 def run(cmd: list[str], timeout: float = 300, **extra_env: str) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=child_env(**extra_env))
     if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-8000:]}"
+        )
     return proc
 
 
@@ -53,8 +55,10 @@ def run_jobs(jobs: list[dict], tmp_path: Path, nproc: int = 2, nnodes: int = 1) 
     worker = [str(ROOT / "tests/helpers/dist_worker.py"), str(jobs_file), str(results_file)]
     try:
         if nnodes == 1:
-            run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *worker],
-                timeout=900)
+            run(
+                [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *worker],
+                timeout=900,
+            )
         else:
             run_nodes(nnodes, nproc, worker)
         failure = None
@@ -69,16 +73,35 @@ def run_nodes(nnodes: int, nproc: int, worker: list[str], timeout: float = 900) 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}",
-                               f"--node_rank={rank}", f"--nproc_per_node={nproc}", "--master_addr=127.0.0.1",
-                               f"--master_port={port}", *worker],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=child_env())
-             for rank in range(nnodes)]
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nnodes={nnodes}",
+                f"--node_rank={rank}",
+                f"--nproc_per_node={nproc}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                *worker,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env=child_env(),
+        )
+        for rank in range(nnodes)
+    ]
     outputs = [node.communicate(timeout=timeout)[0] for node in nodes]
     failed = [(rank, node.returncode) for rank, node in enumerate(nodes) if node.returncode]
     if failed:
-        raise AssertionError("; ".join(f"node {rank} exited {code}" for rank, code in failed) + "\n"
-                             + "\n".join(f"--- node {rank}\n{out[-4000:]}" for rank, out in enumerate(outputs)))
+        raise AssertionError(
+            "; ".join(f"node {rank} exited {code}" for rank, code in failed)
+            + "\n"
+            + "\n".join(f"--- node {rank}\n{out[-4000:]}" for rank, out in enumerate(outputs))
+        )
 
 
 def run_here(config: dict):

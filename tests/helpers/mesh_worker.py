@@ -17,7 +17,10 @@ from tests.helpers.dist_worker import finish
 def place(env: DistEnv, shape: MeshShape) -> dict:
     mesh = env.on_mesh(shape).mesh
     return {
-        "coords": mesh.coords, "dp_rank": mesh.dp_rank, "dp_size": mesh.dp_size, "tp_rank": mesh.tp_rank,
+        "coords": mesh.coords,
+        "dp_rank": mesh.dp_rank,
+        "dp_size": mesh.dp_size,
+        "tp_rank": mesh.tp_rank,
         "torch_coords": {dim: mesh.device_mesh.get_local_rank(dim) for dim in DIMS},
         "torch_dp": [mesh["dp"].get_local_rank(), mesh["dp"].size()],
         "groups": {dim: dist.get_process_group_ranks(mesh[dim].get_group()) for dim in DIMS},
