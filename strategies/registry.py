@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Union
 
 import torch
 from pydantic import Field
@@ -39,4 +39,5 @@ STRATEGIES: dict[str, type[StrategyConfig]] = {
     "fsdp2_tp": FSDP2TPConfig,
 }
 
-AnyStrategyConfig = Annotated[tuple(STRATEGIES.values()), Field(discriminator="name")]
+# A union built from the registry: the X | Y syntax cannot spread a tuple
+AnyStrategyConfig = Annotated[Union[tuple(STRATEGIES.values())], Field(discriminator="name")]  # noqa: UP007

@@ -19,6 +19,7 @@ TASKS: dict[str, type[TaskConfig]] = {
     "sklearn": SklearnTask,
 }
 
-AnyTaskConfig = Annotated[tuple(TASKS.values()), Field(discriminator="name")]
+# A union built from the registry: the X | Y syntax cannot spread a tuple
+AnyTaskConfig = Annotated[Union[tuple(TASKS.values())], Field(discriminator="name")]  # noqa: UP007
 
 __all__ = ["OBJECTIVES", "TASKS", "AnyTaskConfig", "Objective", "TaskConfig", "TaskData"]
