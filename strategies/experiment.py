@@ -12,6 +12,7 @@ import difflib
 import os
 import reprlib
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
@@ -103,7 +104,7 @@ class ExperimentConfig(Section):
 STRATEGY_SECTION = TypeAdapter(AnyStrategyConfig)
 
 
-def load_experiment(path: str | Path, overrides: list[str] = (), strategy: str | None = None) -> ExperimentConfig:
+def load_experiment(path: str | Path, overrides: Sequence[str] = (), strategy: str | None = None) -> ExperimentConfig:
     """Read a YAML experiment (a file, or the name of a shipped one such as ``quickstart``), swap
     in a strategy preset if one is named, apply ``key.path=value`` overrides, validate."""
     path = experiment_path(path)
@@ -141,13 +142,13 @@ def read_sections(path: str | Path) -> dict[str, Any]:
 
 
 # The sections whose class one of their keys chooses: the model's family, the task's name.
-SWITCHES: dict[str, tuple[str, dict[str, type[BaseModel]]]] = {
+SWITCHES: dict[str, tuple[str, Mapping[str, type[BaseModel]]]] = {
     "model": ("family", {**FAMILIES, "custom": CustomConfig}),
     "task": ("name", TASKS),
 }
 
 
-def parse_experiment(data: dict[str, Any], overrides: list[str] = (), source: str = "config") -> ExperimentConfig:
+def parse_experiment(data: dict[str, Any], overrides: Sequence[str] = (), source: str = "config") -> ExperimentConfig:
     written = copy.deepcopy(data)
     for override in overrides:
         apply_override(data, override)
@@ -160,7 +161,7 @@ def parse_experiment(data: dict[str, Any], overrides: list[str] = (), source: st
         ) from None
 
 
-def drop_switched_keys(written: dict[str, Any], data: dict[str, Any], overrides: list[str]) -> None:
+def drop_switched_keys(written: dict[str, Any], data: dict[str, Any], overrides: Sequence[str]) -> None:
     """Where ``--set model.family=...`` (or ``task.name=...``) switched a section to another class,
     drop from ``data`` the keys the file wrote for the old class that the new one does not have
     (``grid`` and ``k`` of a bspline model switched to chebyshev), with a one-line note. A key the
@@ -208,10 +209,10 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     node[parts[-1]] = value
 
 
-def describe_error(error: dict[str, Any], data: dict[str, Any], root: type[BaseModel] | None = None) -> str:
+def describe_error(error: Mapping[str, Any], data: dict[str, Any], root: type[BaseModel] | None = None) -> str:
     """One line for one pydantic error: the field path, what was given, what is allowed.
     ``root`` is the class ``data`` was validated into (default: the experiment)."""
-    path, parent = _field_path(error["loc"], data)
+    path = _field_path(error["loc"], data)
     kind, msg, given = error["type"], error["msg"], error.get("input")
     if kind == "extra_forbidden":
         allowed = _allowed_keys(error["loc"], data, root or ExperimentConfig)
@@ -250,10 +251,11 @@ def error_lines(lines: list[str]) -> str:
     return "\n".join(f"  - {line}" for line in shown + more)
 
 
-def _field_path(loc: tuple, data: dict[str, Any]) -> tuple[str, Any]:
+def _field_path(loc: tuple, data: dict[str, Any]) -> str:
     """Join a pydantic error location into ``a.b.c``, dropping the union-tag entries pydantic
     inserts (``model.bspline.grid`` -> ``model.grid``)."""
-    parts, node = [], data
+    parts: list[str] = []
+    node: Any = data
     for part in loc:
         if isinstance(node, dict) and part not in node and isinstance(part, str) and _is_tag(node, part):
             continue
@@ -263,7 +265,7 @@ def _field_path(loc: tuple, data: dict[str, Any]) -> tuple[str, Any]:
             if isinstance(node, dict)
             else (node[part] if isinstance(node, list) and isinstance(part, int) and part < len(node) else None)
         )
-    return ".".join(parts).replace(".[", "["), node
+    return ".".join(parts).replace(".[", "[")
 
 
 def _is_tag(node: dict[str, Any], part: str) -> bool:

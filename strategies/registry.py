@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Union
+from typing import TYPE_CHECKING, Annotated, Union
 
 import torch
 from pydantic import Field
@@ -39,5 +39,9 @@ STRATEGIES: dict[str, type[StrategyConfig]] = {
     "fsdp2_tp": FSDP2TPConfig,
 }
 
-# A union built from the registry: the X | Y syntax cannot spread a tuple
-AnyStrategyConfig = Annotated[Union[tuple(STRATEGIES.values())], Field(discriminator="name")]  # noqa: UP007
+if TYPE_CHECKING:
+    # A type checker cannot read a union built at run time; every member is a StrategyConfig.
+    AnyStrategyConfig = StrategyConfig
+else:
+    # A union built from the registry: the X | Y syntax cannot spread a tuple
+    AnyStrategyConfig = Annotated[Union[tuple(STRATEGIES.values())], Field(discriminator="name")]  # noqa: UP007
