@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import operator
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
@@ -26,6 +28,13 @@ Interval = Annotated[tuple[float, float], AfterValidator(_increasing)]
 # A seed: NumPy's SeedSequence refuses a negative one, and pykan hands its seed to the legacy
 # np.random.seed, which takes 0 <= seed < 2^32 only (torch.manual_seed takes up to 2^64 - 1).
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
+
+
+def one_of(configs: Iterable[type], key: str) -> Any:
+    """The field type that validates into one of ``configs``, chosen by the value of ``key`` (a
+    registry's union). Built at run time from the registry's table, which a type checker cannot
+    follow: the registries declare their union as the configs' base class to it."""
+    return Annotated[functools.reduce(operator.or_, configs), Field(discriminator=key)]
 
 
 def _options(annotation: Any) -> list[Any]:

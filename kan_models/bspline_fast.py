@@ -39,43 +39,15 @@ from __future__ import annotations
 
 import math
 import warnings
-from fractions import Fraction
-from functools import cache
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from kan_models.bspline import BSplineKANLayer, observed_span, uniform_knots
+from kan_models.bspline_bases import basis_matrix, observed_span, uniform_knots
+from kan_models.bspline_reference import BSplineKANLayer
 from kan_models.sparse_crossover import cpu_crossover
-
-
-@cache
-def basis_matrix(k: int) -> tuple[tuple[tuple[float, ...], ...], tuple[tuple[float, ...], ...]]:
-    """(M, M'): M[a][m] is the coefficient of r^a in B_{c-k+m}, M'[a][m] = (a + 1) M[a + 1][m]
-    that of r^a in its derivative (in units of 1/h).
-
-    Derived in exact rational arithmetic from the uniform Cox-de Boor step: at order p,
-    B_{c-p+m} = ((r + p - m) B_{c-p+m} + (m + 1 - r) B_{c-p+1+m}) / p over order p - 1."""
-    polys = [[Fraction(1)]]  # order 0: the one basis of the cell is 1
-    for p in range(1, k + 1):
-        new = []
-        for m in range(p + 1):
-            acc = [Fraction(0)] * (p + 1)
-            if m >= 1:  # (r + p - m) * previous[m - 1]
-                for a, c in enumerate(polys[m - 1]):
-                    acc[a] += c * (p - m)
-                    acc[a + 1] += c
-            if m < p:  # (m + 1 - r) * previous[m]
-                for a, c in enumerate(polys[m]):
-                    acc[a] += c * (m + 1)
-                    acc[a + 1] -= c
-            new.append([c / p for c in acc])
-        polys = new
-    value = tuple(tuple(float(polys[m][a]) for m in range(k + 1)) for a in range(k + 1))
-    slope = tuple(tuple(float((a + 1) * polys[m][a + 1]) for m in range(k + 1)) for a in range(k))
-    return value, slope
 
 
 def _horner(rows: tuple[tuple[float, ...], ...], r: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ from pydantic import Field, ValidationError, model_validator
 from torch import nn
 
 from kan_models.base import LayerStack, ModelConfig, ParamCount, count_parameters
+from kan_models.kan_families import parse_kan_config
 
 ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}
 
@@ -53,12 +54,12 @@ class MLPConfig(ModelConfig):
         return self
 
     def matched_config(self) -> ModelConfig:
-        from kan_models.registry import parse_model_config  # the registry imports this module
-
+        if self.match is None:
+            raise ValueError("this MLP matches no KAN (match is unset)")
         if self.match.get("family") == "mlp":
             raise ValueError("match must name a KAN family, not mlp")
         try:
-            return parse_model_config({**self.match, "widths": self.widths})
+            return parse_kan_config({**self.match, "widths": self.widths})
         except ValidationError as err:
             problems = "; ".join(f"match.{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in err.errors())
             raise ValueError(problems) from None

@@ -70,6 +70,54 @@ def test_the_layer_check_sees_a_violation(tmp_path):
     assert imported_modules(bad) == [(2, "launchers.cli")]
 
 
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the project modules it imports, at any depth; ``from a.b import c`` counts as
+    a.b.c where that is a module, else as a.b."""
+    graph = {}
+    for here, path in modules.items():
+        targets = set()
+        for _, name in imported_modules(path):
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            targets.add(name)
+        graph[here] = targets - {here, ""}
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of imports (its modules in order, the first repeated at the end), or []."""
+    state: dict[str, str] = {}  # "open" while on the path being walked, "done" after
+
+    def walk(module: str, path: list[str]) -> list[str]:
+        state[module] = "open"
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                return [*path[path.index(target) :], target]
+            if target not in state and (cycle := walk(target, [*path, target])):
+                return cycle
+        state[module] = "done"
+        return []
+
+    for module in sorted(graph):
+        if module not in state and (cycle := walk(module, [module])):
+            return cycle
+    return []
+
+
+def test_no_module_imports_itself_through_others():
+    """No circle of imports, module-level or inside functions: what two modules share lives in a
+    module below both (docs/architecture.md)."""
+    cycle = import_cycle(import_graph({module_name(p): p for p in sources()}))
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_the_cycle_check_sees_a_circle_through_a_function_level_import(tmp_path):
+    (tmp_path / "a.py").write_text("from kan_models.b import f\n")
+    (tmp_path / "b.py").write_text("def f():\n    from kan_models.a import g\n")
+    graph = import_graph({"kan_models.a": tmp_path / "a.py", "kan_models.b": tmp_path / "b.py"})
+    assert import_cycle(graph) == ["kan_models.a", "kan_models.b", "kan_models.a"]
+
+
 def test_no_module_is_over_400_lines():
     long = [f"{p.relative_to(ROOT)} ({n} lines)" for p in sources() if (n := len(p.read_text().splitlines())) > 400]
     assert not long, long

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from kan_models.bspline import BSplineKANLayer, bspline_basis, uniform_knots
+from kan_models.bspline_bases import bspline_basis, uniform_knots
+from kan_models.bspline_reference import BSplineKANLayer
 
 
 def cox_de_boor(x: float, t: list[float], j: int, k: int) -> float:

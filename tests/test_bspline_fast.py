@@ -10,15 +10,15 @@ import torch
 from pydantic import ValidationError
 
 from kan_models import build_model, parse_model_config
-from kan_models.bspline import BSplineKANLayer, uniform_knots
+from kan_models.bspline_bases import basis_matrix, uniform_knots
 from kan_models.bspline_fast import (
     FastBSplineFunction,
     FastBSplineKANLayer,
-    basis_matrix,
     blocks,
     is_uniform,
     pointwise_forward,
 )
+from kan_models.bspline_reference import BSplineKANLayer
 from kan_models.compile import compile_model
 
 LOW, HIGH = -1.0, 2.0

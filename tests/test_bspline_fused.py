@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from pydantic import ValidationError
 
 from kan_models import build_model, parse_model_config
-from kan_models.bspline import BSplineKANLayer, uniform_knots
+from kan_models.bspline_bases import uniform_knots
 from kan_models.bspline_fast import FastBSplineKANLayer
+from kan_models.bspline_reference import BSplineKANLayer
 from kan_models.fused import FusedBSplineKANLayer, fused_layer, spline_term
 from tests.helpers.launch import run_here, run_jobs
 from tests.test_bspline_fast import HIGH, LOW, outputs_and_grads, probe_points, reference_layer

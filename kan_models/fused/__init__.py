@@ -29,7 +29,8 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from kan_models.bspline_fast import FastBSplineKANLayer, basis_matrix
+from kan_models.bspline_bases import basis_matrix
+from kan_models.bspline_fast import FastBSplineKANLayer
 from kan_models.sparse_crossover import cache_dir, machine_key
 
 SOURCES = Path(__file__).with_name("csrc")

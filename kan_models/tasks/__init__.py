@@ -1,10 +1,9 @@
 """Tasks: what a model learns and how it is scored (the contract: kan_models/tasks/contract.py).
 A new task is one class and one line in TASKS."""
 
-from typing import Annotated, Union
+from typing import TYPE_CHECKING
 
-from pydantic import Field
-
+from kan_models.base import one_of
 from kan_models.tasks.bundled import SklearnTask
 from kan_models.tasks.contract import OBJECTIVES, Objective, TaskConfig, TaskData
 from kan_models.tasks.files import FileTask
@@ -19,7 +18,9 @@ TASKS: dict[str, type[TaskConfig]] = {
     "sklearn": SklearnTask,
 }
 
-# A union built from the registry: the X | Y syntax cannot spread a tuple
-AnyTaskConfig = Annotated[Union[tuple(TASKS.values())], Field(discriminator="name")]  # noqa: UP007
+if TYPE_CHECKING:
+    AnyTaskConfig = TaskConfig
+else:
+    AnyTaskConfig = one_of(TASKS.values(), "name")
 
 __all__ = ["OBJECTIVES", "TASKS", "AnyTaskConfig", "Objective", "TaskConfig", "TaskData"]

@@ -1,5 +1,5 @@
 // The non-zero bases of a block of inputs, for the fused B-spline op's CPU kernels (tiles.h): the
-// uniform-grid polynomials of bspline_fast.py (basis_matrix), evaluated by Horner's rule in the local
+// uniform-grid polynomials of bspline_bases.py (basis_matrix), evaluated by Horner's rule in the local
 // coordinate of each input's cell, with the fast layer's clamping and, for k = 1, the reference's
 // choice of cell at a knot.
 #pragma once
@@ -45,7 +45,7 @@ inline double knot_cell(const T* knots, int64_t n_knots, double x, double cell) 
   return cell + (x >= double(knots[at + 1]) ? 1.0 : 0.0) - (x < double(knots[at]) ? 1.0 : 0.0);
 }
 
-// A basis matrix's rows (bspline_fast.py's basis_matrix, value or slope rows) rounded to C once a call.
+// A basis matrix's rows (bspline_bases.py's basis_matrix, value or slope rows) rounded to C once a call.
 // The narrow rows (narrow.h) evaluate the polynomials in T: the local coordinate, found in double, is
 // within T's rounding of [0, 1), and the float32 layer's error against a float64 truth stayed what it
 // was (at most 3.6 times the reference's own, at G = 200), while in float32 the Horner steps take twice
