@@ -34,6 +34,7 @@ class BatchPlan:
     def total_steps(self) -> int:
         if self.steps is not None:
             return self.steps
+        assert self.epochs is not None, "a plan runs for a number of steps or of epochs"
         return max(1, math.ceil(self.epochs * self.steps_per_epoch))
 
     def epochs_done(self, steps: int) -> float:

@@ -57,8 +57,9 @@ class MeshShape:
         the group's all-gathers and reduce-scatters on its own links and only the replicas'
         all-reduce crosses nodes. ``field`` names the option, for the errors."""
         per_node = ranks_per_node or world_size
-        shard = {"node": per_node, "world": world_size}.get(shard_degree, shard_degree)
-        if not isinstance(shard, int) or shard < 1 or world_size % shard:
+        named = {"node": per_node, "world": world_size}
+        shard = named.get(shard_degree) if isinstance(shard_degree, str) else shard_degree
+        if shard is None or shard < 1 or world_size % shard:
             raise ConfigError(
                 f"{field}: {shard_degree} ranks per shard group does not divide the world size "
                 f"{world_size} (replicas x shard degree = world size); give a divisor of {world_size}, "

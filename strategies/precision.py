@@ -13,7 +13,7 @@ parameters the optimizer updates stay float32 and the loss is computed in float3
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -27,7 +27,12 @@ def low_dtype(training: TrainingConfig) -> torch.dtype | None:
     return LOW_DTYPES.get(training.precision)
 
 
+@overload
+def dtype_name(dtype: torch.dtype) -> str: ...
+@overload
+def dtype_name(dtype: torch.dtype | None) -> str | None: ...
 def dtype_name(dtype: torch.dtype | None) -> str | None:
+    """``bfloat16`` for ``torch.bfloat16``; None for no dtype."""
     return None if dtype is None else str(dtype).removeprefix("torch.")
 
 

@@ -164,11 +164,13 @@ class TrainingConfig(Section):
         (the world size under data parallelism; the data-parallel size under tensor parallelism)."""
         if self.micro_batch is not None:
             return self.micro_batch
+        assert self.global_batch is not None, "validation leaves exactly one of micro_batch and global_batch"
         ranks_x_accum = self.grad_accum * shares
         if self.global_batch % ranks_x_accum:
             raise ConfigError(
                 f"training.global_batch: {self.global_batch} samples cannot be split evenly over grad_accum "
-                f"({self.grad_accum}) x data-parallel ranks ({shares}) = {ranks_x_accum}; use a multiple of {ranks_x_accum}"
+                f"({self.grad_accum}) x data-parallel ranks ({shares}) = {ranks_x_accum}; "
+                f"use a multiple of {ranks_x_accum}"
             )
         return self.global_batch // ranks_x_accum
 
