@@ -5,7 +5,6 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,7 +12,7 @@ from analysis.projection import HOST_COPY, OPS, MiB, busbw_factor
 from launchers.cli import main
 from launchers.commbench import BenchOptions, iterations, message_sizes, rank_command
 from launchers.launch.commands import LaunchSpec
-from tests.helpers.launch import ROOT, child_env, run
+from tests.helpers.launch import ROOT, child_env, two_agent_commbench
 
 
 def test_bus_bandwidth_factors_are_nccl_tests():
@@ -70,35 +69,6 @@ def test_a_worker_without_peers_fails_in_one_line_and_exits(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "kanscale: commbench failed: RuntimeError: commbench needs at least 2 ranks" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "cb.json").exists()
-
-
-def two_agent_commbench(tmp_path_factory) -> Path:
-    """A real commbench over two launcher agents, run once per test session (about 10 s) and
-    shared with tests/test_projection.py."""
-    out = tmp_path_factory.getbasetemp() / "commbench-2x1" / "bench.json"
-    if not out.exists():
-        run(
-            [
-                sys.executable,
-                "-m",
-                "launchers.cli",
-                "commbench",
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "1",
-                "--max-bytes",
-                "16384",
-                "--iters",
-                "5",
-                "--warmup",
-                "2",
-                "--out",
-                str(out),
-            ],
-            timeout=240,
-        )
-    return out
 
 
 @pytest.mark.slow  # the slow tier (make test-slow)

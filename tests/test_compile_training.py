@@ -13,7 +13,7 @@ from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer
 from tests.helpers.launch import run_jobs
-from tests.test_parity import STRATEGIES, experiment, max_rel_diff, single_losses
+from tests.helpers.parity import STRATEGIES, experiment, max_rel_diff, single_losses
 
 # Inductor fuses and reorders the arithmetic, so compiled steps round differently: measured
 # 4e-5 over 20 steps; a missing gradient rescale or an unreduced gradient is off by far more.

@@ -12,7 +12,7 @@ from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer
 from tests.helpers.launch import run_jobs
-from tests.test_parity import STRATEGIES, max_rel_diff
+from tests.helpers.parity import STRATEGIES, max_rel_diff
 
 STEPS = 14  # 640 samples, global batch 64: an epoch boundary at step 10, inside the run
 MODEL = {"family": "bspline", "widths": [2, 8, 1], "grid": 5, "grid_range": [-2.0, 2.0]}

@@ -5,7 +5,7 @@ that error, and the pool's other jobs keep their results."""
 import pytest
 
 from tests.helpers.launch import run_jobs
-from tests.test_parity import STRATEGIES, experiment
+from tests.helpers.parity import STRATEGIES, experiment
 
 
 def test_a_failing_job_fails_only_the_tests_that_read_it(tmp_path):

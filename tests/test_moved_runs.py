@@ -14,7 +14,8 @@ from kanscale.errors import ConfigError
 from launchers.cli import main
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import find_resumable
-from tests.test_state_safety import failed_run, losses, small, trained
+from tests.helpers.launch import run_here
+from tests.helpers.runs import failed_run, losses, small
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def moved(tmp_path):
 
 
 def test_a_moved_run_resumes_from_where_it_now_is(tmp_path, moved, capsys):
-    full = trained(small(tmp_path / "full"))
+    full = run_here(small(tmp_path / "full"))
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(small(tmp_path / "other")))  # neither where it was started nor where it is
     assert main(["train", str(config), "--resume", str(moved), "--no-progress"]) == 0, capsys.readouterr().err
@@ -43,7 +44,7 @@ def test_resume_alone_finds_a_moved_run_under_its_new_output_dir(moved):
 def test_a_run_whose_digest_an_earlier_kanscale_took_resumes_by_its_config(tmp_path, moved):
     summary = json.loads((moved / SUMMARY_FILE).read_text())
     (moved / SUMMARY_FILE).write_text(json.dumps({**summary, "config_digest": "0123456789abcdef"}))
-    assert trained(small(tmp_path / "runs"), resume=moved).record.resumed_at_steps == [9]
+    assert run_here(small(tmp_path / "runs"), resume=moved).record.resumed_at_steps == [9]
 
 
 def test_a_different_experiment_is_refused_with_every_field_that_differs(tmp_path, moved):
@@ -51,7 +52,7 @@ def test_a_different_experiment_is_refused_with_every_field_that_differs(tmp_pat
     other["model"]["grid"] = 4
     before = (moved / SUMMARY_FILE).read_bytes()
     with pytest.raises(ConfigError) as refused:
-        trained(other, resume=moved)
+        run_here(other, resume=moved)
     message = str(refused.value)
     assert f"--resume: {moved} is a different experiment" in message
     assert "model.grid: 3 in the run, 4 now" in message and "training.lr: 0.02 in the run, 0.05 now" in message

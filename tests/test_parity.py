@@ -3,65 +3,11 @@ losses match the one-process reference. Two real ranks on gloo, real FSDP and De
 
 import pytest
 
-from strategies.distributed import DistEnv
-from strategies.experiment import parse_experiment
-from strategies.loop.trainer import Trainer
 from tests.helpers.launch import run_jobs
+from tests.helpers.parity import FAMILIES, STRATEGIES, experiment, max_rel_diff, single_losses
 
-STEPS = 20
-FAMILIES = {
-    "bspline": {"family": "bspline", "widths": [2, 8, 1], "grid": 5, "grid_range": [-2.0, 2.0]},
-    "pykan": {"family": "pykan", "widths": [2, 4, 1], "grid": 5},
-}
-STRATEGIES = {
-    "ddp": {"name": "ddp"},
-    "fsdp1": {"name": "fsdp1"},
-    "fsdp1_grad_op": {"name": "fsdp1", "sharding_strategy": "SHARD_GRAD_OP"},
-    "fsdp1_no_shard": {"name": "fsdp1", "sharding_strategy": "NO_SHARD"},
-    "fsdp2": {"name": "fsdp2"},
-    "fsdp2_keep": {"name": "fsdp2", "reshard_after_forward": False},
-    "zero0": {"name": "deepspeed", "zero_stage": 0},
-    "zero1": {"name": "deepspeed", "zero_stage": 1},
-    "zero2": {"name": "deepspeed", "zero_stage": 2},
-    "zero3": {"name": "deepspeed", "zero_stage": 3},
-    "zero3_offload": {"name": "deepspeed", "zero_stage": 3, "offload_optimizer": True},
-    "accelerate": {"name": "accelerate"},
-}
 # Tight enough to catch a missing rescale (a factor of 2 in the gradient) on the first steps.
 RTOL = 1e-5
-
-
-def experiment(family: str, strategy: dict, accum: int, out: str, **training) -> dict:
-    return {
-        "name": f"parity_{family}",
-        "model": FAMILIES[family],
-        "task": {"name": "quadratic", "n_train": 640, "n_test": 128},
-        "training": {
-            "seed": 3,
-            "lr": 1e-2,
-            "micro_batch": None,
-            "global_batch": 64,
-            "grad_accum": accum,
-            "steps": STEPS,
-            "warmup_steps": 2,
-            **training,
-        },
-        "strategy": strategy,
-        "measurement": {"baseline_steps": 1},
-        "runtime": {"device": "cpu", "threads": 1},
-        "output": {"dir": out},
-    }
-
-
-def single_losses(cfg: dict) -> list[float]:
-    trainer = Trainer(parse_experiment({**cfg, "strategy": {"name": "single"}}), DistEnv(), show_progress=False)
-    trainer.run()
-    return [s.loss for s in trainer.combined]
-
-
-def max_rel_diff(a: list[float], b: list[float], steps: int = STEPS) -> float:
-    assert len(a) == len(b) == steps
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer
 from strategies.precision_support import cpu_fp16_supported
 from tests.helpers.launch import run_jobs
+from tests.helpers.parity import STRATEGIES, experiment, max_rel_diff, single_losses
 from tests.helpers.records import make_record, write_record
-from tests.test_parity import STRATEGIES, experiment, max_rel_diff, single_losses
 
 BF16 = ["ddp", "fsdp1", "fsdp2", "zero0", "zero1", "zero2", "zero3", "zero3_offload", "accelerate"]
 # fp16 under the strategies whose loss scaler follows torch.amp.GradScaler's schedule (DeepSpeed's

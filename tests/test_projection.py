@@ -15,9 +15,8 @@ from kanscale.files import preset_names
 from launchers.cli import main
 from launchers.project import cost_models
 from launchers.zoo import model_shape
-from tests.helpers.launch import ROOT, run
+from tests.helpers.launch import ROOT, run, two_agent_commbench
 from tests.helpers.records import make_record, write_record
-from tests.test_commbench import two_agent_commbench
 
 US = 1e-6
 # Two trainable tensors of 1,000 and 2,000 elements (one per KAN layer) and 500 frozen elements.

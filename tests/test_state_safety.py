@@ -24,7 +24,8 @@ from strategies.lifecycle.checkpoint import complete_checkpoints
 from strategies.lifecycle.failures import FailureReport
 from strategies.lifecycle.run_lock import LOCK_FILE, RunLock
 from strategies.loop.trainer import Trainer, find_resumable
-from tests.helpers.launch import ROOT, child_env, run, run_jobs
+from tests.helpers.launch import ROOT, child_env, run, run_here, run_jobs
+from tests.helpers.runs import failed_run, failing, losses, small
 
 # The slow tier (make test-slow, run by .ci/run): kills, resumes and concurrent owners of real
 # multi-process runs.
@@ -33,53 +34,9 @@ pytestmark = pytest.mark.slow
 QUICKSTART = str(ROOT / "configs/experiments/quickstart.yaml")
 
 
-def small(out: Path, strategy: dict | None = None, **training) -> dict:
-    """A run of seconds: 12 steps, a checkpoint every 3 (the newest two kept: 6 and 9 when it
-    fails at step 11)."""
-    return {
-        "name": "safety",
-        "model": {"family": "bspline", "widths": [2, 4, 1], "grid": 3, "grid_range": [-2.0, 2.0]},
-        "task": {"name": "quadratic", "n_train": 512, "n_test": 64},
-        "training": {
-            "seed": 3,
-            "lr": 0.02,
-            "micro_batch": 32,
-            "steps": 12,
-            "warmup_steps": 1,
-            "checkpoint_every": 3,
-            **training,
-        },
-        "strategy": strategy or {"name": "single"},
-        "measurement": {"baseline_steps": 1},
-        "runtime": {"device": "cpu", "threads": 1},
-        "output": {"dir": str(out)},
-    }
-
-
-def failing(config: dict, step: int = 11, rank: int | str = "all", kind: str = "exception") -> dict:
-    return {**config, "fault": {"rank": rank, "step": step, "kind": kind}}
-
-
-def trained(config: dict, resume: Path | None = None) -> Trainer:
-    trainer = Trainer(parse_experiment(config), DistEnv(), show_progress=False, resume=resume)
-    trainer.run()
-    return trainer
-
-
-def failed_run(config: dict) -> Path:
-    trainer = Trainer(parse_experiment(failing(config)), DistEnv(), show_progress=False)
-    with pytest.raises(RuntimeError, match="injected fault"):
-        trainer.run()
-    return trainer.run_dir
-
-
 def snapshot(run_dir: Path) -> dict[str, bytes | None]:
     """Every path under a run directory, with the bytes of its files."""
     return {str(p.relative_to(run_dir)): p.read_bytes() if p.is_file() else None for p in sorted(run_dir.rglob("*"))}
-
-
-def losses(run_dir: Path) -> list[float]:
-    return [s.loss for s in read_steps(run_dir)]
 
 
 # ------------------------------------------------------------------------ finished runs
@@ -87,7 +44,7 @@ def losses(run_dir: Path) -> list[float]:
 
 def test_a_finished_run_is_not_resumed_and_its_record_is_untouched(tmp_path, capsys):
     config = small(tmp_path / "runs")
-    run_dir = trained(config).run_dir
+    run_dir = run_here(config).run_dir
     before = snapshot(run_dir)
     with pytest.raises(ConfigError, match=rf"{run_dir} finished \(status ok\); a finished run is not resumed"):
         Trainer(parse_experiment(config), DistEnv(), show_progress=False, resume=run_dir)
@@ -118,26 +75,26 @@ def test_no_checkpoint_that_verifies_refuses_before_anything_changes(tmp_path):
 
 
 def test_a_checkpoint_whose_steps_are_not_all_recorded_gives_way_to_an_older_one(tmp_path, capsys):
-    full = trained(small(tmp_path / "full"))
+    full = run_here(small(tmp_path / "full"))
     config = small(tmp_path / "runs")
     run_dir = failed_run(config)
     steps = (run_dir / "steps.jsonl").read_text().splitlines(keepends=True)
     (run_dir / "steps.jsonl").write_text("".join(steps[:7]))  # lost the records of steps 8-10
-    record = trained(config, resume=run_dir).record
+    record = run_here(config, resume=run_dir).record
     assert record.resumed_at_steps == [6]
     assert losses(run_dir) == [s.loss for s in full.combined]
     assert "passed over step-000009 (steps.jsonl holds only 7 of its 9 steps; left in place)" in capsys.readouterr().err
 
 
 def test_a_checkpoint_without_checksums_is_used_and_said_to_be_unverified(tmp_path, capsys):
-    full = trained(small(tmp_path / "full"))
+    full = run_here(small(tmp_path / "full"))
     config = small(tmp_path / "runs")
     run_dir = failed_run(config)
     meta_file = run_dir / "checkpoints/step-000009/meta.json"
     meta = json.loads(meta_file.read_text())
     assert set(meta["files"]) == {"state.pt", "rng-rank0.pt"}
     meta_file.write_text(json.dumps({k: v for k, v in meta.items() if k != "files"}))  # as an older kanscale wrote it
-    assert trained(config, resume=run_dir).record.resumed_at_steps == [9]
+    assert run_here(config, resume=run_dir).record.resumed_at_steps == [9]
     assert losses(run_dir) == [s.loss for s in full.combined]
     assert (
         "step-000009 was written without checksums (by an earlier kanscale) and is used unverified"

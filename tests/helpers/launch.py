@@ -7,6 +7,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from strategies.loop.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -104,13 +110,42 @@ def run_nodes(nnodes: int, nproc: int, worker: list[str], timeout: float = 900) 
         )
 
 
-def run_here(config: dict):
+def two_agent_commbench(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real commbench over two launcher agents, run once per test session and shared by
+    tests/test_commbench.py and tests/test_projection.py."""
+    out = tmp_path_factory.getbasetemp() / "commbench-2x1" / "bench.json"
+    if not out.exists():
+        run(
+            [
+                sys.executable,
+                "-m",
+                "launchers.cli",
+                "commbench",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--max-bytes",
+                "16384",
+                "--iters",
+                "5",
+                "--warmup",
+                "2",
+                "--out",
+                str(out),
+            ],
+            timeout=240,
+        )
+    return out
+
+
+def run_here(config: dict, resume: Path | None = None) -> "Trainer":
     """The experiment ``config`` trained in this process (the one-process reference strategies are
-    compared with); its Trainer, after the run."""
+    compared with), resuming the run directory ``resume`` if given; its Trainer, after the run."""
     from strategies.distributed import DistEnv
     from strategies.experiment import parse_experiment
     from strategies.loop.trainer import Trainer
 
-    trainer = Trainer(parse_experiment(config), DistEnv(), show_progress=False)
+    trainer = Trainer(parse_experiment(config), DistEnv(), show_progress=False, resume=resume)
     trainer.run()
     return trainer
