@@ -16,10 +16,11 @@ from typing import ClassVar, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import nn
 
 from kan_models.base import ModelConfig, ParamCount, Seed
+from kanscale.extras import require
 
 
 class PyKANModel(nn.Module):
@@ -83,6 +84,11 @@ class PyKANConfig(ModelConfig):
     grid_range: tuple[float, float] = (-1.0, 1.0)
     symbolic_enabled: bool = Field(True, description="pykan default; the symbolic branch costs time")
     save_act: bool = Field(True, description="pykan default; keeps activations for plotting")
+
+    @model_validator(mode="after")
+    def _installed(self) -> PyKANConfig:
+        require("pykan", "model.family: pykan")
+        return self
 
     def parameter_count(self) -> ParamCount:
         # pykan fits its initial splines by least squares while it builds, which the meta device

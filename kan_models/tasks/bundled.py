@@ -12,6 +12,7 @@ import numpy as np
 from pydantic import Field
 
 from kan_models.tasks.data import DataTask, Table, as_classes
+from kanscale.extras import require
 
 # dataset -> (scikit-learn's loader, whether its target is a class)
 BUNDLED = {
@@ -39,6 +40,7 @@ class SklearnTask(DataTask):
 
 @cache
 def load_bundled(dataset: str) -> Table:
+    require("sklearn", "task.name: sklearn")
     import sklearn.datasets
 
     loader, is_class = BUNDLED[dataset]

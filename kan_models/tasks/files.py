@@ -41,6 +41,7 @@ from pydantic import Field, model_validator
 from kan_models.tasks.contract import OBJECTIVES, Objective
 from kan_models.tasks.data import DataTask, Table, listing
 from kan_models.tasks.prepare import ENCODED, Read, Text, as_numbers, prepare
+from kanscale.extras import require
 
 # The widest CSV and Parquet files read. pandas (and pyarrow, for Parquet's metadata) pay for
 # every column: at these widths a 3-row file is read and checked in ~4 s on a loaded 2-core VM
@@ -173,13 +174,13 @@ def read_table(
 
 
 def read_frame(path: str, suffix: str, given: str) -> pd.DataFrame:
+    if suffix == ".parquet":
+        require("parquet", f"task.path: reading {given}")
     try:
         width = column_count(path, suffix)
         frame = TABULAR[suffix](path) if width <= MAX_COLUMNS[suffix] else None
     except pd.errors.EmptyDataError:
         raise ValueError(f"task.path: {given} is empty") from None
-    except ImportError as err:  # Parquet without its engine
-        raise ValueError(f"task.path: reading {given} needs pyarrow ({err}); pip install pyarrow") from None
     except (UnicodeDecodeError, pd.errors.ParserError, csv.Error, OSError, ValueError) as err:
         raise ValueError(f"task.path: {given} cannot be read as {suffix[1:]}: {str(err).splitlines()[0]}") from None
     if frame is None:

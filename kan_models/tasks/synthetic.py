@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 
 from kan_models.base import Interval
 from kan_models.tasks.contract import OBJECTIVES, Objective, TaskConfig, TaskData
+from kanscale.extras import require
 
 
 class SyntheticTask(TaskConfig):
@@ -103,6 +104,7 @@ class HighDimTask(SyntheticTask):
 def feynman_equation(equation: str) -> tuple[int, Callable[[torch.Tensor], torch.Tensor], list[tuple[float, float]]]:
     """pykan's Feynman equation ``equation`` (kan.feynman): its variable count, its function and
     each variable's range. Imported here: it pulls in sympy."""
+    require("pykan", "task.name: feynman (pykan's equations)")
     from kan.feynman import get_feynman_dataset
 
     try:

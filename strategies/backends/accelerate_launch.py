@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kan_models.base import ModelConfig
+from kanscale.extras import require
 from kanscale.files import read_mapping
 from strategies.backends.deepspeed_config import hidden_size, resolve_native, warn_unchecked
 from strategies.backends.deepspeed_training import adopt
@@ -24,6 +25,7 @@ FP16_CPU_MESSAGE = (
     "training.precision: Accelerate does not autocast fp16 on CPUs (it would train in float32 and "
     "report fp16); use bf16 on a CPU, or the DeepSpeed plugin"
 )
+DEEPSPEED_PLUGIN = "accelerate's DeepSpeed plugin (distributed_type: DEEPSPEED)"
 GPU_ONLY_MESSAGE = "accelerate + FSDP needs CUDA devices here (Accelerate's FSDP plugin does not run on CPUs); use strategy fsdp2 or fsdp1 on CPU"
 
 
@@ -85,6 +87,8 @@ def launch_config_conflicts(
     problems = unknown_launch_keys(launch)
     kind = launch.get("distributed_type")
     kind = "NO" if kind is False else kind  # YAML 1.1 reads an unquoted NO as false
+    if kind == "DEEPSPEED":
+        require("hf", DEEPSPEED_PLUGIN)
     native_file = Path(str((launch.get("deepspeed_config") or {}).get("deepspeed_config_file") or ""))
     if kind == "DEEPSPEED" and native_file.is_file():
         # the file's precision (an fp16 block enabled) is the run's where the experiment sets none
