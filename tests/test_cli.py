@@ -1,4 +1,5 @@
-"""The kanscale CLI as a user runs it."""
+"""The kanscale CLI as a user runs it, a config given as a pipe included: `kanscale run` refuses
+it before launch (the ranks cannot read it again), `kanscale train` in one process reads it."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import pytest
 
 from analysis.records import read_steps, read_summary
 from launchers.cli import main
+from tests.helpers.cli import refused
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = str(ROOT / "configs/experiments/quickstart.yaml")
@@ -158,3 +160,48 @@ def test_a_native_deepspeed_json_from_the_command_line(tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = read_summary(only_run(tmp_path / "runs"))
     assert (record.strategy.label, record.strategy.options["zero_stage"]) == ("zero3", 3)
+
+
+def pipe_of(text: str) -> str:
+    """/dev/fd/N of a pipe holding ``text``, as bash's <(...) gives (this process's only)."""
+    read, write = os.pipe()
+    os.write(write, text.encode())
+    os.close(write)
+    return f"/dev/fd/{read}"
+
+
+def test_run_refuses_a_config_the_ranks_cannot_read_again(tmp_path, capsys):
+    piped = pipe_of(Path(QUICKSTART).read_text())
+    err = refused(["run", piped, "--strategy", "ddp", "--nproc-per-node", "2", "--dry-run"], capsys)
+    assert f"config: {piped} is not a regular file" in err and "write it to a file first" in err
+    fifo = tmp_path / "ds.json"
+    os.mkfifo(fifo)  # no writer: reading it would block, so it must be refused unread
+    err = refused(["run", QUICKSTART, "--deepspeed-config", str(fifo), "--nproc-per-node", "2", "--dry-run"], capsys)
+    assert f"--deepspeed-config: {fifo} is not a regular file" in err
+    err = refused(
+        ["run", QUICKSTART, "--strategy", "accelerate", "--accelerate-config", str(fifo), "--dry-run"], capsys
+    )
+    assert f"--accelerate-config: {fifo} is not a regular file" in err
+
+
+def test_train_in_one_process_still_reads_a_pipe(tmp_path, capsys):
+    piped = pipe_of(Path(QUICKSTART).read_text())
+    assert (
+        main(
+            [
+                "train",
+                piped,
+                "--set",
+                "training.steps=6",
+                "--set",
+                "training.epochs=null",
+                "--set",
+                "measurement.baseline_steps=1",
+                "--no-progress",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    assert len(list(tmp_path.glob("*/summary.json"))) == 1

@@ -1,9 +1,10 @@
 """`kanscale export` reads a checkpoint only once it verifies, by the same check a resume makes:
 of a run directory it takes the newest checkpoint that verifies and says which it skipped and why;
 a checkpoint directory named on the command line that fails verification, was set aside as
-corrupt, is a partial save or has no manifest is refused with exit 2 and one line. Real runs,
-real files."""
+corrupt, is a partial save or has no manifest is refused with exit 2 and one line; an export never writes into the checkpoint or run it
+reads. Real runs, real files."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.lifecycle.checkpoint import set_aside
 from strategies.loop.trainer import Trainer
+from tests.helpers.cli import refused
 from tests.helpers.launch import run_jobs
 
 
@@ -70,13 +72,6 @@ def exported_from(model: Path) -> tuple[int, dict[str, torch.Tensor]]:
 
 def saved_model(checkpoint: Path) -> dict[str, torch.Tensor]:
     return torch.load(checkpoint / "state.pt", weights_only=True)["model"]
-
-
-def refused(args: list[str], capsys) -> str:
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err
 
 
 @pytest.mark.parametrize(
@@ -199,3 +194,31 @@ def test_a_dcp_checkpoint_with_a_flipped_bit_in_one_rank_shard_is_skipped(tmp_pa
     assert step == 6 and all(torch.equal(state[k], expected[k]) for k in expected)
     err = refused(["export", str(checkpoints / "step-000012"), "--out", str(tmp_path / "refused.pt")], capsys)
     assert f"export: {checkpoints / 'step-000012'} fails verification: __1_0.distcp does not match its checksum" in err
+
+
+def test_export_refuses_an_out_inside_the_checkpoint_or_the_run_it_reads(run_dir, tmp_path, capsys):
+    checkpoint = run_dir / "checkpoints/step-000012"
+    state = (checkpoint / "state.pt").read_bytes()
+    err = refused(["export", str(checkpoint), "--out", str(checkpoint / "state.pt")], capsys)
+    assert f"--out: {checkpoint / 'state.pt'} lies inside the run directory being exported ({run_dir})" in err
+    assert f"write the export outside it, e.g. --out {run_dir.parent / (run_dir.name + '.pt')}" in err
+    refused(["export", str(run_dir), "--out", str(run_dir / "model.pt")], capsys)
+    (tmp_path / "link").symlink_to(run_dir)  # the same run, reached through a symlink
+    assert "lies inside the run directory" in refused(
+        ["export", str(run_dir), "--out", str(tmp_path / "link/checkpoints/model.pt")], capsys
+    )
+    assert (checkpoint / "state.pt").read_bytes() == state and not (run_dir / "model.pt").exists()
+    assert main(["export", str(tmp_path / "link"), "--out", str(tmp_path / "model.pt")]) == 0  # outside it: exported
+
+
+def test_export_replaces_its_out_file_rather_than_writing_into_it(run_dir, tmp_path):
+    """An --out hard-linked to the checkpoint's own file (which no path check can see) is
+    replaced by a new file: the checkpoint keeps its bytes, and no temporary file is left."""
+    state = run_dir / "checkpoints/step-000012/state.pt"
+    before = state.read_bytes()
+    out = tmp_path / "exports/model.pt"
+    out.parent.mkdir()
+    os.link(state, out)
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    assert state.read_bytes() == before and out.stat().st_ino != state.stat().st_ino
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.pt"]

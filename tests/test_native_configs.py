@@ -1,13 +1,17 @@
 """Native DeepSpeed JSON as DeepSpeed's and Accelerate's templates ship it ("auto" everywhere),
 on both routes to DeepSpeed: ``strategy.config`` / ``--deepspeed-config`` and an accelerate
-launch config's ``deepspeed_config_file``. The templates are copies in tests/data/native/."""
+launch config's ``deepspeed_config_file``; an NVMe offload without a path, or without DeepSpeed's
+async_io op, refused before launch. The templates are copies in tests/data/native/."""
 
 import json
+import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils import DeepSpeedPlugin
@@ -22,6 +26,7 @@ from strategies.backends.deepspeed_config import UncheckedDeepSpeedKeys, auto_pa
 from strategies.experiment import load_experiment, parse_experiment
 from strategies.lifecycle.preflight import preflight
 from strategies.precision_support import cpu_fp16_supported
+from tests.helpers.cli import refused
 from tests.helpers.launch import ROOT, run
 
 NATIVE = ROOT / "tests/data/native"
@@ -304,3 +309,50 @@ def test_zero3_offload_with_the_auto_template_shards_on_both_routes(tmp_path):
             zero["stage3_param_persistence_threshold"],
         ) == (256, 230, 160), job
         assert zero["offload_param"]["device"] == "cpu" and results[job]["status"] == "ok"
+
+
+def test_nvme_offload_without_a_path_or_the_async_io_op_is_refused_before_launch(tmp_path, capsys):
+    pytest.importorskip("deepspeed")
+    from strategies.backends.deepspeed import accelerator_env
+
+    # whether this machine has the op, asked of DeepSpeed itself meanwhile (an import of its own: ~2 s)
+    probe = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from deepspeed.ops.op_builder import AsyncIOBuilder; "
+            "sys.exit(0 if AsyncIOBuilder().is_compatible(verbose=False) else 3)",
+        ],
+        env={**os.environ, **accelerator_env("cuda" if torch.cuda.is_available() else "cpu")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    native = tmp_path / "ds_nvme.json"
+    offload = {"stage": 3, "offload_optimizer": {"device": "nvme"}, "offload_param": {"device": "nvme"}}
+    native.write_text(json.dumps({"zero_optimization": offload}))
+    run = [
+        "run",
+        "quickstart",
+        "--deepspeed-config",
+        str(native),
+        "--launcher",
+        "deepspeed",
+        "--nproc-per-node",
+        "2",
+        "--dry-run",
+    ]
+    err = refused(run, capsys)
+    for block in ("offload_optimizer", "offload_param"):
+        assert (
+            f'zero_optimization.{block}.device is "nvme" but zero_optimization.{block}.nvme_path is not set' in err
+            and f"give zero_optimization.{block}.nvme_path, a directory on a local NVMe drive" in err
+        )
+    for block in ("offload_optimizer", "offload_param"):
+        offload[block]["nvme_path"] = str(tmp_path / "swap")
+    native.write_text(json.dumps({"zero_optimization": offload}))
+    if probe.wait(timeout=300) == 0:  # this machine has libaio: the config is accepted
+        assert main(run) == 0
+    else:
+        err = refused(run, capsys)
+        assert "DeepSpeed's async_io op, which swaps to NVMe, is not available on this machine" in err
+        assert "zero_optimization.offload_optimizer.device and zero_optimization.offload_param.device" in err

@@ -1,4 +1,5 @@
-"""The report says only what was measured: a mistyped directory is refused, unreadable records are
+"""The report says only what was measured: a mistyped directory is refused, a report directory
+that cannot be written is named with --out, unreadable records are
 listed and skipped, plots hold measured points only and put model state beside peak memory, the
 published-study section says what to run when nothing matches it, and docs/analysis.md's example
 runs as written."""
@@ -6,9 +7,12 @@ runs as written."""
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from analysis.derive import derive
 from analysis.load import load_runs
@@ -16,6 +20,7 @@ from analysis.paper import paper_comparison
 from analysis.plots import BASELINE_LABEL, efficiency_plot, memory_vs_size_plot, speedup_plot, state_stack_plot
 from launchers.cli import build_parser, main
 from launchers.studies.study import load_study
+from tests.helpers.cli import refused
 from tests.helpers.records import make_record, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,3 +269,36 @@ def test_the_python_api_example_in_docs_analysis_runs_as_written(tmp_path, monke
     assert rows["ddp"] == ["2", "1.5", "0.75", "single", "process"]  # 1500 / 1000 samples/s, over 2 ranks
     assert f"report: {Path('runs/demo/report/report.html')}" in out
     assert (tmp_path / "runs" / "demo" / "report" / "report.html").is_file()
+
+
+@pytest.fixture
+def read_only_runs(tmp_path) -> Path:
+    """A directory of one run record that this user cannot write: chmod'ed, or for root (whom
+    modes do not stop) a read-only bind mount of it."""
+    runs = tmp_path / "runs"
+    write_record(runs, make_record("r1"))
+    if os.geteuid() != 0:
+        for path in (runs / "r1", runs):
+            path.chmod(0o555)
+        yield runs
+        for path in (runs, runs / "r1"):
+            path.chmod(0o755)
+        return
+    if shutil.which("mount") is None:
+        pytest.skip("a read-only directory for root is a read-only bind mount, and there is no mount command")
+    done = subprocess.run(["mount", "--bind", str(runs), str(runs)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"mount --bind is not permitted here: {done.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(runs)], check=True, capture_output=True)
+        yield runs
+    finally:
+        subprocess.run(["umount", str(runs)], capture_output=True)
+
+
+def test_analyze_of_a_read_only_directory_names_the_report_directory_and_out(read_only_runs, tmp_path, capsys):
+    err = refused(["analyze", str(read_only_runs)], capsys)
+    assert f"--out (not given: DIR/report): {read_only_runs / 'report'} cannot be written: {read_only_runs}" in err
+    assert "read-only" in err and "--out REPORT_DIR" in err
+    assert main(["analyze", str(read_only_runs), "--out", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report/report.html").is_file()

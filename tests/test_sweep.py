@@ -1,6 +1,11 @@
-"""Studies expand into the right points; sweeps run them for real, go on past failures, resume."""
+"""Studies expand into the right points; sweeps run them for real, go on past failures, resume;
+one sweep at a time owns an output directory, and a point's run is its own."""
 
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -10,9 +15,13 @@ from analysis.records import read_summary
 from kanscale.errors import ConfigError
 from launchers.cli import main
 from launchers.studies.study import expand, load_study
-from launchers.studies.sweep import matches
+from launchers.studies.sweep import SweepLock, matches
+from tests.helpers.cli import refused
+from tests.helpers.launch import child_env
+from tests.helpers.records import make_record, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "configs/experiments/quickstart.yaml"
 STUDIES = sorted((ROOT / "configs/studies").glob("*.yaml"))
 
 
@@ -203,3 +212,75 @@ def test_set_is_checked_with_each_points_axes_so_a_study_that_leaves_the_batch_t
     assert len(commands) == len(expand(load_study(study))[0]) and all("training.steps=20" in c for c in commands)
     assert main(["sweep", study, "--out", str(tmp_path), "--set", "model.impl=fusd", "--dry-run"]) == 2
     assert "--set (point size=study" in capsys.readouterr().err
+
+
+def two_point_study(tmp_path: Path) -> Path:
+    """Two one-process points of a few steps each."""
+    return write_study(
+        tmp_path,
+        set={"training.steps": 6, "training.epochs": None, "training.micro_batch": 64, "measurement.baseline_steps": 1},
+        matrix={"strategy": ["single"], "topology": ["1x1"], "training.lr": [0.01, 0.02]},
+        include=[],
+    )
+
+
+def test_a_second_sweep_on_an_output_directory_in_use_is_refused_naming_the_holder(tmp_path, capsys):
+    out = tmp_path / "runs"
+    held = SweepLock.acquire(out)  # another sweep's hold (flock: another open file, as another process has)
+    try:
+        err = refused(["sweep", str(two_point_study(tmp_path)), "--out", str(out)], capsys)
+    finally:
+        held.release()
+    assert f"{out} is in use by another sweep (pid {os.getpid()} on " in err and "started 20" in err
+    assert "or give another --out" in err
+    assert sorted(p.name for p in out.iterdir()) == [".sweep.lock"]  # nothing run, logged or set aside
+
+
+def test_a_points_run_is_the_record_of_its_own_experiment_not_the_first_new_one(tmp_path):
+    from launchers.launch.request import RunRequest
+    from launchers.studies.study import Point
+    from launchers.studies.sweep import outcome, run_key
+
+    out = tmp_path / "runs"
+    # a run of another experiment that appeared while the point ran, first by name, and the point's own
+    write_record(out, make_record("a-foreign").model_copy(update={"config_digest": "f" * 16}))
+    write_record(out, make_record("b-mine").model_copy(update={"config_digest": "m" * 16}))
+    point = Point(axes={}, strategy="single", nodes=1, procs_per_node=1, overrides=[])
+    result = outcome(
+        point,
+        run_key("m" * 16, 1, 1),
+        out,
+        RunRequest(config=str(QUICKSTART), out=str(out)),
+        out / "point.log",
+        set(),
+        time.monotonic(),
+        code=0,
+    )
+    assert (result.status, result.run_id) == ("ok", "b-mine")
+
+
+def wait_for_the_lock(out: Path, sweep: subprocess.Popen, timeout: float = 120) -> None:
+    """Until ``sweep`` holds OUT's lock: its lock file names it, which it writes once it holds it."""
+    deadline = time.monotonic() + timeout
+    lock = out / SweepLock.FILE
+    while not (lock.exists() and f'"pid": {sweep.pid},' in lock.read_text()):
+        assert sweep.poll() is None, f"the sweep ended before it held {lock}: {sweep.communicate()[1]}"
+        assert time.monotonic() < deadline, f"the sweep did not take {lock} in {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow  # two real sweeps, one of them a real run of two points
+def test_two_sweeps_started_together_one_runs_every_point_the_other_is_refused(tmp_path):
+    study, out = two_point_study(tmp_path), tmp_path / "runs"
+    command = [sys.executable, "-m", "launchers.cli", "sweep", str(study), "--out", str(out)]
+    first = subprocess.Popen(
+        command, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    wait_for_the_lock(out, first)
+    second = subprocess.run(command, env=child_env(), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    _, first_err = first.communicate(timeout=300)
+    assert first.returncode == 0, first_err
+    assert second.returncode == 2 and f"{out} is in use by another sweep (pid {first.pid} on " in second.stderr
+    entries = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
+    runs = sorted(p.parent.name for p in out.glob("*/summary.json"))
+    assert len(entries) == 2 and sorted(e["run_id"] for e in entries) == runs  # one run per point, each its own
