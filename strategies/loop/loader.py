@@ -84,7 +84,9 @@ class LoaderBatches:
         start_step: int,
     ) -> None:
         dataset = TensorDataset(x.cpu(), y.cpu())
-        self.sampler = DistributedSampler(dataset, num_replicas=dp_size, rank=dp_rank, shuffle=True, seed=training.seed)
+        self.sampler: DistributedSampler[tuple[torch.Tensor, ...]] = DistributedSampler(
+            dataset, num_replicas=dp_size, rank=dp_rank, shuffle=True, seed=training.seed
+        )
         self.grad_accum, self.dp_size, self.device = training.grad_accum, dp_size, device
         self.per_epoch = math.ceil(len(self.sampler) / micro_batch)  # micro-batches per rank per epoch
         self.steps_per_epoch = plan.steps_per_epoch
@@ -101,15 +103,20 @@ class LoaderBatches:
             pin_memory=device.type == "cuda",
             prefetch_factor=2 if workers else None,
         )
-        self.iterator = iter(loader)
+        self.iterator: Iterator[list[torch.Tensor]] | None = iter(loader)
 
     def batches(self, step: int) -> tuple[list[Batch], int]:
+        if self.iterator is None:
+            raise RuntimeError("the data loader was closed: its workers are gone")
         # The epoch's last step takes what is left of its micro-batches, as the memory path's does.
         offset = step % self.steps_per_epoch
         count = min(self.grad_accum, self.per_epoch - offset * self.grad_accum)
-        batches = [tuple(t.to(self.device, non_blocking=True) for t in next(self.iterator)) for _ in range(count)]
+        batches = [self._on_device(*next(self.iterator)) for _ in range(count)]
         # Every rank holds as many samples (the sampler pads), so the step's total is known here.
         return batches, self.dp_size * sum(len(x) for x, _ in batches)
+
+    def _on_device(self, x: torch.Tensor, y: torch.Tensor) -> Batch:
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
 
     def close(self) -> None:
         """Stop the worker processes now, not at interpreter exit: forked from rank 0, they hold
