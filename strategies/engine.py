@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.utils.hooks import RemovableHandle
 
 from analysis.schema import CompileInfo, ModelStateBytes, PrecisionInfo
 from strategies.compiled_step import StepCompilation
@@ -72,7 +71,7 @@ def watch_compute_dtypes(model: nn.Module) -> set[str]:
     model computed in, whichever mechanism cast it (a model's own output may be cast back to
     float32, as Accelerate does). Each hook removes itself after one call, so steps pay nothing."""
     seen: set[str] = set()
-    handles: dict[int, RemovableHandle] = {}
+    handles = {}
 
     def hook(module: nn.Module, args: Any, output: Any) -> None:
         if isinstance(output, torch.Tensor) and output.is_floating_point():
@@ -119,9 +118,8 @@ class Engine:
         self.input_dtype: torch.dtype | None = None  # a backend whose module is in a low dtype wants its inputs so
         self.compute_dtypes = watch_compute_dtypes(model)
         self._dtype_watch_pending = True
-        # Model-state bytes are counted once, in a step, after the gradients exist and before the
-        # update frees them: the loop arms the count, the engine takes it at that point.
-        self.count_state_next_step = False
+        # Model-state bytes are counted once, in the step the loop names (``count_state``), after
+        # the gradients exist and before the update frees them.
         self.counted_state: ModelStateBytes | None = None
         # What the run is called when only the running backend knows (Accelerate picks its
         # backend from the launch config); None: the strategy config's label.
@@ -134,15 +132,14 @@ class Engine:
         )
         self._loss_share = self.compilation.region(self.loss_share) if self.compilation else self.loss_share
 
-    def _count_state_if_armed(self) -> None:
-        if self.count_state_next_step:
-            self.counted_state = self.model_state_bytes()
-            self.count_state_next_step = False
-
-    def forward_backward(self, batches: Sequence[Batch], loss_sum: LossFn, n_global: int) -> torch.Tensor:
+    def forward_backward(
+        self, batches: Sequence[Batch], loss_sum: LossFn, n_global: int, count_state: bool = False
+    ) -> torch.Tensor:
         """Accumulate the gradient of the global batch's mean loss over this rank's micro-batches
         (``n_global`` samples in the whole step, over every rank); return this rank's share of
-        that loss, detached. Summed over the ranks, the shares are the global mean."""
+        that loss, detached. Summed over the ranks, the shares are the global mean.
+        ``count_state``: this step's model state is the one the run records; a backend that updates
+        the parameters inside the backward counts it here, the others in :meth:`step`."""
         if self.training.compile != "none" and self._dtype_watch_pending:
             # The dtype watch's one-shot hooks must fire, and go, before the step is traced:
             # traced, they stayed in the compiled graph and doubled the step (5.3 against 2.6 ms
@@ -163,7 +160,6 @@ class Engine:
                 with backward():
                     self.backward(loss)
             total = loss.detach() if total is None else total + loss.detach()
-        assert total is not None, "a step has at least one micro-batch"
         return total
 
     def loss_share(
@@ -207,12 +203,14 @@ class Engine:
     def clip_grad_norm(self, max_norm: float) -> None:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
-    def step(self) -> None:
-        """Clip (if configured), update the parameters, clear the gradients."""
+    def step(self, count_state: bool = False) -> None:
+        """Clip (if configured), update the parameters, clear the gradients; with ``count_state``,
+        count the model state (:attr:`counted_state`) before the update frees the gradients."""
         if self.training.grad_clip > 0:
             self.amp.unscale(self.optimizer)
             self.clip_grad_norm(self.training.grad_clip)
-        self._count_state_if_armed()
+        if count_state:
+            self.counted_state = self.model_state_bytes()
         if self.compilation is not None:
             self.compilation.optimizer_step()  # fp16's scaler is refused with it (TrainingConfig)
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -24,10 +25,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from analysis.schema import ModelStateBytes
 from kanscale.errors import ConfigError
-from kanscale.extras import require
 from kanscale.files import find_file, read_mapping
 from strategies.backends.accelerate_launch import (
-    DEEPSPEED_PLUGIN,
     FP16_CPU_MESSAGE,
     GPU_ONLY_MESSAGE,
     MIXED_PRECISION,
@@ -41,7 +40,7 @@ from strategies.backends.deepspeed_training import adopted_training
 from strategies.backends.fsdp1 import FSDP1Engine
 from strategies.backends.fsdp2 import FSDP2Engine
 from strategies.distributed import DistEnv
-from strategies.engine import Engine
+from strategies.engine import Batch, Engine, LossFn
 from strategies.optim import build_optimizer
 from strategies.precision_support import autocast_lacks, deepspeed_lacks
 from strategies.sections import TrainingConfig
@@ -116,7 +115,6 @@ class AccelerateConfig(StrategyConfig):
         if plugin == "FSDP" and env.device.type != "cuda":
             raise ConfigError(GPU_ONLY_MESSAGE)
         if plugin == "DEEPSPEED":
-            require("hf", DEEPSPEED_PLUGIN)
             prepare_import(env.device.type)
         accelerator = Accelerator(
             # On CPUs, cpu=True gives multi-CPU DDP, but it would also switch the DeepSpeed plugin off.
@@ -198,20 +196,31 @@ class AccelerateEngine(Engine):
             if mixed != "no"
             else "none"
         )
-        if isinstance(inner, DeepSpeedEngine):
-            self._count_state_inside_deepspeed_step(inner.ds)
 
-    def _count_state_inside_deepspeed_step(self, ds_engine: Any) -> None:
+    def forward_backward(
+        self, batches: Sequence[Batch], loss_sum: LossFn, n_global: int, count_state: bool = False
+    ) -> torch.Tensor:
+        if count_state and isinstance(self.inner, DeepSpeedEngine):
+            with self._counting_state_inside_deepspeed_step(self.inner.ds):
+                return super().forward_backward(batches, loss_sum, n_global)
+        return super().forward_backward(batches, loss_sum, n_global)
+
+    @contextlib.contextmanager
+    def _counting_state_inside_deepspeed_step(self, ds_engine: Any) -> Iterator[None]:
         """Under DeepSpeed, ``accelerator.backward`` itself steps at the accumulation boundary,
         so the state is counted inside DeepSpeed's step, while the gradients still exist."""
         deepspeed_step = ds_engine.step
 
         def step(*args: Any, **kwargs: Any) -> Any:
-            if ds_engine.is_gradient_accumulation_boundary():
-                self._count_state_if_armed()
+            if ds_engine.is_gradient_accumulation_boundary() and self.counted_state is None:
+                self.counted_state = self.model_state_bytes()
             return deepspeed_step(*args, **kwargs)
 
         ds_engine.step = step
+        try:
+            yield
+        finally:
+            ds_engine.step = deepspeed_step
 
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         # Accelerate counts micro-steps itself and syncs on every grad_accum-th; the loop runs
@@ -223,10 +232,11 @@ class AccelerateEngine(Engine):
         # ranks; undo both so the gradient is that of the global-batch mean.
         self.accelerator.backward(loss * (self.world_size * self.training.grad_accum))
 
-    def step(self) -> None:
+    def step(self, count_state: bool = False) -> None:
         if self.training.grad_clip > 0 and self.accelerator.distributed_type.name != "DEEPSPEED":
             self.accelerator.clip_grad_norm_(self.model.parameters(), self.training.grad_clip)
-        self._count_state_if_armed()
+        if count_state and self.counted_state is None:  # under DeepSpeed, the backward's step counted it
+            self.counted_state = self.model_state_bytes()
         self.optimizer.step()  # under DeepSpeed, accelerator.backward already stepped at the boundary
         self.optimizer.zero_grad(set_to_none=True)
 

@@ -110,8 +110,9 @@ class DeepSpeedEngine(Engine):
         if not self._boundary:
             self.ds.step()  # DeepSpeed counts micro-steps in step(); off the boundary it only counts
 
-    def step(self) -> None:
-        self._count_state_if_armed()
+    def step(self, count_state: bool = False) -> None:
+        if count_state:
+            self.counted_state = self.model_state_bytes()
         self.ds.step()  # clipping comes from the config's gradient_clipping
 
     def model_state_bytes(self) -> ModelStateBytes:

@@ -78,9 +78,9 @@ class TPEngine(CutLayout, DTensorStateDicts, ShardedCheckpoints, Engine):
     kind = "tp"
     compiled_autograd = False
 
-    def step(self) -> None:
+    def step(self, count_state: bool = False) -> None:
         reduce_partial_gradients(self.model)
-        super().step()
+        super().step(count_state)
 
 
 class FSDP2TPEngine(CutLayout, FSDP2Engine):

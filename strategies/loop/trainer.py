@@ -13,13 +13,15 @@ Steps are timed in windows without synchronizing between them (strategies/measur
 each window every rank samples the compute-only baseline (strategies/measure/baseline.py) on the
 window's last micro-batches, so exposed communication (strategies/measure/comm_exposure.py) compares
 the training with a baseline taken on the same machine at the same time.
+
+Around the loop: strategies/loop/model_setup.py builds the model and the baseline,
+strategies/loop/step_log.py keeps and writes the step records, strategies/loop/run_end.py
+evaluates the trained model or writes the failure.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,54 +29,33 @@ from pathlib import Path
 import torch
 
 from analysis.records import RunWriter
-from analysis.schema import CompileInfo, RunError, RunRecord, StepRecord
-from kan_models import build_model, count_parameters
-from kan_models.compile import compile_model, graph_break_counts, graph_breaks
-from kanscale.errors import ConfigError
+from analysis.schema import BatchInfo, CompileInfo, RunRecord, StepRecord
+from kan_models import count_parameters
+from kan_models.compile import graph_break_counts, graph_breaks
 from strategies.distributed import DistEnv
 from strategies.engine import Batch, Engine
 from strategies.experiment import ExperimentConfig, dump_yaml
-from strategies.lifecycle.checkpoint import discard_partial_saves, load_checkpoint, save_checkpoint
+from strategies.lifecycle.checkpoint import load_checkpoint, save_checkpoint
 from strategies.lifecycle.disk import disk_full, free_space
-from strategies.lifecycle.export import read_export
-from strategies.lifecycle.failures import (
-    STOPPED,
-    FailureReport,
-    check_finite,
-    inject_fault,
-    raise_on_sigterm,
-    record_failure,
-    reporting_failure,
-    reports_dir,
-)
+from strategies.lifecycle.failures import inject_fault, raise_on_sigterm
 from strategies.lifecycle.preflight import preflight
 from strategies.lifecycle.resume import find_resumable, open_attempt
 from strategies.loop.loader import MemoryBatches, batch_source
+from strategies.loop.model_setup import build_baseline, build_rank_model, compile_on_sample
 from strategies.loop.progress import Progress
+from strategies.loop.run_end import evaluate, write_failure
+from strategies.loop.step_log import StepLog
 from strategies.measure.baseline import ComputeBaseline
-from strategies.measure.combine import Window, combine_memory, combine_window
+from strategies.measure.combine import combine_memory, combine_window
 from strategies.measure.comm_bytes import StepCommBytes
 from strategies.measure.layerwise import LayerwiseBaseline
 from strategies.measure.memory import TrainingPeaks
-from strategies.measure.outside_load import combine_outside_load, read_now
+from strategies.measure.outside_load import Reading, combine_outside_load, read_now
 from strategies.measure.probes import build_probe
-from strategies.measure.record import batch_info, initial_record, new_run_id, now_iso, results
+from strategies.measure.record import batch_info, initial_record, new_run_id, results
 from strategies.measure.timing import StepTimer, window_bounds
 from strategies.native_training import with_native_training
 from strategies.schedule import current_lr, lr_at, set_lr
-
-
-def load_exported(path: str, cfg: ExperimentConfig) -> dict[str, torch.Tensor]:
-    """The weights of a ``kanscale export`` file, after checking they are for this model."""
-    exported = read_export(path, "training.init_from")
-    theirs, ours = exported["model"], cfg.model.model_dump(mode="json")
-    differ = [k for k in ("family", "widths", *cfg.model.identity) if theirs.get(k) != ours.get(k)]
-    if differ:
-        raise ConfigError(
-            f"training.init_from: {path} holds a {theirs['family']} {theirs['widths']} model, which differs "
-            f"from this experiment's in {', '.join(differ)}; use an export of the same model"
-        )
-    return exported["model_state"]
 
 
 class Trainer:
@@ -90,30 +71,15 @@ class Trainer:
         self.plan = preflight(cfg, env.device.type, env.world_size)
         # The run's device mesh: from here on every part of the run reads its position from env.mesh.
         env = env.on_mesh(cfg.strategy.mesh_shape(env.world_size, env.local_world_size))
-        self.cfg, self.env, mesh = cfg, env, env.mesh
-        self.micro_batch = t.micro_batch_for(mesh.dp_size)
+        assert env.mesh is not None  # on_mesh placed it
+        self.cfg, self.env, self.mesh = cfg, env, env.mesh
+        self.micro_batch = t.micro_batch_for(self.mesh.dp_size)
         self.dtype = getattr(torch, t.dtype)
         self.data = cfg.task.generate(t.seed).to(env.device, self.dtype)
-        self.model = build_model(cfg.model, t.seed)
-        if t.init_from:
-            self.model.load_state_dict(load_exported(t.init_from, cfg))
-        self.model.to(device=env.device, dtype=self.dtype)
-        # Every rank starts from rank 0's weights: some initialisations (pykan's least-squares
-        # fit) are not bitwise reproducible, and not every backend broadcasts them itself. A
-        # factory that built another model on some rank would fail inside the broadcast, naming nothing.
-        layout = "; ".join(f"{k} {tuple(v.shape)} {v.dtype}" for k, v in self.model.state_dict().items())
-        if differ := env.ranks_differing(hashlib.sha256(layout.encode()).hexdigest()):
-            raise ConfigError(
-                f"model: rank(s) {differ} built a model other than rank 0's (names, shapes or dtypes of its "
-                f"tensors differ); the model ({cfg.model.family}, model.factory where custom) must be built "
-                "the same on every rank: do not make it depend on the rank"
-            )
-        env.broadcast_tensors(list(self.model.state_dict().values()))
+        self.model = build_rank_model(cfg, env, self.dtype)
         self.params = count_parameters(self.model)
         # A plain copy for refitting grids: the engine's model may be sharded or wrapped.
         self.grid_template = copy.deepcopy(self.model) if t.grid_update_every else None
-        self.show_progress = show_progress
-        self.windows: list[Window] = []  # this attempt's timing windows
         self.peaks = TrainingPeaks(env.device)
         self.probe = build_probe(cfg.measurement.comm_probe, env)
         counted = t.warmup_steps - 1 if t.compile == "none" and t.warmup_steps else None  # an untimed step, eager
@@ -126,37 +92,53 @@ class Trainer:
         # From here rank 0 holds the run directory's lock, until run() has written the last record.
         self.attempt = open_attempt(cfg, env, run_dir, resume=resume is not None)
         self.run_dir, self.checkpoint = run_dir, self.attempt.checkpoint
-        self.combined: list[StepRecord] = self.attempt.steps  # the run's steps, from before a resume too
-        self.start_step = len(self.combined)
+        self.start_step = len(self.attempt.steps)
         self.steps_done = self.start_step
-        self.written = self.start_step  # of self.combined, the steps in steps.jsonl
         self.record = initial_record(cfg, env, run_dir.name, self.params, self._batch_info(self.start_step))
-        # The suite's own split, for shapes, the baseline's warm-up and grid refits; and the
-        # experiment's data path (the same, or a DataLoader), which the steps take their batches from.
-        x, y = self.data.x_train, self.data.y_train
-        self.memory = MemoryBatches(x, y, self.plan, t, mesh.dp_size, mesh.dp_rank)
-        self.baseline_kind = cfg.measurement.baseline_for(mesh.shape, t.compile)
-        self.source = batch_source(
-            x, y, self.plan, t, self.micro_batch, mesh.dp_size, mesh.dp_rank, env.device, self.start_step
-        )
-        self.last_batches: tuple[list[Batch], int] = self.memory.batches(self.start_step)
-        if self.attempt.previous is not None:
+        if self.attempt.previous is not None and self.checkpoint is not None:
             self.record = self.record.model_copy(
                 update={
                     "started_at": self.attempt.previous.started_at,
                     "resumed_at_steps": [*self.attempt.previous.resumed_at_steps, self.checkpoint.step],
                 }
             )
-        self.writer: RunWriter | None = None
-        self.step_lrs: dict[int, float] = {}  # this window's learning rates, read from the optimizer, by step
+        # The suite's own split, for shapes, the baseline's warm-up and grid refits; and the
+        # experiment's data path (the same, or a DataLoader), which the steps take their batches from.
+        x, y = self.data.x_train, self.data.y_train
+        self.memory = MemoryBatches(x, y, self.plan, t, self.mesh.dp_size, self.mesh.dp_rank)
+        self.baseline_kind = cfg.measurement.baseline_for(self.mesh.shape, t.compile)
+        self.source = batch_source(
+            x, y, self.plan, t, self.micro_batch, self.mesh.dp_size, self.mesh.dp_rank, env.device, self.start_step
+        )
+        self.last_batches: tuple[list[Batch], int] = self.memory.batches(self.start_step)
         self.breaks_before = graph_break_counts()  # the record counts this run's graph breaks only
+        # What run() measures: the compile time, the baseline, the outside load around the timed steps.
+        self.compile_s: float | None = None
+        self.engine: Engine | None = None  # the strategy's, once run() has applied it
+        self.baseline: ComputeBaseline | LayerwiseBaseline | None = None
+        self.load_start: Reading | None = None
+        self.load_end: Reading | None = None
+        progress = Progress(
+            self.plan.total_steps,
+            enabled=env.is_main,
+            interactive=show_progress,
+            log_every=t.log_every,
+            start=self.start_step,
+        )
+        # The run's steps, from before a resume too; rank 0 writes them and the record.
+        self.log = StepLog(self.attempt.steps, RunWriter(run_dir) if env.is_main else None, progress)
 
-    def _batch_info(self, steps_done: int):
+    @property
+    def combined(self) -> list[StepRecord]:
+        """The run's step records, from before a resume too."""
+        return self.log.steps
+
+    def _batch_info(self, steps_done: int) -> BatchInfo:
         return batch_info(self.cfg, self.plan, self.micro_batch, steps_done)
 
     def _write(self) -> None:
-        if self.writer is not None:
-            self.writer.write_summary(self.record)
+        if self.log.writer is not None:
+            self.log.writer.write_summary(self.record)
 
     # ------------------------------------------------------------------------------ training
 
@@ -166,135 +148,113 @@ class Trainer:
         try:
             return self._run()
         finally:
+            self.log.progress.close()
+            self.source.close()
             self.attempt.release()  # the record is final: the directory is free for a resume
 
     def _run(self) -> RunRecord:
-        if self.env.is_main:
-            self.writer = RunWriter(self.run_dir)
-            self.writer.write_config(dump_yaml(self.cfg.resolved()))
+        if self.log.writer is not None:
+            self.log.writer.write_config(dump_yaml(self.cfg.resolved()))
             if self.checkpoint is not None:
-                self.writer.rewrite_steps(self.combined)
+                self.log.writer.rewrite_steps(self.log.steps)
         self._write()
-        self.progress = Progress(
-            self.plan.total_steps,
-            enabled=self.env.is_main,
-            interactive=self.show_progress,
-            log_every=self.cfg.training.log_every,
-            start=self.start_step,
-        )
         try:
-            self.compile_s = self._compile(self.model) if self.cfg.training.compile == "model" else None
-            self.baseline = self._build_baseline()
-            self.engine: Engine = self.cfg.strategy.apply(self.model, self.cfg.training, self.env)
+            if self.cfg.training.compile == "model":
+                self.compile_s = compile_on_sample(self.model, self._sample(), self.cfg.training.compile_mode)
+            self.baseline = build_baseline(
+                self.baseline_kind, self.cfg, self.env, self.mesh, self.model, self.last_batches, self._sample()
+            )
+            engine: Engine = self.cfg.strategy.apply(self.model, self.cfg.training, self.env)
+            self.engine = engine
             self.record = self.record.model_copy(
                 update={
                     "strategy": self.record.strategy.model_copy(
                         update={
-                            "label": self.engine.label or self.record.strategy.label,
-                            "distributed_type": self.engine.distributed_type(),
-                            "backend_config": self.engine.backend_config(),
+                            "label": engine.label or self.record.strategy.label,
+                            "distributed_type": engine.distributed_type(),
+                            "backend_config": engine.backend_config(),
                         }
                     ),
-                    "precision": self.engine.precision_info(),
-                    "compile": self.engine.compile_info(),
+                    "precision": engine.precision_info(),
+                    "compile": engine.compile_info(),
                 }
             )
             if self.checkpoint is not None:
-                load_checkpoint(self.engine, self.env, self.checkpoint)
-            self._train()
-            test_metrics = self._evaluate()
-            state = self.engine.counted_state or self.engine.model_state_bytes()
-            memory = combine_memory(self.env, self.peaks, self.baseline.held_bytes if self.baseline else 0, state)
-            measured = results(self.env, self.combined, self.windows, memory, self.cfg.measurement, self.baseline_kind)
-            measured["timings"] = measured["timings"].model_copy(update={"compile_s": self.compile_s})
-            outside = combine_outside_load(self.env, self.load_start, self.load_end) if self.load_start else None
-            measured["measurement"] = measured["measurement"].model_copy(
-                update={"outside_load": outside, **(self.probe.results() if self.probe is not None else {})}
-            )
-            self.record = self.record.model_copy(
-                update={
-                    **measured,
-                    "test_metrics": test_metrics,
-                    "comm_bytes": self.traffic.result(),
-                    "batch": self._batch_info(self.steps_done),
-                    "precision": self.engine.precision_info(),
-                    "compile": self._compile_info(),
-                }
-            )
-            free_space(self.run_dir)  # the room kept for the last record (strategies/lifecycle/disk.py)
-            self._write()
+                load_checkpoint(engine, self.env, self.checkpoint)
+            self._train(engine)
+            self._finish(engine)
         except BaseException as exc:
             failure = disk_full(exc, self.run_dir, "in the run directory")  # named so, with the path and errno
-            self._fail(failure)
+            self.record = write_failure(
+                failure,
+                self.record,
+                self.env,
+                self.run_dir,
+                self.attempt.number,
+                self.log,
+                self.steps_done,
+                self._batch_info,
+            )
             if failure is exc:
                 raise
             raise failure from exc
-        finally:
-            self.progress.close()
-            self.source.close()
         return self.record
 
-    def _compile_info(self) -> CompileInfo:
-        info = self.engine.compile_info()
+    def _sample(self) -> torch.Tensor:
+        """A micro-batch of the training shape, which the model is compiled on."""
+        return self.memory.batches(0)[0][0][0]
+
+    def _finish(self, engine: Engine) -> None:
+        """Evaluate the trained model and write the final record."""
+        test_metrics = evaluate(engine, self.env, self.mesh, self.data, self.cfg.task, self.micro_batch)
+        state = engine.counted_state or engine.model_state_bytes()
+        held = self.baseline.held_bytes if self.baseline else 0
+        memory = combine_memory(self.env, self.peaks, held, state)
+        measured = results(self.env, self.log.steps, self.log.windows, memory, self.cfg.measurement, self.baseline_kind)
+        measured["timings"] = measured["timings"].model_copy(update={"compile_s": self.compile_s})
+        outside = (
+            combine_outside_load(self.env, self.load_start, self.load_end)
+            if self.load_start and self.load_end
+            else None
+        )
+        measured["measurement"] = measured["measurement"].model_copy(
+            update={"outside_load": outside, **(self.probe.results() if self.probe is not None else {})}
+        )
+        self.record = self.record.model_copy(
+            update={
+                **measured,
+                "test_metrics": test_metrics,
+                "comm_bytes": self.traffic.result(),
+                "batch": self._batch_info(self.steps_done),
+                "precision": engine.precision_info(),
+                "compile": self._compile_info(engine),
+            }
+        )
+        free_space(self.run_dir)  # the room kept for the last record (strategies/lifecycle/disk.py)
+        self._write()
+
+    def _compile_info(self, engine: Engine) -> CompileInfo:
+        info = engine.compile_info()
         return (
             info
             if info.setting == "none"
             else info.model_copy(update={"graph_breaks": graph_breaks(self.breaks_before)})
         )
 
-    def _compile(self, model: torch.nn.Module) -> float:
-        """Compile the (unwrapped) model in place on a batch of the training shape; returns the
-        compile time. Backends that replace parameters (FSDP, ZeRO-3) may recompile during the
-        first steps, which the warm-up steps absorb."""
-        sample = self.memory.batches(0)[0][0][0]
-        mode = self.cfg.training.compile_mode
-        return compile_model(model, sample, **({} if mode == "default" else {"mode": mode}))[1]
-
-    def _build_baseline(self) -> ComputeBaseline | LayerwiseBaseline | None:
-        """The compute-only baseline measurement.baseline asks for (None: off), warmed up on this
-        attempt's first batches; every rank builds its own at the same time, before the strategy
-        wraps the model."""
-        t, m = self.cfg.training, self.cfg.measurement
-        if self.baseline_kind == "off":
-            return None
-        if self.baseline_kind == "layerwise":
-            baseline = LayerwiseBaseline(
-                self.model,
-                self.cfg.strategy.wrap_units(self.model),
-                self.env.device,
-                t,
-                self.env.mesh.shape.dp_shard,
-                m.baseline_steps,
-            )
-        else:
-
-            def replica() -> torch.nn.Module:
-                model = build_model(self.cfg.model, t.seed).to(device=self.env.device, dtype=self.dtype)
-                model.load_state_dict(self.model.state_dict())
-                if t.compile == "model":
-                    self._compile(model)  # the model's compiled code is cached by now
-                return self.cfg.strategy.compute_replica(model, self.env)
-
-            baseline = ComputeBaseline(replica, self.env.device, t, m.baseline_steps)
-        baseline.warm_up(*self.last_batches, self.cfg.task.loss_sum, steps=min(t.warmup_steps, 3))
-        return baseline
-
-    def _train(self) -> None:
+    def _train(self, engine: Engine) -> None:
         env, t, m = self.env, self.cfg.training, self.cfg.measurement
         timer = StepTimer(env, per_step=m.timing == "per_step")
-        numbered = [s.window for s in self.combined if s.window is not None]
-        first_index = max(numbered) + 1 if numbered else 0
         self.peaks.reset()
         self.load_start = self.load_end = None
         bounds = window_bounds(
             self.start_step, self.plan.total_steps, t.warmup_steps, m.window_steps, t.checkpoint_every
         )
-        for index, (first, end) in enumerate(bounds, start=first_index):
+        for index, (first, end) in enumerate(bounds, start=self.log.first_window_index()):
             if self.load_start is None and first >= t.warmup_steps:
                 self.load_start = read_now()
             timer.start_window()
             for step in range(first, end):
-                self._step(step, timer)
+                self._step(engine, step, timer)
             sample = timer.end_window()
             # Between windows: the training's memory peaks, then the baseline on the window's last
             # micro-batches (its own step's memory never counts), then the one combining collective.
@@ -302,19 +262,13 @@ class Trainer:
             compute_s = self.baseline.sample(*self.last_batches, self.cfg.task.loss_sum) if self.baseline else None
             self.peaks.reset()
             steps, window = combine_window(env, index, first, sample, compute_s, t.warmup_steps)
-            steps = [s.model_copy(update={"lr": self.step_lrs.pop(s.step - 1)}) for s in steps]
-            finite = [s for s in steps if math.isfinite(s.loss)]
-            self.combined += finite
-            if len(finite) < len(steps):
-                self._write_steps()
-                check_finite(steps[len(finite)].loss, steps[len(finite)].step)
-            self.windows.append(window)
+            self.log.add_window(steps, window, self.steps_done)
             checkpoint_due = t.checkpoint_every and end % t.checkpoint_every == 0
-            if any(self.progress.due(n) for n in range(first + 1, end + 1)) or checkpoint_due:
-                self._write_steps()
+            if self.log.progress_due(first, end) or checkpoint_due:
+                self.log.write(self.steps_done)
             if checkpoint_due:
                 save_checkpoint(
-                    self.engine,
+                    engine,
                     env,
                     self.run_dir,
                     end,
@@ -326,7 +280,7 @@ class Trainer:
                     keep=t.keep_checkpoints,
                 )
         self.load_end = read_now()
-        self._write_steps()
+        self.log.write(self.steps_done)
 
     def _grid_update_due(self, step: int) -> bool:
         t = self.cfg.training
@@ -336,26 +290,25 @@ class Trainer:
             and (t.grid_update_until is None or step <= t.grid_update_until)
         )
 
-    def _step(self, step: int, timer: StepTimer) -> None:
+    def _step(self, engine: Engine, step: int, timer: StepTimer) -> None:
         """One training step, stamped by ``timer``; nothing in it waits for the device or the
         other ranks beyond what the backend itself does."""
-        env, engine = self.env, self.engine
-        inject_fault(self.cfg.fault, env.rank, step + 1)
+        inject_fault(self.cfg.fault, self.env.rank, step + 1)
         timer.start_step()
         batches, n_global = self.last_batches = self.source.batches(step)
         timer.data_ready()
         if self._grid_update_due(step):
-            self._update_grid(self.plan.global_indices(step))
-        engine.count_state_next_step = step == self.plan.total_steps - 1
+            self._update_grid(engine, self.plan.global_indices(step))
+        last = step == self.plan.total_steps - 1  # the step whose model state the record gives
         # Before the backward: under Accelerate's DeepSpeed plugin the last micro-batch's backward steps.
         set_lr(engine.optimizer, lr_at(self.cfg.training, step, self.plan.total_steps))
         started = time.perf_counter()
         with self.traffic.around(step):
-            loss_share = engine.forward_backward(batches, self.cfg.task.loss_sum, n_global=n_global)
+            loss_share = engine.forward_backward(batches, self.cfg.task.loss_sum, n_global=n_global, count_state=last)
             if self.probe is not None:
                 self.probe.after_backward(engine, batches, step)
-            engine.step()
-        self.step_lrs[step] = current_lr(engine.optimizer)  # what the step ran with, unless the backend changed it
+            engine.step(count_state=last)
+        self.log.lrs[step] = current_lr(engine.optimizer)  # what the step ran with, unless the backend changed it
         if engine.compilation is not None and step == self.start_step:
             # The whole step compiles in its first call: that call's time is the compile time
             # (a warm-up step, so it is in no timed window either way).
@@ -364,84 +317,19 @@ class Trainer:
         self.steps_done = step + 1
 
     @torch.no_grad()
-    def _update_grid(self, indices: torch.Tensor) -> None:
+    def _update_grid(self, engine: Engine, indices: torch.Tensor) -> None:
         """Refit the KAN grids to the step's whole global batch (every rank holds the data):
         gather the full model, refit a plain copy on rank 0, send its state to every rank and
         load it back, re-sharding where the engine shards. All ranks end identical."""
-        state = self.engine.full_state_dict()
+        state = engine.full_state_dict()
         if self.env.is_main:
+            assert self.grid_template is not None  # kept whenever training.grid_update_every is set
             self.grid_template.load_state_dict(state)
-            self.grid_template.update_grid(self.data.x_train[indices])
+            self.grid_template.update_grid(self.data.x_train[indices])  # type: ignore[operator]  # nn.Module.__getattr__ is typed Tensor | Module
             for key, value in self.grid_template.state_dict().items():
                 state[key].copy_(value)
         self.env.broadcast_tensors(list(state.values()))
-        self.engine.load_full_state_dict(state)
-
-    def _write_steps(self) -> None:
-        """Append the combined step records not yet in steps.jsonl (rank 0 writes; no collective)."""
-        records = self.combined[self.written :]
-        if not records:
-            return
-        if self.writer is not None:
-            self.writer.append_steps(records)
-        self.written = len(self.combined)
-        last = records[-1]
-        self.progress.update(self.steps_done, loss=last.loss, samples_per_s=last.samples / max(last.time_s_max, 1e-12))
-
-    def _evaluate(self) -> dict[str, float]:
-        """The task's test metrics of the trained model, each data-parallel rank evaluating a
-        shard. Every rank runs the same number of forward passes, which sharded strategies need."""
-        env, mesh, task = self.env, self.env.mesh, self.cfg.task
-        n_test = self.data.x_test.shape[0]
-        shard = torch.arange(n_test).tensor_split(mesh.dp_size)[mesh.dp_rank]
-        chunk = max(self.micro_batch, 1024)
-        n_chunks = max(1, math.ceil(math.ceil(n_test / mesh.dp_size) / chunk))
-        sums = self.engine.evaluate(
-            ((self.data.x_test[i], self.data.y_test[i]) for i in shard.tensor_split(n_chunks)), task.metric_sums
-        )
-        # The statistics may be of any shape (one per output): summed over ranks as one tensor.
-        names = sorted(sums)
-        parts = [sums[n].double().reshape(-1) for n in names]
-        totals = (env.all_reduce(torch.cat(parts), "sum") / mesh.ranks_per_replica).cpu()
-        return task.metrics(dict(zip(names, totals.split([len(p) for p in parts]))), n_test)
-
-    def _fail(self, exc: BaseException) -> None:
-        """Report this rank's failure and rewrite the record from this attempt's reports so far (any
-        rank may be the last one able to), then write the completed steps not yet written. Ctrl-C,
-        or a SIGTERM no rank's failure preceded, leaves the run ``incomplete``: stopped, not failed."""
-        with reporting_failure():
-            free_space(self.run_dir)  # on a full disk, the room for the report and the record
-            report = FailureReport(
-                rank=self.env.rank,
-                step=self.steps_done,
-                type=type(exc).__name__,
-                message=str(exc) or type(exc).__name__,
-                time=time.time(),
-            )
-
-            def write(error: RunError) -> None:
-                status = "incomplete" if isinstance(exc, KeyboardInterrupt) or error.type == STOPPED else "failed"
-                self.record = self.record.model_copy(
-                    update=dict(
-                        status=status, error=error, finished_at=now_iso(), batch=self._batch_info(error.step or 0)
-                    )
-                )
-                (self.writer or RunWriter(self.run_dir)).write_summary(self.record)
-
-            record_failure(
-                reports_dir(self.run_dir, self.attempt.number),
-                report,
-                self.env.world_size,
-                write,
-                make_room=lambda: discard_partial_saves(self.run_dir),
-            )
-            # The steps after the record: the reserve holds room for the record, whose size is
-            # bounded; how many steps are not yet written is not.
-            if self.writer is not None:
-                try:
-                    self._write_steps()
-                except OSError:
-                    pass  # a full disk: they do not fit (append_steps leaves no torn line)
+        engine.load_full_state_dict(state)
 
 
 @dataclass(frozen=True)
