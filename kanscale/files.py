@@ -105,7 +105,7 @@ class _StrictLoader(yaml.SafeLoader):
     (``<<: *base``) brings in may be overridden, as YAML intends. A document whose aliases
     expand beyond :data:`MAX_YAML_VALUES` is refused before it is built."""
 
-    def compose_document(self) -> yaml.Node:
+    def compose_document(self) -> yaml.Node | None:
         node = super().compose_document()
         if node is not None and expanded_size(node, {}) > MAX_YAML_VALUES:
             raise AliasBombError(
@@ -117,7 +117,8 @@ class _StrictLoader(yaml.SafeLoader):
             )
         return node
 
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        # ``!!map`` on a sequence reaches here with another node: the base class refuses it
         if isinstance(node, yaml.MappingNode):
             seen: dict[Any, yaml.Mark] = {}
             for key_node, _ in node.value:
