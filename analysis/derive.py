@@ -28,7 +28,7 @@ GROUP = ["study", "strategy_label", "model_label", "task_label", "batch.micro_ba
 # What makes a strategy's run comparable with the one-process reference, when it has no 1-rank run.
 SINGLE_GROUP = ["study", "model_label", "task_label", "batch.global_batch", "precision.setting", "compile.setting"]
 # What makes runs repeats of one point.
-POINT = GROUP + ["topology.world_size", "topology.nodes"]
+POINT = [*GROUP, "topology.world_size", "topology.nodes"]
 
 
 def derive(runs: pd.DataFrame) -> pd.DataFrame:
@@ -54,9 +54,9 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
         .rename("single_baseline")
     )
     ok = ok.join(own, on=group).join(single, on=SINGLE_GROUP)
-    ok["baseline"] = np.where(
-        ok["own_baseline"].notna(), "own 1-rank", np.where(ok["single_baseline"].notna(), "single process", None)
-    )
+    ok["baseline"] = None
+    ok.loc[ok["single_baseline"].notna(), "baseline"] = "single process"
+    ok.loc[ok["own_baseline"].notna(), "baseline"] = "own 1-rank"
     ok["baseline_samples_per_s"] = ok["own_baseline"].fillna(ok["single_baseline"])
     ok = ok.drop(columns=["own_baseline", "single_baseline"])
     ok["speedup"] = ok["samples_per_s"] / ok["baseline_samples_per_s"]

@@ -17,11 +17,12 @@ PAPER_CSV = Path(__file__).parent / "reference" / "paper_results.csv"
 CONFIGURATION = "pykan [2, W, 1], grid 10, k 3, x^2 + y^2, batch 512 per rank"
 PAPER_HARDWARE = "published: NVIDIA A100, 2 per node, InfiniBand, DDP over NCCL"
 DIFFERENCES = (
-    "The published rows ran on NVIDIA A100 GPUs (2 per node, InfiniBand between nodes) with DDP over NCCL for 40 epochs "
-    "of the study's sample counts; kanscale's rows ran where their hardware column says, usually with fewer samples and "
-    "epochs, so throughput and final loss compare only within a source, while speedup and efficiency compare the shape "
-    "of scaling. Communication overhead differs in kind: the study's probe timed an extra all-reduce added every second "
-    "batch (which also changed the gradients), kanscale's is the exposed communication of the unmodified training step."
+    "The published rows ran on NVIDIA A100 GPUs (2 per node, InfiniBand between nodes) with DDP over NCCL for 40 "
+    "epochs of the study's sample counts; kanscale's rows ran where their hardware column says, usually with fewer "
+    "samples and epochs, so throughput and final loss compare only within a source, while speedup and efficiency "
+    "compare the shape of scaling. Communication overhead differs in kind: the study's probe timed an extra "
+    "all-reduce added every second batch (which also changed the gradients), kanscale's is the exposed "
+    "communication of the unmodified training step."
 )
 
 
@@ -120,7 +121,11 @@ def paper_comparison(derived: pd.DataFrame) -> Table:
     for key, fmt in formats.items():
         text[headers[key]] = data[key].map(lambda v, fmt=fmt: "" if pd.isna(v) else fmt(v))
     matched = len(our_rows)
-    missing = [s for s in sorted(paper_rows["study"].unique(), key=order.get) if s not in set(our_rows["study"])]
+    missing = [
+        s
+        for s in sorted(paper_rows["study"].unique(), key=lambda study: order[study])
+        if s not in set(our_rows["study"])
+    ]
     caption = (
         f"{what_is_missing(missing, matched)}The published study ({CONFIGURATION}) beside {matched} kanscale point(s) "
         f"of the same configuration. {DIFFERENCES}"
@@ -138,7 +143,8 @@ def what_is_missing(studies: list[str], matched: int) -> str:
             f"None of these runs matches the published configuration ({CONFIGURATION}, in a study named "
             f"{', '.join(studies)}), so only the published rows are shown. To run it: {commands}. "
         )
-    return f"No run here matches the published {', '.join(studies)} stud{'y' if len(studies) == 1 else 'ies'}: {commands}. "
+    studies_named = f"{', '.join(studies)} stud{'y' if len(studies) == 1 else 'ies'}"
+    return f"No run here matches the published {studies_named}: {commands}. "
 
 
 def populate_commands(study: str) -> str:
@@ -181,15 +187,15 @@ def probe_costs(derived: pd.DataFrame, problems: list[Problem] | None = None) ->
                 Problem(steps_file, f"{steps_file}: no timed probed and unprobed steps; its probe cost is left out")
             )
             continue
-        probed, plain = statistics.median(probed), statistics.median(plain)
-        share = (probed - plain) / 2 / plain
+        probed_s, plain_s = statistics.median(probed), statistics.median(plain)
+        share = (probed_s - plain_s) / 2 / plain_s
         rows.append(
             {
                 "run_id": run["run_id"],
                 "study": run["study"],
                 "ranks": run["world_size"],
-                "probed_step_ms": 1e3 * probed,
-                "unprobed_step_ms": 1e3 * plain,
+                "probed_step_ms": 1e3 * probed_s,
+                "unprobed_step_ms": 1e3 * plain_s,
                 "probe_share": share,
                 "throughput_loss": 1 - 1 / (1 + share),
                 "study_number": run["measurement.paper_probe_overhead"],

@@ -92,7 +92,8 @@ def scaling_plot(
     summary = summarize(runs, ["strategy_label", "world_size"], [metric])
     palette = colours(list(summary["strategy_label"].unique()))
     scale = 100 if percent else 1
-    for strategy, rows in summary.groupby("strategy_label"):
+    for label, rows in summary.groupby("strategy_label"):
+        strategy = str(label)
         rows = rows.dropna(subset=[f"{metric}_median"]).sort_values("world_size")
         if rows.empty:
             continue
@@ -170,7 +171,7 @@ def bar_plot(
     ):
         rows = rows.sort_values("strategy_label")
         x = start + np.arange(len(rows))
-        for xi, (_, row) in zip(x, rows.iterrows()):
+        for xi, (_, row) in zip(x, rows.iterrows(), strict=True):
             strategy, median = row["strategy_label"], row[f"{metric}_median"]
             low, high = (
                 (row[f"{metric}_min"], row[f"{metric}_max"])
@@ -239,8 +240,9 @@ def memory_vs_size_plot(runs: pd.DataFrame) -> Figure:
         ("model_state_bytes", "model state (params, grads, optimizer, master)"),
         ("peak_memory_bytes", f"peak {kind}"),
     ]
-    for ax, (metric, title) in zip(axes, panels):
-        for strategy, rows in summary.groupby("strategy_label"):
+    for ax, (metric, title) in zip(axes, panels, strict=True):
+        for label, rows in summary.groupby("strategy_label"):
+            strategy = str(label)
             rows = rows.sort_values("model.params_trainable")
             ax.plot(
                 rows["model.params_trainable"],
@@ -329,7 +331,7 @@ def peak_panel(ax: Axes, summary: pd.DataFrame, kind: str) -> None:
         color="tab:blue",
         label="model state (same scale)",
     )
-    for x, (state, peak) in enumerate(zip(summary["model_state_bytes_median"], peaks)):
+    for x, (state, peak) in enumerate(zip(summary["model_state_bytes_median"], peaks, strict=True)):
         # upright inside the bar: nine strategies' labels side by side stay apart
         ax.text(
             x,

@@ -122,7 +122,10 @@ def summary_line(report: Report, runs_dir: Path) -> str:
             "to analyse" + (": see the files listed below." if report.problems else ".")
         )
     if report.finished == 0:
-        return f"{report.records} run record(s) under {runs_dir}, none finished (status ok), so there is nothing to compare."
+        return (
+            f"{report.records} run record(s) under {runs_dir}, none finished (status ok), so there is nothing "
+            "to compare."
+        )
     return f"{report.records} run record(s) under {runs_dir}, {report.finished} finished and analysed."
 
 
@@ -136,7 +139,8 @@ def write_html(report: Report, runs_dir: Path) -> Path:
         parts.append("<h2>Not analysed</h2><ul>")
         parts += [f'<li class="problem">{html.escape(p.message)}</li>' for p in report.problems]
         for _, row in report.unfinished.iterrows():
-            error = row.get("error.message") if isinstance(row.get("error.message"), str) else "no error recorded"
+            message = row.get("error.message")
+            error = message if isinstance(message, str) else "no error recorded"
             parts.append(
                 f'<li class="problem">{html.escape(row["run_id"])}: status {row["status"]}: {html.escape(error)}</li>'
             )

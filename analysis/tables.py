@@ -157,7 +157,7 @@ def quick_comparison(runs: pd.DataFrame) -> pd.DataFrame:
         else "not measured"
         if pd.isna(v)
         else percent(v)
-        for v, single in zip(table["comm overhead"], one_process)
+        for v, single in zip(table["comm overhead"], one_process, strict=True)
     ]
     table["model state / rank"] = table["model state / rank"].map(human_bytes)
     table["final loss"] = table["final loss"].map(general)

@@ -19,6 +19,7 @@ Rules, so that a verdict is never stronger than its evidence:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import pandas as pd
 
@@ -79,20 +80,22 @@ def point_names(runs: pd.DataFrame) -> dict[tuple, str]:
     experiments, what differs, so that they are separate points and never pooled as repeats
     (``single (training.global_batch=64)``)."""
     names = {}
-    for point, at in runs.groupby(POINT):
+    for group, at in runs.groupby(POINT):
+        point = cast(tuple, group)  # grouped by a list of columns: each key is a tuple
         configs = at.drop_duplicates("repeat_key").set_index("repeat_key")["repeat_config"]
         differ = sorted({key for other in configs for key in differences(configs.iloc[0], other)})
         for key, config in configs.items():
             flat = dotted(config)
-            names[(*point, key)] = point[0] + (
-                f" ({', '.join(f'{k}={flat.get(k)}' for k in differ)})" if differ else ""
-            )
+            point_key = (*point, key)
+            names[point_key] = point[0] + (f" ({', '.join(f'{k}={flat.get(k)}' for k in differ)})" if differ else "")
     return names
 
 
 def points(runs: pd.DataFrame) -> pd.DataFrame:
     if "repeat_key" not in runs:  # runs not read by load_runs: known by their config digest
-        runs = runs.assign(repeat_key=runs["config_digest"], repeat_config=[{}] * len(runs))
+        runs = runs.assign(
+            repeat_key=runs["config_digest"], repeat_config=pd.Series([{}] * len(runs), index=runs.index)
+        )
     rows = []
     names = point_names(runs)
     for point, at in runs.groupby([*POINT, "repeat_key"]):
@@ -136,14 +139,14 @@ def tie_ranks(table: pd.DataFrame) -> list[str]:
     """Rank labels by median throughput (``table`` sorted fastest first): a point whose interval
     overlaps the interval of its group's leader shares the leader's rank, shown as ``=N``."""
     labels: list[str] = [""] * len(table)
-    rank, leader = 0, None
-    for i, row in table.iterrows():
+    rank, leader, leader_at = 0, None, 0
+    for i, (_, row) in enumerate(table.iterrows()):
         if leader is None or row["high"] < leader["low"]:
-            rank, leader = rank + 1, row
+            rank, leader, leader_at = rank + 1, row, i
             labels[i] = str(rank)
         else:
             labels[i] = f"={rank}"
-            labels[table.index.get_loc(leader.name)] = f"={rank}"
+            labels[leader_at] = f"={rank}"
     return labels
 
 
@@ -191,7 +194,7 @@ def not_scaling(table: pd.DataFrame) -> str | None:
         return None
     several = references["precision"].nunique() > 1
     slower = []
-    for (strategy, precision), rows in table[table["world_size"] > 1].groupby(["strategy", "precision"]):
+    for (_, precision), rows in table[table["world_size"] > 1].groupby(["strategy", "precision"]):
         own = references[references["precision"] == precision]
         if own.empty:
             continue

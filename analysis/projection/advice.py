@@ -134,10 +134,10 @@ def why(c: Candidate, best: Candidate | None) -> str:
 
     if c.micro_batch == 0 and c.peak.total <= c.capacity:
         return f"the global batch does not split evenly over its {c.replicas} model replicas"
-    if not c.fits:
+    p = c.projection
+    if not c.fits or p is None:  # a candidate fits only with a micro-batch, and so with a projection
         at = f"at {c.micro_batch} samples" if c.micro_batch else "before any sample"
         return f"does not fit: {human_bytes(c.peak.total)} per rank {at}, of {human_bytes(c.capacity)}"
-    p = c.projection
     cost = f"{p.collectives:g} collective(s) per step, {p.exposed_s * 1e3:.2f} ms exposed of {p.step_s * 1e3:.2f} ms"
     accum = f"; {c.grad_accum} micro-batches per step to fit" if c.grad_accum > 1 else ""
     if c is best or best is None:

@@ -35,7 +35,7 @@ def busbw_factor(op: str, ranks: int) -> float:
         return (ranks - 1) / ranks
     if op == HOST_COPY:
         return 1.0
-    raise ValueError(f"unknown operation {op!r}; expected one of {', '.join(OPS + (HOST_COPY,))}")
+    raise ValueError(f"unknown operation {op!r}; expected one of {', '.join((*OPS, HOST_COPY))}")
 
 
 def ring_steps(op: str, ranks: int) -> int:

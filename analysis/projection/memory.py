@@ -110,4 +110,4 @@ def largest_micro_batch(
         return 0
     if beside.per_sample <= 0:
         return 2**31 - 1
-    return int(math.floor((capacity - empty) / beside.per_sample))
+    return math.floor((capacity - empty) / beside.per_sample)

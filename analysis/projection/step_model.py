@@ -53,8 +53,13 @@ class StrategyModel:
     def shard_ranks(self, dp: int, ranks_per_node: int | None) -> int:
         """Ranks each replica's sharded state is cut over, of ``dp`` data-parallel ones with
         ``ranks_per_node`` on a node (None: all on one)."""
-        size = {"world": dp, "node": ranks_per_node or dp}.get(self.shard, self.shard)
-        return max(1, min(int(size), dp))
+        if self.shard == "world":
+            size = dp
+        elif self.shard == "node":
+            size = ranks_per_node or dp
+        else:
+            size = int(self.shard)
+        return max(1, min(size, dp))
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,9 @@ class _Schedule:
     overlap both share one lane, so everything adds up."""
 
     def __init__(self, overlap: bool) -> None:
-        self.overlap, self.done, self.free = overlap, [], {False: 0.0, True: 0.0}
+        self.overlap = overlap
+        self.done: list[float] = []  # each task's finish time, by task index
+        self.free = {False: 0.0, True: 0.0}  # when each lane (comm or not) is next free
         self.compute_s = self.comm_s = 0.0
         self.collectives = 0.0
 
@@ -263,7 +270,7 @@ def project_step(
         units = [u * b / tp for u in shape.units]
         exchanges = tp_exchanges(shape, sc.samples_per_rank) if tp > 1 else [(None, None)] * len(units)
         waits: list[int] = []
-        for size, (after_forward, _) in zip(units, exchanges):
+        for size, (after_forward, _) in zip(units, exchanges, strict=True):
             gathered = [s.collective(coll("all_gather", size))] if fsdp else []
             waits = tp_coll(after_forward, s.compute(forward * size / total, after=gathered + waits))
         gather = [s.collective(coll("all_gather", units[-1]))] if fsdp else []
@@ -343,24 +350,19 @@ def project(
     """Every strategy at every rank count, with speedup and efficiency against the same strategy
     at one rank. The per-rank batch is fixed (``micro_batch``, default the profile's) unless
     ``global_batch`` is: then each rank gets global_batch / P samples (strong scaling)."""
+
+    def one(m: StrategyModel, profile: ComputeProfile, p: int) -> Projection:
+        replicas = p // m.tp_ranks(p)
+        per_rank = global_batch / replicas if global_batch else (micro_batch or profile.samples)
+        scenario = Scenario(p, nodes_for(p, ranks_per_node), per_rank, compute_scale, contention, probe)
+        return project_step(m, shape, profile, net, scenario)
+
     rows = []
     for m in strategies:
         profile = profiles.get(m.label) or profiles["*"]
-
-        def one(p: int) -> Projection:
-            replicas = p // m.tp_ranks(p)
-            per_rank = global_batch / replicas if global_batch else (micro_batch or profile.samples)
-            return project_step(
-                m,
-                shape,
-                profile,
-                net,
-                Scenario(p, nodes_for(p, ranks_per_node), per_rank, compute_scale, contention, probe),
-            )
-
-        base = one(1)
+        base = one(m, profile, 1)
         for p in ranks if m.multi_rank else [1]:
-            r = one(p)
+            r = one(m, profile, p)
             speedup = r.samples_per_s / base.samples_per_s
             rows.append(replace(r, speedup=speedup, efficiency=speedup / p))
     return rows
