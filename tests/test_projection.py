@@ -199,6 +199,15 @@ def test_profiles_from_runs_fall_back_on_the_one_process_reference(tmp_path):
     assert profiles["*"].compute_s == pytest.approx(0.009) and profiles["*"].source.startswith("single's 1-rank runs")
 
 
+def test_profiles_from_runs_refuses_a_run_without_a_compute_baseline(tmp_path):
+    # measurement.baseline off: the record has no compute time to build a profile from
+    record = make_record("s", strategy="single")
+    timings = record.timings.model_copy(update={"compute_s": None})
+    write_record(tmp_path, record.model_copy(update={"timings": timings}))
+    with pytest.raises(ValueError, match="timed no compute baseline"):
+        pj.profiles_from_runs(tmp_path)
+
+
 def test_bench_profile_and_bad_cli_input(tmp_path, capsys):
     bench = {
         "environment": {"gpu": None, "cpu": "test CPU", "date": "2026-11-30T00:00:00+00:00"},

@@ -52,6 +52,11 @@ def profile_from_record(record: RunRecord, run_dir: str) -> ComputeProfile:
     """A 1-rank run record: compute_s of the compute-only replica (optimizer included), data time,
     and the rest of its step as the strategy's bookkeeping."""
     t = record.timings
+    if t is None or t.compute_s is None:
+        raise ValueError(
+            f"the 1-rank run {run_dir} timed no compute baseline (measurement.baseline: off); "
+            "train it again with the baseline on"
+        )
     return ComputeProfile(
         source=f"1-rank run {run_dir} ({record.topology.device_name})",
         samples=record.batch.micro_batch * record.batch.grad_accum,
@@ -108,7 +113,7 @@ def profiles_from_runs(directory: str | Path) -> tuple[dict[str, ComputeProfile]
         return median_profile([profile_from_record(records[d], d) for d in run_dirs], source)
 
     profiles = {
-        label: median_of(list(group["run_dir"]), f"each strategy's own {where}")
+        str(label): median_of(list(group["run_dir"]), f"each strategy's own {where}")
         for label, group in ok.groupby("strategy_label")
     }
     reference = [d for d, record in records.items() if record.strategy.reference]
@@ -132,7 +137,7 @@ def profile_from_bench(doc: dict[str, Any], row: str | None) -> tuple[ComputePro
     names = [f"{r['workload']}/{r['impl']}" for r in ok]
     if row is None and len(ok) != 1:
         raise ValueError(f"pick a row with --row, one of: {', '.join(names) or '(no finished rows)'}")
-    chosen = ok[0] if row is None else next((r for r, n in zip(ok, names) if n == row), None)
+    chosen = ok[0] if row is None else next((r for r, n in zip(ok, names, strict=True) if n == row), None)
     if chosen is None:
         raise ValueError(f"no finished row {row!r}; rows: {', '.join(names)}")
     fwd, bwd, step = (chosen[k]["median"] / 1e3 for k in ("forward_ms", "backward_ms", "step_ms"))
