@@ -1,12 +1,18 @@
-"""Experiment configs: the shipped files validate, overrides work, bad input is named."""
+"""Experiment configs: the shipped files validate, overrides work, bad input is named: a boolean
+where a number goes, a seed numpy or torch refuses, a timeout too short to form a process group,
+one test sample."""
 
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 import yaml
 
+from kan_models import parse_model_config
 from kanscale.errors import ConfigError
+from launchers.studies.study import load_study
 from strategies.experiment import load_experiment, parse_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,3 +137,59 @@ def test_a_model_wrong_at_both_ends_is_told_both_and_the_fix_given_trains(tmp_pa
     assert "starts with 3 inputs but task quadratic has 2" in message and "ends with 4 outputs" in message
     fix = re.search(r"set (model\.widths=\[[\d,]+\])", message).group(1)
     assert load_experiment(ROOT / "configs/experiments/quickstart.yaml", [fix]).model.widths == [2, 16, 1]
+
+
+def refused(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_experiment("quickstart", list(overrides))
+    return str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, field, wanted",
+    [
+        ("model.widths=[2,true,1]", "model.widths[1]", "an integer"),
+        ("training.micro_batch=true", "training.micro_batch", "an integer"),
+        ("runtime.threads=on", "runtime.threads", "an integer"),  # YAML 1.1: on is true
+        ("task.n_test=yes", "task.n_test", "an integer"),
+        ("training.lr=true", "training.lr", "a number"),
+        ("training.betas=[0.9, false]", "training.betas[1]", "a number"),
+        ("model.wrap={min_params: true}", "model.wrap.min_params", "an integer"),
+        ("fault={rank: true, step: 1}", "fault.rank", "an integer"),
+    ],
+)
+def test_a_boolean_for_a_number_is_refused_naming_the_place(override, field, wanted):
+    message = refused(override)
+    assert f"{field}: " in message and "is a boolean, not a number" in message and f"give {wanted}" in message
+
+
+def test_a_boolean_field_still_takes_a_boolean_and_a_study_refuses_repeats_true(tmp_path):
+    pykan = parse_model_config({"family": "pykan", "widths": [2, 3, 1], "symbolic_enabled": False, "save_act": True})
+    assert pykan.symbolic_enabled is False and pykan.save_act is True
+    study = tmp_path / "s.yaml"
+    study.write_text("study: s\nexperiment: quickstart\nrepeats: true\nmatrix: {strategy: [single]}\n")
+    with pytest.raises(ConfigError, match=r"repeats: true is a boolean, not a number; give an integer"):
+        load_study(study)
+
+
+@pytest.mark.parametrize("seed", ["-1", "4294967296", "1180591620717411303424"])  # 2**32, 2**70
+def test_a_seed_numpy_or_torch_refuse_is_refused_before_launch(seed):
+    assert "training.seed: " in refused(f"training.seed={seed}")
+
+
+def test_the_largest_seed_allowed_seeds_everything_it_reaches():
+    cfg = load_experiment("quickstart", ["training.seed=4294967295", "task.n_train=8", "task.n_test=4"])
+    data = cfg.task.generate(cfg.training.seed)  # numpy's SeedSequence
+    torch.manual_seed(cfg.training.seed)
+    np.random.seed(cfg.training.seed)  # what pykan's constructor does with it
+    assert data.x_test.shape == (4, 2)
+    assert "model.seed: " in refused("model={family: pykan, widths: [2, 3, 1], seed: -1}")
+
+
+def test_a_timeout_too_short_to_form_a_process_group_is_refused():
+    assert "runtime.timeout_s: Input should be greater than or equal to 1" in refused("runtime.timeout_s=0.001")
+    assert load_experiment("quickstart", ["runtime.timeout_s=1"]).runtime.timeout_s == 1.0
+
+
+def test_one_test_sample_is_refused():
+    assert "task.n_test: Input should be greater than or equal to 2" in refused("task.n_test=1")

@@ -1,25 +1,26 @@
 """``model.family: custom``: a user's own nn.Module from a file outside the repository trains under
-ddp, fsdp2 and zero3 with per-step parity to its one-process run; bad factories are refused
-before launch; the FSDP units follow the wrap policy."""
+ddp, fsdp2 and zero3 with per-step parity to its one-process run; bad factories, and models with
+nothing to train, are refused before launch; tied weights are counted once; the FSDP units follow the wrap policy."""
 
 import json
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from kan_models import parse_model_config
+from kan_models import count_parameters, parse_model_config
 from kan_models.base import WrapPolicy
 from kan_models.wrap import wrap_units
 from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.lifecycle.preflight import preflight
-from strategies.loop.trainer import Trainer
+from strategies.loop.trainer import Trainer, train
 from tests.helpers.launch import child_env, run_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -284,3 +285,65 @@ def test_fsdp2_shards_a_longer_dimension_only_where_the_ranks_divide_it():
 
     assert shard_largest_dim(nn.Parameter(torch.zeros(1, 64, 8)), world_size=2).dim == 1  # a KAN output layer
     assert shard_largest_dim(nn.Parameter(torch.zeros(1, 293)), world_size=2).dim == 0  # uneven: dim 0, as FSDP2 allows
+
+
+FACTORIES = textwrap.dedent("""
+    from torch import nn
+
+    def frozen():
+        model = nn.Linear(2, 1)
+        model.requires_grad_(False)
+        return model
+
+    class Sum(nn.Module):  # the right output shape, and nothing to learn
+        def forward(self, x):
+            return x.sum(dim=1, keepdim=True)
+
+    def empty():
+        return Sum()
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.l2 = nn.Linear(2, 2), nn.Linear(2, 1)
+            self.l3 = self.l1  # the same module, so its weight and bias, under a second name
+
+        def forward(self, x):
+            return self.l2(self.l3(self.l1(x)))
+
+    def tied():
+        return Tied()
+""")
+
+
+def custom(tmp_path: Path, function: str, widths: list[int]) -> dict:
+    (tmp_path / "facs.py").write_text(FACTORIES)
+    return {
+        "name": "c",
+        "model": {"family": "custom", "widths": widths, "factory": f"{tmp_path / 'facs.py'}:{function}"},
+        "task": {"name": "quadratic", "n_train": 64, "n_test": 16},
+        "training": {"steps": 3, "epochs": None, "micro_batch": 16, "warmup_steps": 1},
+        "measurement": {"window_steps": 1, "baseline": "off"},
+        "runtime": {"device": "cpu", "threads": 1},
+        "output": {"dir": str(tmp_path / "runs")},
+    }
+
+
+@pytest.mark.parametrize(
+    "function, why", [("frozen", "all 2 of its parameters have requires_grad=False"), ("empty", "it has no parameters")]
+)
+def test_a_custom_model_with_nothing_to_train_is_refused_before_launch(tmp_path, function, why):
+    cfg = parse_experiment(custom(tmp_path, function, [2, 1]))
+    with pytest.raises(ConfigError, match=r"model\.factory: .* builds a model with no trainable parameter") as err:
+        preflight(cfg, "cpu", 1)
+    assert why in str(err.value)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_tied_weights_are_counted_once(tmp_path):
+    cfg = parse_experiment(custom(tmp_path, "tied", [2, 1]))
+    assert cfg.model.parameter_count() == count_parameters(cfg.model.build())  # the sketch and the real model agree
+    count = cfg.model.parameter_count()
+    assert (count.trainable, count.total) == (9, 9)  # Linear(2, 2) 6 + Linear(2, 1) 3, l3 being l1
+    record = train(cfg, show_progress=False).record
+    assert record.status == "ok" and (record.model.params_trainable, record.model.params_total) == (9, 9)

@@ -1,4 +1,4 @@
-"""Studies expand into the right points; sweeps run them for real, go on past failures, resume;
+"""Studies expand into the right points, each once; sweeps run them for real, go on past failures, resume;
 one sweep at a time owns an output directory, and a point's run is its own."""
 
 import json
@@ -284,3 +284,27 @@ def test_two_sweeps_started_together_one_runs_every_point_the_other_is_refused(t
     entries = [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
     runs = sorted(p.parent.name for p in out.glob("*/summary.json"))
     assert len(entries) == 2 and sorted(e["run_id"] for e in entries) == runs  # one run per point, each its own
+
+
+@pytest.mark.parametrize(
+    "matrix, include, expected",
+    [
+        ("{strategy: [single, single]}", "[]", "matrix: axis strategy gives 'single' twice; .* set repeats: N"),
+        ("{model.widths: [[2, 8, 1], [2, 8, 1]]}", "[]", r"axis model.widths gives \[2, 8, 1\] twice"),
+        (
+            "{task.n_train: [64, '64']}",
+            "[]",
+            "axis task.n_train gives 64 and '64', which both name the point n_train=64",
+        ),
+        (
+            "{strategy: [single, ddp], topology: [1x1, 1x2]}",
+            "[{topology: 1x2, strategy: ddp}]",
+            r"include\[0\] \(topology=1x2_strategy=ddp\) is already a point of the matrix .* set repeats: N",
+        ),
+    ],
+)
+def test_a_point_given_twice_is_refused_naming_the_axis(tmp_path, matrix, include, expected):
+    study = tmp_path / "twice.yaml"
+    study.write_text(f"study: twice\nexperiment: quickstart\nmatrix: {matrix}\ninclude: {include}\n")
+    with pytest.raises(ConfigError, match=expected):
+        load_study(study)

@@ -1,7 +1,8 @@
 """Tasks beyond the synthetic targets: regression and classification objectives with known
-answers, file tasks (CSV, Parquet, NumPy) with their errors, scikit-learn's bundled datasets,
+answers (r2 left out where the test targets have no spread), file tasks (CSV, Parquet, NumPy) with their errors, scikit-learn's bundled datasets,
 pykan's Feynman equations, and classification trained under every CPU strategy."""
 
+import json
 import math
 from pathlib import Path
 
@@ -290,3 +291,41 @@ def test_a_bundled_classification_reaches_its_accuracy_under_every_cpu_strategy(
         metrics = results[key]["test_metrics"]
         assert metrics["accuracy"] >= DIGITS_ACCURACY, (key, metrics)
         assert metrics["accuracy"] == pytest.approx(single["accuracy"], abs=0.02), (key, metrics, single)
+
+
+def test_r2_is_left_out_where_the_test_targets_have_no_spread():
+    goal = OBJECTIVES["regression"]
+    for target in (
+        torch.full((999, 1), 0.0137),
+        torch.full((1, 1), 3.0),  # 0.0137 x 999: r2 -3.6e15 before
+        torch.cat([torch.linspace(0, 1, 50)[:, None], torch.full((50, 1), 0.3)], dim=1),
+    ):
+        metrics = goal.metrics(goal.metric_sums(target + 0.01, target), len(target))
+        assert set(metrics) == {"mse", "rmse"} and metrics["mse"] == pytest.approx(1e-4, rel=1e-3)
+    spread = torch.linspace(0, 1, 50)[:, None]
+    assert goal.metrics(goal.metric_sums(spread + 0.01, spread), 50)["r2"] == pytest.approx(
+        1 - 1e-4 / spread.var(unbiased=False).item()
+    )
+
+
+def test_a_run_on_a_constant_target_records_no_r2(tmp_path):
+    rows = ["a,b,y"] + [f"{i / 40:.3f},{(i * 7 % 40) / 40:.3f},2.5" for i in range(40)]
+    (tmp_path / "flat.csv").write_text("\n".join(rows) + "\n")
+    cfg = parse_experiment(
+        {
+            "name": "flat",
+            "model": {"family": "bspline", "widths": [2, 4, 1], "grid": 3},
+            "task": {"name": "file", "path": str(tmp_path / "flat.csv"), "target": "y"},
+            "training": {"steps": 3, "epochs": None, "micro_batch": 8, "warmup_steps": 1},
+            "measurement": {"window_steps": 1, "baseline": "off"},
+            "runtime": {"device": "cpu", "threads": 1},
+            "output": {"dir": str(tmp_path / "runs")},
+        }
+    )
+    metrics = train(cfg, show_progress=False).record.test_metrics
+    assert "r2" not in metrics and math.isfinite(metrics["mse"])
+    # the file's target is standardised by default: a constant one is only centred (divided by 1)
+    assert (metrics["target_mean"], metrics["target_std"]) == (2.5, 1.0)
+    assert metrics["mse_unscaled"] == pytest.approx(metrics["mse"])
+    (summary,) = (tmp_path / "runs").glob("*/summary.json")
+    assert "r2" not in json.loads(summary.read_text())["test_metrics"]
