@@ -22,10 +22,10 @@ DEPRECATION = re.compile(r": (FutureWarning|DeprecationWarning|PendingDeprecatio
 # reset (any warnings.catch_warnings() resets it), and an unrelated warning beside it.
 NOTICES = textwrap.dedent("""
     import warnings
-    from kanscale.warnings_once import show_deprecations_once
+    from kanscale.warnings_once import show_warnings_once
 
-    show_deprecations_once()
-    show_deprecations_once()  # a second install adds nothing
+    show_warnings_once()
+    show_warnings_once()  # a second install adds nothing
     for _ in range(3):
         with warnings.catch_warnings():
             pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kanscale import __version__
+from kanscale import __version__, log
 from launchers.cli import (
     analyze,
     bench,
@@ -20,12 +20,13 @@ from launchers.cli import (
     sweep,
     train,
 )
-from launchers.cli.common import exit_code
+from launchers.cli.common import add_verbosity_options, exit_code
 
 SUBCOMMANDS = (train, run, sweep, analyze, compare_paper, export, commbench, project, recommend, models, schema, bench)
 
 EPILOG = """examples:
   kanscale train quickstart
+  kanscale -q run quickstart --strategy ddp --nproc-per-node 2
   kanscale train configs/experiments/paper_kan64.yaml --set training.epochs=1 --out runs/paper
   torchrun --standalone --nproc_per_node 2 -m launchers.cli train quickstart --strategy fsdp2
   kanscale run quickstart --strategy zero3 --nproc-per-node 2
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kanscale {__version__}")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks on errors")
+    add_verbosity_options(parser, default=None)
     # The deepspeed launcher passes --local_rank=N before the subcommand; the rank comes from the
     # environment (LOCAL_RANK), which every launcher sets, so the flag is accepted and ignored.
     parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
@@ -59,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    log.configure(args.verbosity)  # None: as the environment says (a rank: as its launcher was told)
     try:
         return args.func(args)
     except BaseException as err:

@@ -4,13 +4,13 @@ script: the process settings every command of the suite runs with, then the comm
 import sys
 
 from kanscale.extensions import keep_builds_in_environment
-from kanscale.warnings_once import show_deprecations_once
+from kanscale.warnings_once import show_warnings_once
 from launchers.cli import main
 
 
 def run() -> int:
     keep_builds_in_environment()  # before any rank starts: they inherit it
-    show_deprecations_once()
+    show_warnings_once()
     return main()
 
 

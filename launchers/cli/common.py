@@ -20,7 +20,33 @@ def common_options() -> argparse.ArgumentParser:
     common.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks on errors"
     )
+    add_verbosity_options(common, default=argparse.SUPPRESS)
     return common
+
+
+def add_verbosity_options(parser: argparse.ArgumentParser, default: object) -> None:
+    """``-q``/``-v``: how much the suite says on stderr (``verbosity``: -1, 1; ``default`` when
+    neither is given), in this process and in every rank it starts."""
+    verbosity = parser.add_mutually_exclusive_group()
+    verbosity.add_argument(
+        "-q",
+        "--quiet",
+        dest="verbosity",
+        action="store_const",
+        const=-1,
+        default=default,
+        help="say only warnings and errors on stderr: no progress lines (results on stdout stay), "
+        "here and in every rank started",
+    )
+    verbosity.add_argument(
+        "-v",
+        "--verbose",
+        dest="verbosity",
+        action="store_const",
+        const=1,
+        default=default,
+        help="say debug messages on stderr too, such as the commands a launch starts",
+    )
 
 
 def at_least(minimum: int) -> Callable[[str], int]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from kanscale import log
 from kanscale.errors import ConfigError
 from kanscale.files import read_mapping
 from launchers.cli.common import PORTS
@@ -34,6 +35,8 @@ from strategies.experiment import ExperimentConfig
 from strategies.lifecycle.failures import raise_on_sigterm
 from strategies.lifecycle.preflight import Machines, check_device, preflight
 from strategies.lifecycle.resume import discard_abandoned_saves
+
+logger = log.get(__name__)
 
 LAUNCHER_PACKAGES = {"torchrun": "torch", "accelerate": "accelerate", "deepspeed": "deepspeed"}
 
@@ -228,6 +231,7 @@ def execute(launch: Launch, log: Path | None = None, runs: Path | None = None) -
     all of them are. Returns the first non-zero exit code, or 0. ``runs``: the output directory,
     whose abandoned partial checkpoints a failed launch deletes once every rank has ended."""
     raise_on_sigterm()
+    logger.debug(f"starting {len(launch.commands)} command(s):\n{launch.render()}")
     for path, text in launch.files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
