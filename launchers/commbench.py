@@ -38,6 +38,7 @@ from analysis.documents import json_out, write_json_and_markdown
 from analysis.format import human_bytes
 from analysis.projection import DDP_BUCKET, HOST_COPY, OPS, LinkCost, MiB, busbw_factor, fit_alpha_beta
 from analysis.tables import markdown
+from kanscale import log
 from kanscale.errors import ConfigError
 from launchers.launch.commands import Launch, LaunchSpec, torchrun_launch
 from launchers.launch.ports import rendezvous_port
@@ -45,6 +46,8 @@ from launchers.launch.run import check_capacity, execute
 from launchers.zoo import model_shape
 from strategies.distributed import DistEnv, device_name
 from strategies.measure.environment import environment_info
+
+logger = log.get(__name__)
 
 WORKER = "launchers.commbench"  # the module every rank runs
 # The models whose gradient and shard sizes the sweep includes.
@@ -355,7 +358,7 @@ def run_commbench(
     ]
     code = execute(Launch(commands))
     if code == 0 and (local or node_rank == 0):
-        print(f"wrote {options.out} and {Path(options.out).with_suffix('.md')}", file=sys.stderr)
+        logger.info(f"wrote {options.out} and {Path(options.out).with_suffix('.md')}")
     return code
 
 

@@ -5,7 +5,6 @@ ConfigError naming the flag."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +13,13 @@ from typing import Any
 from analysis import projection as pj
 from analysis.documents import json_out, write_json_and_markdown
 from kan_models import parse_model_config
+from kanscale import log
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, preset_names, read_json, read_mapping
 from launchers.zoo import bench_model_config, model_shape
 from strategies.experiment import load_strategy
+
+logger = log.get(__name__)
 
 
 @dataclass
@@ -157,5 +159,5 @@ def run_projection(request: ProjectionRequest) -> int:
     print(text)
     if request.out:
         twin = write_json_and_markdown(request.out, pj.document(rows, notes, takeovers), text)
-        print(f"wrote {request.out} and {twin}", file=sys.stderr)
+        logger.info(f"wrote {request.out} and {twin}")
     return 0

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
+from kanscale import log
 from kanscale.directories import check_output_dir, runs_directory
 from launchers.cli.common import common_options
+
+logger = log.get(__name__)
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -40,10 +42,10 @@ def main(args: argparse.Namespace) -> int:
     if report.verdict is not None:
         print(report.verdict.markdown())
     for problem in report.problems:
-        print(f"not analysed: {problem.message}", file=sys.stderr)
+        logger.info(f"not analysed: {problem.message}")
     for _, row in report.unfinished.iterrows():
-        print(f"not analysed: {row['run_id']} has status {row['status']}", file=sys.stderr)
+        logger.info(f"not analysed: {row['run_id']} has status {row['status']}")
     if report.finished == 0:
-        print(summary_line(report, Path(args.runs)), file=sys.stderr)
+        logger.warning(summary_line(report, Path(args.runs)))
     print(f"report: {report.html}")
     return 0

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from kanscale import log
 from kanscale.errors import ConfigError
 from launchers.bench_catalog import DEFAULT_IMPLS, DEFAULT_WORKLOADS, IMPLEMENTATIONS, WORKLOADS
 from launchers.cli.common import common_options
+
+logger = log.get(__name__)
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -56,9 +58,9 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     out = json_out(args.out)
-    doc = bench.run(plan, progress=lambda line: print(f"[bench] {line}", file=sys.stderr, flush=True))
+    doc = bench.run(plan, progress=lambda line: logger.info(f"[bench] {line}"))
     table = bench.markdown(doc)
     twin = write_json_and_markdown(out, doc, table)
     print(table)
-    print(f"wrote {out} and {twin}", file=sys.stderr)
+    logger.info(f"wrote {out} and {twin}")
     return 0

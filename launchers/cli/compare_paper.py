@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
+from kanscale import log
 from launchers.cli.common import common_options
+
+logger = log.get(__name__)
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -31,5 +33,5 @@ def main(args: argparse.Namespace) -> int:
         if probe is not None:
             print("\n" + probe.markdown())
     for problem in problems:
-        print(f"not analysed: {problem.message}", file=sys.stderr)
+        logger.info(f"not analysed: {problem.message}")
     return 0

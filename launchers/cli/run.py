@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from pathlib import Path
 
+from kanscale import log
 from launchers.cli.common import add_experiment_options, at_least, common_options, experiment_overrides, port_number
+
+logger = log.get(__name__)
 
 # options whose absence lets a file (the accelerate launch config, the hostfile) decide
 LAUNCH_OPTIONS = ("launcher", "nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port")
@@ -165,7 +167,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if request.spec.launcher == "slurm":
         script, reply = write_script(launch, args.submit)
-        print(f"wrote {script}", file=sys.stderr)
-        print(reply or f"submit it with: sbatch {shlex.quote(str(script))} (or rerun with --submit)", file=sys.stderr)
+        logger.info(f"wrote {script}")
+        logger.info(reply or f"submit it with: sbatch {shlex.quote(str(script))} (or rerun with --submit)")
         return 0
     return execute(launch, runs=Path(request.out))

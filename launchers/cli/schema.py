@@ -8,7 +8,10 @@ import sys
 from pathlib import Path
 
 from analysis.schema import FROZEN_SCHEMAS, SCHEMA_VERSION
+from kanscale import log
 from launchers.cli.common import common_options
+
+logger = log.get(__name__)
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -33,7 +36,7 @@ def main(args: argparse.Namespace) -> int:
     text = json.dumps(json_schema(args.schema_version), indent=2) + "\n"
     if args.out:
         Path(args.out).write_text(text)
-        print(f"wrote {args.out}", file=sys.stderr)
+        logger.info(f"wrote {args.out}")
     else:
         sys.stdout.write(text)
     return 0

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import shlex
 import signal
-import sys
 from pathlib import Path
 
+from kanscale import log
 from launchers.cli.common import common_options
+
+logger = log.get(__name__)
 
 
 def register(subcommands: argparse._SubParsersAction) -> None:
@@ -104,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
                 if on
             ),
         ]
-        print(f"\nsweep: stopped by {stop.name}{where}; continue the study with: {shlex.join(again)}", file=sys.stderr)
+        logger.warning(f"sweep: stopped by {stop.name}{where}; continue the study with: {shlex.join(again)}")
         return 128 + stop
     if args.dry_run:  # a point that cannot be planned has said why (launchers.studies.sweep)
         return 1 if any(r.status == "failed" for r in results) else 0

@@ -11,9 +11,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
+
+from kanscale import log
+
+logger = log.get(__name__)
 
 SUBMITTED = re.compile(r"Submitted batch job (\d+)")
 # states of a job that has not ended (squeue's long names)
@@ -75,6 +78,6 @@ def follow(jobs: list[str], on_end: Callable[[str, str | None], None], poll_s: f
                 on_end(job, state)
         if waiting:
             if time.monotonic() - reported > 60:
-                print(f"[slurm] waiting for {len(waiting)} SLURM job(s): {', '.join(waiting)}", file=sys.stderr)
+                logger.info(f"[slurm] waiting for {len(waiting)} SLURM job(s): {', '.join(waiting)}")
                 reported = time.monotonic()
             time.sleep(poll_s)

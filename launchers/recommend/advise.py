@@ -10,7 +10,6 @@ the top pick's ``kanscale run`` command is printed."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from analysis.documents import json_out
 from analysis.format import human_bytes
 from analysis.projection.advice import Candidate, Target, assumption_lines, lay_out, ranked
 from analysis.projection.memory import StepMemory, peak_memory
+from kanscale import log
 from kanscale.errors import ConfigError
 from kanscale.files import preset_names
 from launchers.recommend.probe import (
@@ -32,6 +32,8 @@ from launchers.recommend.probe import (
 from launchers.recommend.target import cluster_target, memory_here, read_cluster, this_machine
 from launchers.zoo import meta_sketch, model_shape
 from strategies.experiment import ExperimentConfig, experiment_path, load_experiment, load_strategy
+
+logger = log.get(__name__)
 
 
 @dataclass
@@ -191,15 +193,14 @@ def run_probe(r: RecommendRequest, cfg: ExperimentConfig, labels: list[str], mic
     from launchers.studies.sweep import run_sweep
 
     study, out = probe_study(experiment_path(r.config), r.overrides, labels, micro_batch, Path(r.out) / "probe")
-    print(
+    logger.info(
         f"[recommend] 1-rank probes of {', '.join(labels)} at {micro_batch} samples per step, "
-        f"{PROBE_SETTINGS['training.steps']} steps each",
-        file=sys.stderr,
+        f"{PROBE_SETTINGS['training.steps']} steps each"
     )
     results = run_sweep(str(study), str(out), resume=out.exists(), overrides=r.overrides, progress=False)
     failed = [res for res in results if res.status not in ("ok", "skipped")]
     for res in failed:
-        print(f"[recommend] probe {res.point}: {res.status}: {res.detail}", file=sys.stderr)
+        logger.warning(f"probe {res.point}: {res.status}: {res.detail}")
     try:
         return read_probe(out, device_step_memory(cfg, micro_batch), micro_batch)
     except ValueError as err:

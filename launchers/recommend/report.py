@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
 from analysis.documents import write_json_and_markdown
 from analysis.format import human_bytes
 from analysis.projection.advice import Candidate
+from kanscale import log
 from launchers.recommend.advise import Recommendation, RecommendRequest, recommend
 from launchers.recommend.probe import probe_summary
+
+logger = log.get(__name__)
 
 
 def markdown(rec: Recommendation) -> str:
@@ -119,6 +121,6 @@ def run_recommend(r: RecommendRequest) -> int:
     print(text)
     if r.json:
         twin = write_json_and_markdown(r.json, doc, text, "--json")
-        print(f"wrote {r.json} and {twin}", file=sys.stderr)
+        logger.info(f"wrote {r.json} and {twin}")
     (Path(r.out) / "recommendation.json").write_text(json.dumps(doc, indent=2) + "\n")
     return 0

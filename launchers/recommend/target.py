@@ -14,9 +14,12 @@ from typing import Any
 
 from analysis import projection as pj
 from analysis.projection.advice import Target
+from kanscale import log
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, read_json, read_mapping
 from kanscale.machine import cpu_model
+
+logger = log.get(__name__)
 
 GiB = 2**30
 # commbench's straight-line fits miss its measurements by 30-45% (rel. rms, docs/projection.md)
@@ -168,10 +171,7 @@ def measure_links(ranks: int, out: Path) -> Path:
     if path.exists():
         return path
     out.mkdir(parents=True, exist_ok=True)
-    print(
-        f"[recommend] measuring this machine's links: kanscale commbench --nproc-per-node {ranks} (about 10 s)",
-        file=sys.stderr,
-    )
+    logger.info(f"[recommend] measuring this machine's links: kanscale commbench --nproc-per-node {ranks} (about 10 s)")
     command = [
         sys.executable,
         "-m",

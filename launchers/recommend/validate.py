@@ -7,7 +7,6 @@ them (``recommendation.json`` there)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,10 @@ import yaml
 from analysis.format import human_bytes
 from analysis.prediction import PREDICTION_FILE
 from analysis.records import SUMMARY_FILE, read_summary
+from kanscale import log
 from launchers.recommend.probe import keyed_dir
+
+logger = log.get(__name__)
 
 # No compute baseline: what is compared is the strategy's own rate and peak, and a layerwise
 # baseline's step leaves its transient memory with the allocator (docs/metrics.md, peak RSS), which
@@ -87,10 +89,9 @@ def validate(r: Any, rec: Any) -> tuple[str, list[dict[str, Any]]]:
     if not picks:
         return "Validation: nothing fits, so nothing was trained.\n", []
     study, out = validation_study(r, rec, picks)
-    print(
+    logger.info(
         f"[recommend] --validate: training {', '.join(c.strategy for c in picks)} at "
-        f"1 x {rec.target.ranks_per_node} ranks, {VALIDATION_STEPS['training.steps']} steps each",
-        file=sys.stderr,
+        f"1 x {rec.target.ranks_per_node} ranks, {VALIDATION_STEPS['training.steps']} steps each"
     )
     run_sweep(str(study), str(out), resume=out.exists(), overrides=r.overrides, progress=False)
     measured = measurements(out)

@@ -26,15 +26,17 @@ import ctypes
 import os
 import shutil
 import signal
-import sys
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from analysis.records import CONFIG_FILE, STEPS_FILE, SUMMARY_FILE
+from kanscale import log
 from kanscale.errors import ConfigError
 from strategies.lifecycle.checkpoint import checkpoints_dir
 from strategies.lifecycle.run_lock import RunLock
+
+logger = log.get(__name__)
 
 STALE_DIR = "stale"
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37  # linux/prctl.h
@@ -49,23 +51,21 @@ def set_aside_runs(out: Path, run_dirs: list[Path], point: str) -> list[str]:
         try:
             lock = RunLock.acquire(run_dir)  # no run may start in it (a --resume) while it is archived
         except ConfigError as err:
-            print(f"[sweep] {point}: {run_dir} left in place: {err}", file=sys.stderr)
+            logger.info(f"[sweep] {point}: {run_dir} left in place: {err}")
             continue
         try:
             archive = archive_run(out, run_dir)
         except OSError as err:  # a full disk, a permission: the run stays as it was, and is counted
-            print(
-                f"[sweep] {point}: {run_dir} could not be set aside ({err}); left in place, where kanscale analyze "
-                "counts it beside this point's new run",
-                file=sys.stderr,
+            logger.warning(
+                f"{point}: {run_dir} could not be set aside ({err}); left in place, where kanscale analyze "
+                "counts it beside this point's new run"
             )
             continue
         finally:
             lock.release()
-        print(
+        logger.info(
             f"[sweep] {point}: {run_dir.name} has no checkpoint to continue from: the stale run is set aside as "
-            f"{archive} (tar -xf gives it back), where kanscale analyze does not count it beside this point's new run",
-            file=sys.stderr,
+            f"{archive} (tar -xf gives it back), where kanscale analyze does not count it beside this point's new run"
         )
         archived.append(str(archive))
     return archived
@@ -141,7 +141,4 @@ def no_strays(point: str) -> Iterator[None]:
                         killed.append(pid)
         subreaper(was)
         if killed:
-            print(
-                f"[sweep] {point}: killed {len(killed)} process(es) its launcher left running: {killed}",
-                file=sys.stderr,
-            )
+            logger.warning(f"{point}: killed {len(killed)} process(es) its launcher left running: {killed}")

@@ -28,7 +28,6 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,6 +36,7 @@ from tqdm import tqdm
 
 from analysis.records import RecordError, read_summary
 from analysis.schema import RunRecord
+from kanscale import log
 from kanscale.directories import check_output_dir
 from kanscale.errors import ConfigError
 from launchers.launch.commands import LaunchSpec
@@ -50,6 +50,8 @@ from strategies.experiment import load_experiment
 from strategies.lifecycle.checkpoint import latest_checkpoint
 from strategies.lifecycle.failures import STOPPED, Terminated, raise_on_sigterm
 from strategies.lifecycle.run_lock import DirectoryLock
+
+logger = log.get(__name__)
 
 # Two names for this machine: the deepspeed launcher needs one distinct host name per node.
 LOCAL_HOSTS = ["localhost", "127.0.0.1"]
@@ -211,7 +213,7 @@ def run_sweep(
     if not points:
         raise ConfigError(f"--only {' '.join(only)}: no point of {study_path} matches")
     for note in notes:
-        print(f"[sweep] not run: {note}", file=sys.stderr)
+        logger.info(f"[sweep] not run: {note}")
     lock = None if dry_run else SweepLock.acquire(out_dir)  # a dry run writes nothing
     try:
         return run_points(study, points, out_dir, resume, dry_run, submit_jobs, wait, progress, oversubscribe)
@@ -239,58 +241,57 @@ def run_points(
     bar = tqdm(points, unit="point", disable=dry_run or not interactive, file=sys.stderr, dynamic_ncols=True)
     start = time.monotonic()
     raise_on_sigterm()  # from here on a SIGTERM stops the sweep as below, whatever it is doing
-    for n, point in enumerate(bar, start=1):
-        bar.set_description(point.key[:60])
-        try:
-            if point.key in alive:
-                result = PointResult(
-                    point.key,
-                    "submitted",
-                    job_id=alive[point.key],
-                    detail=f"job {alive[point.key]} of an earlier submission still lives; not submitted again",
-                )
-            else:
-                result = run_point(study, point, out_dir, earlier, dry_run, submit_jobs, oversubscribe)
-        except (Terminated, KeyboardInterrupt) as err:  # before its launch (a launch raises SweepStopped)
+    with log.beside_bar():
+        for n, point in enumerate(bar, start=1):
+            bar.set_description(point.key[:60])
+            try:
+                if point.key in alive:
+                    result = PointResult(
+                        point.key,
+                        "submitted",
+                        job_id=alive[point.key],
+                        detail=f"job {alive[point.key]} of an earlier submission still lives; not submitted again",
+                    )
+                else:
+                    result = run_point(study, point, out_dir, earlier, dry_run, submit_jobs, oversubscribe)
+            except (Terminated, KeyboardInterrupt) as err:  # before its launch (a launch raises SweepStopped)
+                if dry_run:
+                    raise
+                name = stop_signal(err).name
+                raise stopped(
+                    out_dir,
+                    study,
+                    PointResult(
+                        point.key,
+                        "stopped",
+                        signal=name,
+                        detail=f"the sweep was stopped by {name} before this point was launched",
+                    ),
+                ) from None
+            except SweepStopped as err:
+                raise stopped(out_dir, study, err.result) from None
+            results.append(result)
             if dry_run:
-                raise
-            name = stop_signal(err).name
-            raise stopped(
-                out_dir,
-                study,
-                bar.write,
-                PointResult(
-                    point.key,
-                    "stopped",
-                    signal=name,
-                    detail=f"the sweep was stopped by {name} before this point was launched",
-                ),
-            ) from None
-        except SweepStopped as err:
-            raise stopped(out_dir, study, bar.write, err.result) from None
-        results.append(result)
-        if dry_run:
-            if result.status == "failed":  # the point's commands are not printed: say why
-                print(f"[sweep] cannot plan {point.key}: {result.detail}", file=sys.stderr)
-            continue
-        log_result(out_dir, study, result)
-        eta = (time.monotonic() - start) / n * (len(points) - n)
-        bar.write(
-            f"[sweep] {n}/{len(points)} {result.status:9s} {point.key} ({result.seconds:.1f} s"
-            + ("" if interactive else f", eta {eta:.0f} s")
-            + ")"
-            + (f" {result.detail}" if result.detail else ""),
-            file=sys.stderr,
-        )
+                if result.status == "failed":  # the point's commands are not printed: say why
+                    logger.error(f"cannot plan {point.key}: {result.detail}")
+                continue
+            log_result(out_dir, study, result)
+            eta = (time.monotonic() - start) / n * (len(points) - n)
+            logger.info(
+                f"[sweep] {n}/{len(points)} {result.status:9s} {point.key} ({result.seconds:.1f} s"
+                + ("" if interactive else f", eta {eta:.0f} s")
+                + ")"
+                + (f" {result.detail}" if result.detail else "")
+            )
     if wait:
-        results = follow_submitted(out_dir, study, results, bar.write)
+        results = follow_submitted(out_dir, study, results)
     return results
 
 
-def stopped(out: Path, study: StudyConfig, say: Callable[..., None], result: PointResult) -> SweepStopped:
+def stopped(out: Path, study: StudyConfig, result: PointResult) -> SweepStopped:
     """Log a point the sweep was stopped during; the stop to raise."""
     log_result(out, study, result)
-    say(f"[sweep] stopped   {result.point} ({result.seconds:.1f} s) {result.detail}", file=sys.stderr)
+    logger.info(f"[sweep] stopped   {result.point} ({result.seconds:.1f} s) {result.detail}")
     return SweepStopped(result)
 
 
@@ -309,7 +310,7 @@ def live_submissions(out: Path) -> dict[str, str]:
     }
 
 
-def follow_submitted(out: Path, study: StudyConfig, results: list[PointResult], say) -> list[PointResult]:
+def follow_submitted(out: Path, study: StudyConfig, results: list[PointResult]) -> list[PointResult]:
     """Wait for every submitted point's job; replace its result with the final one, from the
     run record the job wrote (found by the job id it records)."""
     index = {r.job_id: n for n, r in enumerate(results) if r.status == "submitted" and r.job_id}
@@ -334,10 +335,7 @@ def follow_submitted(out: Path, study: StudyConfig, results: list[PointResult], 
             )
         results[index[job]] = final
         log_result(out, study, final)
-        say(
-            f"[sweep] job {job} {final.status:9s} {final.point}" + (f" {final.detail}" if final.detail else ""),
-            file=sys.stderr,
-        )
+        logger.info(f"[sweep] job {job} {final.status:9s} {final.point}" + (f" {final.detail}" if final.detail else ""))
 
     follow(list(index), ended)
     return results
