@@ -22,7 +22,7 @@ MAY_IMPORT = {
     "launchers": {"kanscale", "kan_models", "analysis", "strategies"},
 }
 # The ground floor of analysis: the schema and record I/O, which every layer reads and writes.
-RECORD_MODULES = {"analysis.schema", "analysis.records", "analysis.migrate"}
+RECORD_MODULES = {"analysis.schema", "analysis.schema_sections", "analysis.records", "analysis.migrate"}
 # Where strategies may be known by name: their own modules (strategies/backends/) and the registry;
 # the v1 migration translates what v1 records meant (analysis/migrate.py says why).
 NAME_AWARE = {"strategies/registry.py", "analysis/migrate.py"}
