@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import PrivateAttr
 
-from analysis.projection.step_model import StrategyModel
+from analysis.projection.strategy_model import StrategyModel
 from strategies.mesh import MeshShape
 from strategies.sections import Section, TrainingConfig
 
@@ -91,7 +91,7 @@ class StrategyConfig(Section):
 
     def cost_model(self) -> StrategyModel | None:
         """What this strategy issues per optimizer step and how it holds the model state, for the
-        projection (analysis/projection/step_model.py), as counted on the suite's runs
+        projection (analysis/projection/strategy_model.py), as counted on the suite's runs
         (docs/projection.md); None where its options lead somewhere the projection does not model."""
         return None
 

@@ -9,10 +9,12 @@ model, its assumptions and how far it lands from measured runs. One module per s
 - ``collectives``: what one collective costs on a link (the ring model, nccl-tests' bus-bandwidth
   factors, the alpha-beta fit) and the network, read from commbench results or a cluster file;
 - ``inputs``: the model's parameter layout and the measured compute profile of one rank;
-- ``step_model``: what each strategy issues per step, its model state, and the step's schedule;
+- ``strategy_model``: what each strategy issues per step and the model state it holds;
+- ``step_model``: the step's schedule, and every strategy projected over rank counts;
 - ``output``: the assumptions, the table, the Markdown and the JSON document.
 
-``from analysis import projection as pj`` gives every public name of the four.
+``from analysis import projection as pj`` gives every public name of the five; ``memory`` (a
+rank's peak by part) and ``advice`` (each strategy laid out on a target and ranked) build on them.
 """
 
 from analysis.projection.collectives import (
@@ -41,21 +43,23 @@ from analysis.projection.inputs import (
 )
 from analysis.projection.output import assumptions, document, markdown, table
 from analysis.projection.step_model import (
-    ADAM_BYTES_PER_PARAM,
-    DDP_BUCKET,
-    DDP_FIRST_BUCKET,
     TAKEOVER_SEARCH,
-    Exchange,
     Projection,
     Scenario,
-    StrategyModel,
-    ddp_buckets,
-    model_state,
     nodes_for,
     project,
     project_step,
     search_limit,
     takeover,
+)
+from analysis.projection.strategy_model import (
+    ADAM_BYTES_PER_PARAM,
+    DDP_BUCKET,
+    DDP_FIRST_BUCKET,
+    Exchange,
+    StrategyModel,
+    ddp_buckets,
+    model_state,
     tp_exchanges,
 )
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from analysis.projection.collectives import Network
 from analysis.projection.inputs import ComputeProfile, ModelShape
 from analysis.projection.memory import PeakMemory, StepMemory, largest_micro_batch, peak_memory
-from analysis.projection.step_model import Projection, Scenario, StrategyModel, nodes_for, project_step
+from analysis.projection.step_model import Projection, Scenario, nodes_for, project_step
+from analysis.projection.strategy_model import StrategyModel
 
 MAX_ACCUMULATION = 1024  # the most micro-batches per step tried before a strategy is called unfit
 

@@ -1,4 +1,4 @@
-"""Peak memory of one rank under each strategy: the model state it holds (exact, step_model's
+"""Peak memory of one rank under each strategy: the model state it holds (exact, strategy_model's
 ``model_state``), what the backend gathers or keeps whole during a step beyond that share, and
 what the step needs beside both (runtime, data, activations), measured on one process and scaled
 by the micro-batch. Pure functions on numbers, as the rest of the projection.
@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from analysis.projection.inputs import ModelShape
-from analysis.projection.step_model import StrategyModel, model_state
+from analysis.projection.strategy_model import StrategyModel, model_state
 
 
 @dataclass(frozen=True)

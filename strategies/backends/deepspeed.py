@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 from torch import nn
 
-from analysis.projection.step_model import StrategyModel
+from analysis.projection.strategy_model import StrategyModel
 from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, read_mapping

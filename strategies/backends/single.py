@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from torch import nn
 
-from analysis.projection.step_model import StrategyModel
+from analysis.projection.strategy_model import StrategyModel
 from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.engine import Engine

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 from torch import nn
 
-from analysis.projection.step_model import StrategyModel
+from analysis.projection.strategy_model import StrategyModel
 from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
 from strategies.backends.dcp import DTensorStateDicts, ShardedCheckpoints
