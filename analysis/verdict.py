@@ -33,7 +33,7 @@ MEMORY_NOISE = 0.02  # allocator and page-granularity noise of resident memory, 
 OVERHEAD_CAVEAT = 0.5  # exposed communication above this share of the step: the step is mostly overhead
 STATE_CAVEAT = 0.01  # model state below this share of peak memory: sharding it barely moves the peak
 # Other processes busier than this many cores during the timed steps: the machine was shared. A quiet
-# machine's kernel threads and daemons stay well below it (0.00-0.03 cores, measured here).
+# machine's kernel threads and daemons stay well below it (docs/metrics.md, outside load).
 OUTSIDE_CAVEAT = 0.15
 MEMORY_ERRORS = ("outofmemory", "out of memory", "memoryerror", "does not fit", "cannot allocate")
 
