@@ -4,10 +4,11 @@ flags, checked), the measurements, and the Markdown table (docs/performance.md).
 
 Every implementation trains the same batch (inputs uniform on [-1, 1], target sum x_i^2) with
 MSE and Adam (torch's fused kernel, lr 1e-3). Per measurement: ``warmup`` train steps, then
-``repeats`` timed train steps (each after ``settle`` untimed ones: the implementations take turns), each split into forward (model and loss), backward, and optimizer
-step, reported as median and min-max. Bytes saved for backward are counted once, outside the
-timings, with saved-tensor hooks: the storage of every tensor autograd packs, each storage once,
-not counting parameters and buffers (they live anyway). On CUDA every phase is bracketed by
+``repeats`` timed train steps (each after ``settle`` untimed ones: the implementations take
+turns), each split into forward (model and loss), backward, and optimizer step, reported as
+median and min-max. Bytes saved for backward are counted once, outside the timings, with
+saved-tensor hooks: the storage of every tensor autograd packs, each storage once, not counting
+parameters and buffers (they live anyway). On CUDA every phase is bracketed by
 ``torch.cuda.synchronize`` and the peak of ``torch.cuda.max_memory_allocated`` over one train step
 is reported too.
 
@@ -177,7 +178,7 @@ class Measurement:
         if len(self.starts) == 1 and self.mode == "+step":
             self.row["compile_s"] = t3 - t0  # the whole step compiles in its first call
         if timed:
-            for name, seconds in zip(self.phases, (t1 - t0, t2 - t1, t3 - t0)):
+            for name, seconds in zip(self.phases, (t1 - t0, t2 - t1, t3 - t0), strict=True):
                 self.phases[name].append(seconds)
 
     def result(self) -> dict[str, Any]:

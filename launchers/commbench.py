@@ -175,7 +175,7 @@ def measure(env: DistEnv, options: BenchOptions) -> list[dict[str, Any]]:
     rows = []
     for message in box[0]:
         warmup, iters = iterations(message.nbytes, options)
-        for op in OPS + (HOST_COPY,):
+        for op in (*OPS, HOST_COPY):
             seconds = time_op(env, op, message.nbytes, warmup, iters)
             median = statistics.median(seconds)
             algbw = message.nbytes / median / 1e9
@@ -198,7 +198,7 @@ def measure(env: DistEnv, options: BenchOptions) -> list[dict[str, Any]]:
 def fits(rows: list[dict[str, Any]], world_size: int, link: str) -> list[dict[str, Any]]:
     """Per operation: alpha and beta of the whole operation, and of the link behind it."""
     out = []
-    for op in OPS + (HOST_COPY,):
+    for op in (*OPS, HOST_COPY):
         mine = [r for r in rows if r["op"] == op]
         fit = fit_alpha_beta([r["bytes"] for r in mine], [r["time_s"] for r in mine])
         cost = LinkCost.from_fit(op, fit, world_size)

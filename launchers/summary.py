@@ -64,7 +64,8 @@ def format_summary(record: RunRecord, run_dir: Path) -> str:
         )
     if r.throughput and r.timings:
         lines.append(
-            f"speed      {r.throughput.samples_per_s:,.0f} samples/s ({r.throughput.samples_per_s_per_rank:,.0f} per rank); "
+            f"speed      {r.throughput.samples_per_s:,.0f} samples/s "
+            f"({r.throughput.samples_per_s_per_rank:,.0f} per rank); "
             f"step p50 {r.timings.step_p50_s * 1e3:.2f} ms, p95 {r.timings.step_p95_s * 1e3:.2f} ms, "
             f"data {r.timings.data_s * 1e3:.2f} ms ({b.loader}"
             + (f", {b.loader_workers} workers" if b.loader == "dataloader" else "")

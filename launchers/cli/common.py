@@ -10,7 +10,10 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from kanscale import log
 from kanscale.errors import ConfigError
+
+logger = log.get(__name__)
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -91,8 +94,8 @@ def add_experiment_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--strategy",
         metavar="PRESET",
-        help="replace the experiment's strategy section with a preset from "
-        "configs/strategies/ (single, ddp, fsdp1, fsdp2, zero0-3, zero3_offload, accelerate, tp, fsdp2_tp, ...) or a YAML file",
+        help="replace the experiment's strategy section with a preset from configs/strategies/ "
+        "(single, ddp, fsdp1, fsdp2, zero0-3, zero3_offload, accelerate, tp, fsdp2_tp, ...) or a YAML file",
     )
     parser.add_argument(
         "--deepspeed-config",
@@ -126,10 +129,10 @@ def exit_code(err: BaseException, args: argparse.Namespace) -> int:
     from analysis.records import RecordError
 
     if isinstance(err, KeyboardInterrupt):
-        print("kanscale: interrupted", file=sys.stderr)
+        logger.error("kanscale: interrupted")
         return 130
     if not args.debug and isinstance(err, (ConfigError, RecordError)):
-        print(f"kanscale: error: {err}", file=sys.stderr)
+        logger.error(f"kanscale: error: {err}")
         return 2
     # imported only here: it imports torch, seconds a refused input need not wait
     from strategies.lifecycle.failures import Terminated
@@ -137,10 +140,7 @@ def exit_code(err: BaseException, args: argparse.Namespace) -> int:
     if args.debug or not isinstance(err, (Exception, Terminated)):
         raise err
     # A run that failed: its record says why; the traceback is for --debug.
-    print(
-        f"kanscale: {args.command} failed: {type(err).__name__}: {err} (rerun with --debug for the traceback)",
-        file=sys.stderr,
-    )
+    logger.error(f"kanscale: {args.command} failed: {type(err).__name__}: {err} (rerun with --debug for the traceback)")
     return 1
 
 

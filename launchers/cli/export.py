@@ -52,7 +52,6 @@ def main(args: argparse.Namespace) -> int:
         f"wrote {out}: {checkpoint.meta['strategy']} checkpoint ({checkpoint.meta['format']}, "
         f"{checkpoint.meta['world_size']} ranks) of run {checkpoint.meta['run_id']} at step {checkpoint.step}"
     )
-    print(
-        f"start a run from it under any strategy: kanscale train CONFIG --set {shlex.quote(f'training.init_from={out}')}"
-    )
+    init = shlex.quote(f"training.init_from={out}")
+    print(f"start a run from it under any strategy: kanscale train CONFIG --set {init}")
     return 0

@@ -52,7 +52,7 @@ def word(*parts: object) -> str:
     if not any(isinstance(part, ScriptVar) for part in parts):
         return "".join(str(part) for part in parts)
     text = ""
-    for part, after in zip(parts, [*parts[1:], ""]):
+    for part, after in zip(parts, [*parts[1:], ""], strict=True):
         if isinstance(part, ScriptVar):  # braces where a name character follows: $MASTER_PORT0 is another variable
             text += f"${{{part[1:]}}}" if re.match(r"\w", str(after)) else part
         else:
@@ -163,7 +163,7 @@ def worker(args: list[str]) -> list[str]:
 
 
 def none_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
-    return Launch([python() + worker(train_args)])
+    return Launch([[*python(), *worker(train_args)]])
 
 
 def torchrun_launch(spec: LaunchSpec, train_args: list[str], entry: list[str] | None = None) -> Launch:
@@ -171,7 +171,7 @@ def torchrun_launch(spec: LaunchSpec, train_args: list[str], entry: list[str] | 
     the rendezvous store is named explicitly (``is_host``): with every node on one address (two
     agents on one machine), torchrun cannot tell which should host it and both may wait.
     ``entry`` is what every rank runs (``-m MODULE ARGS...``); by default ``kanscale train``."""
-    cmd = python() + ["-m", "torch.distributed.run", f"--nproc_per_node={spec.nproc_per_node}"]
+    cmd = [*python(), "-m", "torch.distributed.run", f"--nproc_per_node={spec.nproc_per_node}"]
     if spec.nnodes == 1:
         cmd.append("--standalone")
     else:
@@ -189,7 +189,8 @@ def torchrun_launch(spec: LaunchSpec, train_args: list[str], entry: list[str] | 
 
 def accelerate_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
     """accelerate launch with the strategy's accelerate config, sizes filled in."""
-    cmd = python() + [
+    cmd = [
+        *python(),
         "-m",
         "accelerate.commands.launch",
         "--config_file",
@@ -209,7 +210,7 @@ def deepspeed_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
     Over ssh the remote ranks see only what DeepSpeed exports: its own prefixes and the
     variables of an env file (``DS_ENV_FILE``). Its ssh check is skipped because kanscale run
     made the same check, with the key, before launch (launchers.launch.ssh)."""
-    cmd = python() + ["-m", "deepspeed.launcher.runner"]
+    cmd = [*python(), "-m", "deepspeed.launcher.runner"]
     env = accelerator_env(spec.device)
     if spec.hostfile is None:
         cmd += [f"--num_gpus={spec.nproc_per_node}", word("--master_port=", spec.master_port)]
@@ -223,12 +224,12 @@ def deepspeed_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
             cmd += ["--no_ssh", word("--node_rank=", spec.node_rank)]
         else:
             check_pdsh_words([os.getcwd(), spec.master_addr], train_args)
-            cmd += ["--no_ssh_check"] + ([f"--ssh_port={spec.ssh_port}"] if spec.ssh_port else [])
+            cmd += ["--no_ssh_check", *([f"--ssh_port={spec.ssh_port}"] if spec.ssh_port else [])]
             if spec.ssh_key:  # pdsh splits these on spaces and hands them to ssh; DeepSpeed appends -p PORT itself
                 env["PDSH_SSH_ARGS_APPEND"] = f"{os.environ.get('PDSH_SSH_ARGS_APPEND', '')} -i {spec.ssh_key}".strip()
             if spec.deepspeed_env_file:
                 env["DS_ENV_FILE"] = spec.deepspeed_env_file
-    return Launch([cmd + ["--module", WORKER_MODULE, "train", *train_args]], env=env)
+    return Launch([[*cmd, "--module", WORKER_MODULE, "train", *train_args]], env=env)
 
 
 LAUNCHERS = {

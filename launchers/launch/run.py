@@ -8,6 +8,7 @@ the launcher is installed, whether a hostfile parses.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import ipaddress
@@ -236,24 +237,21 @@ def execute(launch: Launch, log: Path | None = None, runs: Path | None = None) -
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     env = {**os.environ, **launch.env}
-    sink = open(log, "a") if log else None
     procs: list[subprocess.Popen] = []
-    try:
-        for i, cmd in enumerate(launch.commands):
-            if i:
-                time.sleep(1.0)  # node 0 first: it hosts the rendezvous
-            procs.append(
-                subprocess.Popen(
-                    cmd, env=env, stdout=sink, stderr=subprocess.STDOUT if sink else None, start_new_session=True
+    with open(log, "a") if log else contextlib.nullcontext() as sink:
+        try:
+            for i, cmd in enumerate(launch.commands):
+                if i:
+                    time.sleep(1.0)  # node 0 first: it hosts the rendezvous
+                procs.append(
+                    subprocess.Popen(
+                        cmd, env=env, stdout=sink, stderr=subprocess.STDOUT if sink else None, start_new_session=True
+                    )
                 )
-            )
-        codes = wait_all(procs)
-    except BaseException:
-        stop_all(procs)
-        raise
-    finally:
-        if sink:
-            sink.close()
+            codes = wait_all(procs)
+        except BaseException:
+            stop_all(procs)
+            raise
     code = next((c for c in codes if c != 0), 0)
     if code and runs is not None:
         discard_abandoned_saves(runs)

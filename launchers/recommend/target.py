@@ -127,10 +127,7 @@ def this_machine(
     ``--memory-per-device``), and its links from commbench files or measured now."""
     ram = ram_bytes()
     per_rank = memory_here(ranks_per_node, memory)
-    if networks:
-        files = networks
-    else:
-        files = [str(measure_links(ranks_per_node, out))]
+    files = networks or [str(measure_links(ranks_per_node, out))]
     docs = [read_json(f, "--network") for f in files]
     try:
         network = pj.network_from_commbench(docs, ", ".join(files))

@@ -91,7 +91,7 @@ class StudyConfig(NumbersNotBooleans):  # repeats: true is not 1 run
 
     def combinations(self) -> list[dict[str, Any]]:
         """The matrix's points: one value of each axis, in the cartesian product's order."""
-        return [dict(zip(self.matrix, values)) for values in itertools.product(*self.matrix.values())]
+        return [dict(zip(self.matrix, values, strict=True)) for values in itertools.product(*self.matrix.values())]
 
 
 def check_distinct(axis: str, values: list[Any]) -> None:
