@@ -73,7 +73,7 @@ def _step_dirs(run_dir: Path) -> list[Path]:
     """The checkpoint directories a save completed (named step-N, with a manifest), oldest first."""
     root = checkpoints_dir(run_dir)
     found = [p for p in root.iterdir() if STEP_DIR.match(p.name) and (p / META_FILE).is_file()] if root.is_dir() else []
-    return sorted(found, key=lambda p: int(STEP_DIR.match(p.name).group(1)))
+    return sorted(found, key=lambda p: int(p.name.removeprefix("step-")))  # the number STEP_DIR matched
 
 
 def complete_checkpoints(run_dir: Path) -> list[Checkpoint]:

@@ -29,6 +29,7 @@ stderr instead (strategies/lifecycle/failures.py: record_failure).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from collections.abc import Iterator
@@ -69,7 +70,8 @@ class DiskFull(OSError):
 def _wrapped(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and every exception it carries: its cause, its context, and the per-rank failures of
     torch.distributed.checkpoint's CheckpointException ({rank: (exception, traceback)})."""
-    todo, seen = [exc], set()
+    todo: list[BaseException | None] = [exc]
+    seen: set[int] = set()
     while todo:
         current = todo.pop()
         if current is None or id(current) in seen:
@@ -147,7 +149,6 @@ def reserve_space(run_dir: Path, world_size: int) -> None:
 def free_space(run_dir: Path) -> None:
     """Delete the reserve: a failing rank before it records the failure (any rank may), and rank 0
     before the last record of a run."""
-    try:
+    # A directory that lets nothing be deleted: the writes that follow say what is wrong.
+    with contextlib.suppress(OSError):
         (Path(run_dir) / RESERVE_FILE).unlink(missing_ok=True)
-    except OSError:
-        pass  # a directory that lets nothing be deleted: the writes that follow say what is wrong

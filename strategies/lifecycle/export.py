@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ import torch
 
 from analysis.records import new_temp_file
 from kan_models import build_model, parse_model_config
+from kanscale import log
 from kanscale.errors import ConfigError
 from strategies.lifecycle.checkpoint import (
     META_FILE,
@@ -47,6 +47,8 @@ from strategies.lifecycle.checkpoint import (
     verified,
 )
 from strategies.registry import CHECKPOINT_FORMATS
+
+logger = log.get(__name__)
 
 NOT_PLAIN = "kanscale loads such files with torch.load(weights_only=True) and never unpickles them"
 
@@ -61,6 +63,7 @@ def checkpoint_to_export(path: Path) -> Checkpoint:
             f"export: {path} does not exist; give a run directory or one of its checkpoints "
             "(RUN_DIR/checkpoints/step-NNNNNN)"
         )
+    checkpoint: Checkpoint | None
     if (path / META_FILE).exists() or path.name.startswith("step-"):
         checkpoint = _named_checkpoint(path)
     else:
@@ -78,17 +81,15 @@ def checkpoint_to_export(path: Path) -> Checkpoint:
                 "is never read)"
             )
         for p in passed_over:
-            print(f"kanscale: export {path}: skipped {p.path.name} ({p.why}; left in place)", file=sys.stderr)
+            logger.warning(f"kanscale: export {path}: skipped {p.path.name} ({p.why}; left in place)")
         if passed_over:
-            print(
-                f"kanscale: export {path}: exporting {checkpoint.path.name}, the newest checkpoint that verifies",
-                file=sys.stderr,
+            logger.info(
+                f"kanscale: export {path}: exporting {checkpoint.path.name}, the newest checkpoint that verifies"
             )
     if not checkpoint.verifiable:
-        print(
+        logger.warning(
             f"kanscale: export: {checkpoint.path} was written without checksums (by an earlier kanscale) and is "
-            "read unverified",
-            file=sys.stderr,
+            "read unverified"
         )
     return checkpoint
 

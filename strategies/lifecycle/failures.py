@@ -23,7 +23,6 @@ import json
 import math
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -31,7 +30,10 @@ from pathlib import Path
 
 from analysis.records import atomic_write_text
 from analysis.schema import RunError
+from kanscale import log
 from strategies.sections import FaultConfig
+
+logger = log.get(__name__)
 
 FAILURES_DIR = "failures"
 # The error type of a run stopped by a signal that no rank's failure preceded.
@@ -86,10 +88,9 @@ def reports_locked(folder: Path) -> Iterator[None]:
     lands, and the record keeps the picture of whichever wrote last, not the whole one."""
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "a") as lock:
-        try:
+        # A filesystem without locks: the reports are still written, the race stays open.
+        with contextlib.suppress(OSError):
             fcntl.flock(lock, fcntl.LOCK_EX)
-        except OSError:
-            pass  # a filesystem without locks: the reports are still written, the race stays open
         yield
 
 
@@ -119,10 +120,9 @@ def record_failure(
             return
         except OSError as err:
             if err.errno not in (errno.ENOSPC, errno.EDQUOT) or attempt == tries - 1:
-                print(
+                logger.error(
                     f"kanscale: rank {report.rank} could not record its failure in {Path(folder).parent.parent} "
-                    f"({err}); it failed with {report.type}: {report.message}",
-                    file=sys.stderr,
+                    f"({err}); it failed with {report.type}: {report.message}"
                 )
                 return
             make_room()
@@ -211,10 +211,8 @@ def raise_on_sigterm() -> None:
         if not _reporting:
             raise Terminated("terminated by SIGTERM")
 
-    try:
+    with contextlib.suppress(ValueError):  # not the main thread
         signal.signal(signal.SIGTERM, handler)
-    except ValueError:
-        pass
 
 
 def check_finite(loss: float, step: int) -> None:

@@ -67,8 +67,8 @@ def preflight(
     check_batch_fits_data(t, cfg.task.n_train, shares, plan.global_batch)
     if plan.total_steps <= t.warmup_steps:
         raise ConfigError(
-            f"training.warmup_steps: {t.warmup_steps} warm-up steps leave none of the {plan.total_steps} steps to time; "
-            "lower warmup_steps or train longer (training.epochs / training.steps)"
+            f"training.warmup_steps: {t.warmup_steps} warm-up steps leave none of the {plan.total_steps} steps to "
+            "time; lower warmup_steps or train longer (training.epochs / training.steps)"
         )
     probe = cfg.measurement.comm_probe
     if probe != "none" and probe not in cfg.strategy.probes:

@@ -14,7 +14,6 @@ that did not complete left, then lets the lock go.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 from analysis.records import CONFIG_FILE, SUMMARY_FILE, RecordError, read_steps, read_summary
 from analysis.schema import RunRecord, StepRecord
+from kanscale import log
 from kanscale.errors import ConfigError
 from kanscale.files import read_mapping
 from kanscale.identity import differences as config_differences
@@ -39,6 +39,8 @@ from strategies.lifecycle.checkpoint import (
 from strategies.lifecycle.disk import free_space, reserve_space
 from strategies.lifecycle.run_lock import RunLock
 from strategies.native_training import with_native_training
+
+logger = log.get(__name__)
 
 
 def find_resumable(cfg: ExperimentConfig, world_size: int) -> Path:
@@ -153,22 +155,20 @@ def _decide_resume(cfg: ExperimentConfig, world_size: int, run_dir: Path) -> tup
         reserved = True
         for p in passed_over:
             note = f"set aside as {set_aside(p.path).name}" if p.corrupt else "left in place"
-            print(f"kanscale: --resume {run_dir}: passed over {p.path.name} ({p.why}; {note})", file=sys.stderr)
+            logger.warning(f"kanscale: --resume {run_dir}: passed over {p.path.name} ({p.why}; {note})")
     except BaseException:
         if reserved:
             free_space(run_dir)
         lock.release()
         raise
     if passed_over:
-        print(
-            f"kanscale: --resume {run_dir}: resuming from {checkpoint.path.name}, the newest checkpoint that verifies",
-            file=sys.stderr,
+        logger.info(
+            f"kanscale: --resume {run_dir}: resuming from {checkpoint.path.name}, the newest checkpoint that verifies"
         )
     if not checkpoint.verifiable:
-        print(
+        logger.warning(
             f"kanscale: --resume {run_dir}: {checkpoint.path.name} was written without checksums (by an earlier "
-            "kanscale) and is used unverified",
-            file=sys.stderr,
+            "kanscale) and is used unverified"
         )
     return lock, {
         "previous": previous.model_dump(mode="json"),
@@ -181,7 +181,8 @@ def _decide_resume(cfg: ExperimentConfig, world_size: int, run_dir: Path) -> tup
 def _on_rank0(env: DistEnv, decide: Callable[[], tuple[RunLock, dict[str, Any]]]) -> tuple[RunLock | None, dict]:
     """Run ``decide`` on rank 0 and give every rank its outcome; where it raised, rank 0 raises its
     error and every other rank a ConfigError (or RuntimeError) with the same message."""
-    lock, outcome = None, {}
+    lock: RunLock | None = None
+    outcome: dict[str, Any] = {}
     if env.is_main:
         try:
             lock, outcome = decide()

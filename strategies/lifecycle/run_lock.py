@@ -30,14 +30,17 @@ import fcntl
 import json
 import os
 import socket
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, ClassVar, Self
+from typing import IO, Any, ClassVar, TypeVar
 
+from kanscale import log
 from kanscale.errors import ConfigError
 
+logger = log.get(__name__)
+
 LOCK_FILE = ".lock"
+_Lock = TypeVar("_Lock", bound="DirectoryLock")  # the subclass acquire() is called on
 
 
 def _owner_alive(owner: dict[str, Any]) -> bool | None:
@@ -97,7 +100,7 @@ class DirectoryLock:
         )
 
     @classmethod
-    def acquire(cls, directory: Path) -> Self:
+    def acquire(cls: type[_Lock], directory: Path) -> _Lock:
         """Take the directory's lock or refuse (:class:`ConfigError` naming the owner). Opening
         the lock file creates it if needed; nothing else in the directory is touched."""
         directory = Path(directory)
@@ -115,10 +118,9 @@ class DirectoryLock:
             locked = True
         except OSError as err:
             if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                print(
-                    f"kanscale: warning: {path}: this filesystem does not lock files ({err.strerror}); only a "
-                    f"{cls.HOLDER} recorded there and still running on this host stops a second one",
-                    file=sys.stderr,
+                logger.warning(
+                    f"{path}: this filesystem does not lock files ({err.strerror}); only a "
+                    f"{cls.HOLDER} recorded there and still running on this host stops a second one"
                 )
                 locked = False
             else:
@@ -130,10 +132,9 @@ class DirectoryLock:
             file.close()
             raise cls._refusal(directory, previous)
         if previous is not None:
-            print(
+            logger.warning(
                 f"kanscale: {directory}: took over the lock of an earlier {cls.HOLDER} that did not end cleanly "
-                f"({_describe(previous)}), which no longer holds it",
-                file=sys.stderr,
+                f"({_describe(previous)}), which no longer holds it"
             )
         file.seek(0)
         file.truncate()
