@@ -8,11 +8,11 @@ import operator
 import types
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Protocol, Union, cast, get_args, get_origin
 
 import torch
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 from torch import nn
 
 
@@ -28,6 +28,12 @@ Interval = Annotated[tuple[float, float], AfterValidator(_increasing)]
 # A seed: NumPy's SeedSequence refuses a negative one, and pykan hands its seed to the legacy
 # np.random.seed, which takes 0 <= seed < 2^32 only (torch.manual_seed takes up to 2^64 - 1).
 Seed = Annotated[int, Field(ge=0, lt=2**32)]
+
+
+class GridLayer(Protocol):
+    """A layer whose grid follows the data (``LayerStack.update_grid`` checks that every layer has one)."""
+
+    def update_grid(self, x: torch.Tensor) -> None: ...
 
 
 def one_of(configs: Iterable[type], key: str) -> Any:
@@ -75,7 +81,7 @@ def booleans_as_numbers(value: Any, annotation: Any, loc: tuple = ()) -> Iterato
             items = [(key, item, args[1]) for key, item in value.items()]
         elif not isinstance(value, dict) and origin in (list, tuple) and args:
             item_types = itertools.repeat(args[0]) if origin is list or args[-1] is Ellipsis else args
-            items = [(i, item, item_type) for i, (item, item_type) in enumerate(zip(value, item_types))]
+            items = [(i, item, item_type) for i, (item, item_type) in enumerate(zip(value, item_types, strict=False))]
         else:
             continue
         for key, item, item_type in items:
@@ -95,7 +101,7 @@ class NumbersNotBooleans(BaseModel):
     def _no_boolean_numbers(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        errors = [
+        errors: list[InitErrorDetails] = [
             {
                 "type": PydanticCustomError(
                     "bool_as_number",
@@ -225,7 +231,7 @@ class LayerStack(nn.Module):
         if not self.supports_grid_update:
             raise TypeError(f"{type(self.layers[0]).__name__} has no grid to update")
         for layer in self.layers:
-            layer.update_grid(x)
+            cast(GridLayer, layer).update_grid(x)
             x = layer(x)
 
 

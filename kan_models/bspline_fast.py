@@ -17,10 +17,10 @@ The k + 1 values are scattered into a dense (batch, in, G + k) block for one mat
 the coefficients, plus the SiLU base path. The GEMM does (G + k) / (k + 1) times the arithmetic
 that is needed, and still wins on a CPU while that is small: sparse products (CSR) run far below
 the dense rate. Past the machine's crossover in bases per non-zero (measured where it runs:
-kan_models/sparse_crossover.py; grids of 20 to 80 intervals at k 3) the layer keeps the k + 1 values as a CSR matrix instead, for
-the forward product, the weight gradient and the input gradient (a sampled product). A custom autograd function saves only its inputs:
-backward recomputes the local bases (cheap) instead of keeping the (batch, in, G + k) basis and
-the recursion's intermediates alive between forward and backward.
+kan_models/sparse_crossover.py) the layer keeps the k + 1 values as a CSR matrix instead, for the
+forward product, the weight gradient and the input gradient (a sampled product). A custom autograd
+function saves only its inputs: backward recomputes the local bases (cheap) instead of keeping the
+(batch, in, G + k) basis and the recursion's intermediates alive between forward and backward.
 
 Under torch.compile the layer runs a second, branch-free form instead (see
 :func:`pointwise_forward`): every basis is the centred cardinal B-spline of its distance to the
@@ -37,7 +37,9 @@ whichever side the rounding of u picks.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import warnings
 from typing import NamedTuple
 
@@ -72,7 +74,7 @@ class LocalBases(NamedTuple):
     the k + 1 axis in the middle, so that elementwise work runs along the long, contiguous ``in``
     axis, and returned as transposed views."""
 
-    index: torch.Tensor  # long: the basis numbers j, clamped into [0, G + k)
+    numbers: torch.Tensor  # long: the basis numbers j, clamped into [0, G + k)
     values: torch.Tensor  # B_j(x), zero where basis j does not exist (near and beyond the ends)
     slopes: torch.Tensor | None  # dB_j/dx, likewise
 
@@ -109,7 +111,7 @@ def dense_bases(local: LocalBases, n_bases: int) -> torch.Tensor:
     """All bases, (batch, in, n_bases). Non-existent bases carry value zero but were clamped
     onto an edge basis number, hence scatter-add rather than scatter."""
     batch, n_in, _ = local.values.shape
-    return local.values.new_zeros(batch, n_in, n_bases).scatter_add_(-1, local.index, local.values)
+    return local.values.new_zeros(batch, n_in, n_bases).scatter_add_(-1, local.numbers, local.values)
 
 
 def sparse_bases(local: LocalBases, n_bases: int) -> torch.Tensor:
@@ -117,8 +119,8 @@ def sparse_bases(local: LocalBases, n_bases: int) -> torch.Tensor:
     in * (k + 1) values in order (feature, basis), the clamped non-existent ones (value zero)
     included, so a row's column numbers never decrease and its values keep ``local``'s layout."""
     batch, n_in, width = local.values.shape
-    columns = local.index + torch.arange(n_in, device=local.index.device).view(1, -1, 1) * n_bases
-    rows = torch.arange(0, batch * n_in * width + 1, n_in * width, device=local.index.device)
+    columns = local.numbers + torch.arange(n_in, device=local.numbers.device).view(1, -1, 1) * n_bases
+    rows = torch.arange(0, batch * n_in * width + 1, n_in * width, device=local.numbers.device)
     with warnings.catch_warnings():  # "Sparse CSR tensor support is in beta state": the tests check it
         warnings.filterwarnings("ignore", "Sparse CSR tensor support", UserWarning)
         # Valid by construction (rows of equal length, columns in order): no invariant checks.
@@ -206,7 +208,7 @@ class FastBSplineFunction(torch.autograd.Function):
                     if ctx.sparse:
                         touched = torch.sparse.sampled_addmm(bases, grad_out[rows], weight, beta=0.0).values()
                     else:
-                        touched = (grad_out[rows] @ weight).view(-1, n_cols, n_bases).gather(-1, local.index)
+                        touched = (grad_out[rows] @ weight).view(-1, n_cols, n_bases).gather(-1, local.numbers)
                     grad_x[rows, cols] = (touched.view(local.slopes.shape) * local.slopes).sum(-1)
             if grad_weight is not None:
                 grad_weight = grad_weight.view(n_out, n_cols, n_bases)
@@ -227,7 +229,11 @@ def cardinal_terms(k: int) -> tuple[tuple[float, float], ...]:
     sum_l (-1)^l C(k + 1, l) (s - l)_+^k / k!, folded about the centre so that only the terms
     with a_l = (k + 1) / 2 - l > 0 remain and no large terms cancel."""
     half = (k + 1) / 2
-    return tuple((half - l, (-1) ** l * math.comb(k + 1, l) / math.factorial(k)) for l in range(k + 1) if half - l > 0)
+    return tuple(
+        (half - term, (-1) ** term * math.comb(k + 1, term) / math.factorial(k))
+        for term in range(k + 1)
+        if half - term > 0
+    )
 
 
 def pointwise_forward(
@@ -253,7 +259,7 @@ def pointwise_forward(
         bases = torch.where((t >= -half) & (t < half), hat, 0.0)
     else:  # value and slope are continuous (zero at the support's ends): the plain form
         distance = t.abs()
-        bases = sum(c * (a - distance).clamp(min=0) ** k for a, c in cardinal_terms(k))
+        bases = functools.reduce(operator.add, (c * (a - distance).clamp(min=0) ** k for a, c in cardinal_terms(k)))
     weight = spline_weight(coef, scale_spline).transpose(1, 2).flatten(1)  # (out, (G + k) * in)
     return torch.addmm(F.linear(F.silu(x), scale_base), bases.flatten(1), weight.T)
 

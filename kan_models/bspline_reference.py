@@ -27,6 +27,8 @@ from kan_models.bspline_bases import adaptive_knots, bspline_basis, least_square
 class BSplineKANLayer(nn.Module):
     """One KAN layer with Cox-de Boor B-spline activations on every edge."""
 
+    knots: torch.Tensor  # a buffer: (in, G + 2k + 1)
+
     def __init__(
         self,
         in_features: int,

@@ -5,6 +5,7 @@ finite at the interval ends (unlike cos(n arccos z))."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import ClassVar, Literal
 
@@ -50,4 +51,4 @@ class ChebyshevConfig(ModelConfig):
     degree: int = Field(4, ge=1, le=64, description="polynomial degree D")
 
     def build(self) -> LayerStack:
-        return LayerStack([ChebyshevKANLayer(i, o, self.degree) for i, o in zip(self.widths[:-1], self.widths[1:])])
+        return LayerStack([ChebyshevKANLayer(i, o, self.degree) for i, o in itertools.pairwise(self.widths)])

@@ -45,7 +45,8 @@ def compile_model(model: nn.Module, sample: torch.Tensor, **options: Any) -> tup
     before. torch.compile compiles lazily, at the first call; this helper makes that call now:
     one forward and backward on ``sample``, a batch of the dtype and device training will use (its
     batch dimension compiled dynamic, so other batch sizes reuse the graph). The backward goes
-    through ``torch.autograd.grad``, so no parameter's ``.grad`` is touched. ``options`` go to torch.compile (e.g. ``mode``)."""
+    through ``torch.autograd.grad``, so no parameter's ``.grad`` is touched. ``options`` go to
+    torch.compile (e.g. ``mode``)."""
     model.compile(**options)
     any_batch_size(sample)
     if sample.device.type == "cuda":

@@ -81,6 +81,8 @@ def import_file(path: Path):
     key = f"kanscale_custom_{abs(hash(str(path.resolve())))}"
     if key not in sys.modules:
         spec = importlib.util.spec_from_file_location(key, path)
+        if spec is None or spec.loader is None:
+            raise OSError(f"{path} cannot be loaded as a Python module")
         module = importlib.util.module_from_spec(spec)
         sys.modules[key] = module
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
@@ -14,7 +15,7 @@ ACTIVATIONS = {"silu": nn.SiLU, "relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tan
 
 
 def mlp_trainable_params(widths: list[int]) -> int:
-    return sum((i + 1) * o for i, o in zip(widths[:-1], widths[1:]))
+    return sum((i + 1) * o for i, o in itertools.pairwise(widths))
 
 
 def scale_hidden_widths(widths: list[int], target: int) -> list[int]:
@@ -81,7 +82,7 @@ class MLPConfig(ModelConfig):
     def build(self) -> LayerStack:
         widths = self.resolved_widths()
         layers: list[nn.Module] = []
-        for n, (i, o) in enumerate(zip(widths[:-1], widths[1:])):
+        for n, (i, o) in enumerate(itertools.pairwise(widths)):
             is_last = n == len(widths) - 2
             layers.append(
                 nn.Linear(i, o) if is_last else nn.Sequential(nn.Linear(i, o), ACTIVATIONS[self.activation]())

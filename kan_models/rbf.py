@@ -4,6 +4,7 @@ optional LayerNorm that keeps inputs inside the centres' range; a SiLU base path
 
 from __future__ import annotations
 
+import itertools
 from typing import ClassVar, Literal
 
 import torch
@@ -72,6 +73,6 @@ class RBFConfig(ModelConfig):
         return LayerStack(
             [
                 RBFKANLayer(i, o, self.grid, self.grid_range, self.layernorm, self.base, self.init_scale)
-                for i, o in zip(self.widths[:-1], self.widths[1:])
+                for i, o in itertools.pairwise(self.widths)
             ]
         )

@@ -13,6 +13,7 @@ which (``product_auto_from``).
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -66,7 +67,9 @@ def _stored() -> dict:
 def cpu_crossover() -> Crossover:
     """This machine's measured crossover where one is stored for its CPU and torch, else :data:`DEFAULT`."""
     entry = _stored().get(machine_key())
-    value = entry.get("bases_per_nonzero") if isinstance(entry, dict) else None
+    if not isinstance(entry, dict):
+        return DEFAULT
+    value = entry.get("bases_per_nonzero")
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 1 <= value < 1e6:
         return DEFAULT
     return Crossover(
@@ -94,7 +97,7 @@ def break_even(points: list[tuple[float, float]]) -> float | None:
     points = sorted(points)
     if points and points[0][1] >= 1:
         return points[0][0]
-    for (x0, r0), (x1, r1) in zip(points, points[1:]):
+    for (x0, r0), (x1, r1) in itertools.pairwise(points):
         if r1 >= 1:
             return x0 + (1 - r0) / (r1 - r0) * (x1 - x0)
     return None

@@ -10,6 +10,9 @@ unit belong to the root's unit.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 from torch import nn
 
 from kan_models.base import WrapPolicy
@@ -19,7 +22,7 @@ CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 
 def wrap_units(model: nn.Module, policy: WrapPolicy | None = None) -> list[nn.Module]:
     if policy is None and hasattr(model, "blocks"):
-        return list(model.blocks)
+        return list(cast(Iterable[nn.Module], model.blocks))  # a zoo model's ModuleList
     policy = policy or WrapPolicy()
     if policy.classes:
         wanted = set(policy.classes)

@@ -97,7 +97,7 @@ def _forward_kernel(
     acc = tl.zeros((BLOCK_B, BLOCK_O), dtype=out_ptr.dtype.element_ty)
     for i in range(n_in):
         x = tl.load(x_ptr + rows * n_in + i, mask=row_ok, other=0.0)
-        first, r, inv_h = _locate(x, knots_ptr + i * n_knots, n_knots, K)
+        first, r, _ = _locate(x, knots_ptr + i * n_knots, n_knots, K)
         slab = w_ptr + i * n_bases * n_out  # w[i]: (G + k) x out, read again by every row tile: L2
         for m in tl.static_range(K + 1):
             j = first + m
@@ -137,7 +137,7 @@ def _grad_w_kernel(
     )  # loaded once, used for every input and basis
     for i in range(n_in):
         x = tl.load(x_ptr + rows * n_in + i, mask=row_ok, other=0.0)
-        first, r, inv_h = _locate(x, knots_ptr + i * n_knots, n_knots, K)
+        first, r, _ = _locate(x, knots_ptr + i * n_knots, n_knots, K)
         slab = gw_ptr + i * n_bases * n_out
         for m in tl.static_range(K + 1):
             j = first + m

@@ -14,8 +14,9 @@ from pydantic import Field
 from kan_models.tasks.data import DataTask, Table, as_classes
 from kanscale.extras import require
 
+Dataset = Literal["digits", "wine", "breast_cancer", "iris", "diabetes"]
 # dataset -> (scikit-learn's loader, whether its target is a class)
-BUNDLED = {
+BUNDLED: dict[Dataset, tuple[str, bool]] = {
     "digits": ("load_digits", True),  # 1,797 x 64 pixel intensities, 10 classes
     "wine": ("load_wine", True),  # 178 x 13, 3 classes
     "breast_cancer": ("load_breast_cancer", True),  # 569 x 30, 2 classes
@@ -26,9 +27,7 @@ BUNDLED = {
 
 class SklearnTask(DataTask):
     name: Literal["sklearn"]
-    dataset: Literal[tuple(BUNDLED)] = Field(
-        description="digits, wine, breast_cancer, iris (classification), diabetes (regression)"
-    )
+    dataset: Dataset = Field(description="digits, wine, breast_cancer, iris (classification), diabetes (regression)")
 
     @property
     def label(self) -> str:
@@ -39,7 +38,7 @@ class SklearnTask(DataTask):
 
 
 @cache
-def load_bundled(dataset: str) -> Table:
+def load_bundled(dataset: Dataset) -> Table:
     require("sklearn", "task.name: sklearn")
     import sklearn.datasets
 

@@ -115,7 +115,7 @@ def unscaled_metrics(sums: dict[str, torch.Tensor], n: int, mean: np.ndarray, sc
             "target_std": float(scale[0]),
         }
     scores: dict[str, float] = {}
-    for j, (squared, centre, spread) in enumerate(zip(error.tolist(), mean, scale)):
+    for j, (squared, centre, spread) in enumerate(zip(error.tolist(), mean, scale, strict=True)):
         scores |= {
             f"rmse_unscaled[{j}]": (squared / n) ** 0.5,
             f"target_mean[{j}]": float(centre),

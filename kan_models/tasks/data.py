@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,7 +39,7 @@ class Table:
     encoded: dict[str, list[str]] = field(default_factory=dict)
 
 
-def listing(items: Sequence, most: int = 8) -> str:
+def listing(items: Sequence[Any] | np.ndarray | pd.Index, most: int = 8) -> str:
     """Up to ``most`` of ``items``, comma-separated, and how many there are when there are more:
     a message about a file of a million columns stays one readable line."""
     shown = ", ".join(map(str, items[:most]))

@@ -55,7 +55,7 @@ def read_csv(path: str) -> pd.DataFrame:
     return pd.read_csv(path, low_memory=False)
 
 
-TABULAR = {".csv": read_csv, ".parquet": pd.read_parquet}
+TABULAR: dict[str, Callable[[str], pd.DataFrame]] = {".csv": read_csv, ".parquet": pd.read_parquet}
 SUFFIXES = (*TABULAR, ".npy", ".npz")
 FEATURE_FIX = "convert it to numbers or leave it out of task.features"
 
@@ -314,7 +314,8 @@ def from_arrays(
         chosen = np.array(picked) if picked else np.zeros(0, dtype=np.int64)
         if chosen.dtype.kind != "i" or not ((-width <= chosen) & (chosen < width)).all():
             raise ValueError(
-                f"task.features: give column indices of {given}'s {width} columns, got {listing([repr(p) for p in picked])}"
+                f"task.features: give column indices of {given}'s {width} columns, "
+                f"got {listing([repr(p) for p in picked])}"
             )
         chosen %= width
     check_choice(pd.Index([column]), pd.Index(chosen), given, lambda i: f"column {i}")

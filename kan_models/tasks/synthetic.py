@@ -42,7 +42,7 @@ class SyntheticTask(TaskConfig):
 
     def ranges(self) -> list[tuple[float, float]]:
         """Each input's [low, high]."""
-        return [tuple(self.x_range)] * self.input_dim
+        return [self.x_range] * self.input_dim
 
     def target(self, x: torch.Tensor) -> torch.Tensor:
         """The noise-free function, x (n, input_dim) -> (n, 1)."""
@@ -50,7 +50,7 @@ class SyntheticTask(TaskConfig):
 
     def generate(self, seed: int) -> TaskData:
         train_rng, test_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-        low, high = (np.array(bound) for bound in zip(*self.ranges()))
+        low, high = (np.array(bound) for bound in zip(*self.ranges(), strict=True))
         x_train = torch.from_numpy(train_rng.uniform(low, high, (self.n_train, self.input_dim)))
         x_test = torch.from_numpy(test_rng.uniform(low, high, (self.n_test, self.input_dim)))
         noise = torch.from_numpy(train_rng.normal(0.0, 1.0, (self.n_train, 1))) * self.noise_std
@@ -118,7 +118,7 @@ def feynman_equation(equation: str) -> tuple[int, Callable[[torch.Tensor], torch
     count = len(symbols) if isinstance(symbols, (list, tuple)) else 1
     if not isinstance(ranges[0], (list, tuple)):  # one range for every variable
         ranges = [ranges] * count
-    return count, function, [tuple(map(float, r)) for r in ranges]
+    return count, function, [(float(low), float(high)) for low, high in ranges]
 
 
 def feynman_names() -> list[str]:
