@@ -38,14 +38,18 @@ def combine_window(
     over the data-parallel replicas: the ranks within one replica (tensor parallel) hold the same.
     ``compute_s`` None (no baseline): the steps have no exposed-communication figure."""
     measured = compute_s is not None
-    compute_s = compute_s if measured else 0.0
+    compute_s = compute_s if compute_s is not None else 0.0
     samples = window.steps
     losses = torch.stack([s.loss_share.double() for s in samples]).cpu().tolist()
-    rows = [[loss, s.time_s, s.time_s - s.data_s - compute_s, s.samples, s.data_s] for loss, s in zip(losses, samples)]
+    rows = [
+        [loss, s.time_s, s.time_s - s.data_s - compute_s, s.samples, s.data_s]
+        for loss, s in zip(losses, samples, strict=True)
+    ]
     rows.append([compute_s, window.wall_s, float(window.blocked_s is not None), window.blocked_s or 0.0, 0.0])
     table = torch.tensor(rows, dtype=torch.float64, device=env.device)
     summed = env.all_reduce(table.clone(), "sum").cpu().tolist()
     maxed = env.all_reduce(table, "max").cpu().tolist()
+    assert env.mesh is not None  # DistEnv places every rank on a mesh when it is made
     world, per_replica = env.world_size, env.mesh.ranks_per_replica
     (compute_sum, _, checked, blocked_sum, _), window_max = summed.pop(), maxed.pop()
     compute = compute_sum / world
@@ -62,7 +66,7 @@ def combine_window(
             samples=round(s[3] / per_replica),
             timed=first_step + n >= warmup_steps,
         )
-        for n, (s, m) in enumerate(zip(summed, maxed))
+        for n, (s, m) in enumerate(zip(summed, maxed, strict=True))
     ]
     n = len(steps)
     times = WindowTimes(
@@ -103,5 +107,7 @@ def combine_memory(env: DistEnv, peaks: TrainingPeaks, replica_bytes: int, state
         peak_device_bytes=peak_device if env.device.type == "cuda" else None,
         peak_rss_bytes=peak_rss,
         replica_bytes=replica,
-        model_state=ModelStateBytes(**dict(zip(("params", "grads", "optimizer", "master_params"), state_max))),
+        model_state=ModelStateBytes(
+            **dict(zip(("params", "grads", "optimizer", "master_params"), state_max, strict=True))
+        ),
     )

@@ -74,9 +74,8 @@ def exposure(windows: list[WindowTimes], step_s: float, check_valid: bool, commu
 
 def _compare(windows: list[WindowTimes], step_s: float, check_valid: bool) -> CommExposure:
     replica = spread([w.replica_s for w in windows])
-    check = None
-    if check_valid and all(w.blocked_s is not None for w in windows):
-        check = spread([w.blocked_s for w in windows])
+    blocked = [w.blocked_s for w in windows if w.blocked_s is not None]
+    check = spread(blocked) if check_valid and len(blocked) == len(windows) else None
     floor = NOISE_FLOOR * step_s
     negative = [
         f"the {name} method read {ms(s.median_s)} per step, "
@@ -97,7 +96,7 @@ def _compare(windows: list[WindowTimes], step_s: float, check_valid: bool) -> Co
         return CommExposure(
             replica=replica, trusted="replica", note=f"replica method only ({ms(replica.median_s)} per step): {why}"
         )
-    differences = [w.replica_s - w.blocked_s for w in windows]
+    differences = [w.replica_s - b for w, b in zip(windows, blocked, strict=True)]
     difference = statistics.median(differences)
     noise = max((max(differences) - min(differences)) / 2, NOISE_FLOOR * step_s)
     agree = abs(difference) <= noise
@@ -113,17 +112,17 @@ def _compare(windows: list[WindowTimes], step_s: float, check_valid: bool) -> Co
         trusted, note = (
             "replica",
             (
-                f"{both}: the {ms(difference)} between them is CPU work on the critical path besides the model's (the backend's "
-                "copies, hooks and bookkeeping). Trust the replica for the cost beyond compute, the check for time spent waiting "
-                "on communication"
+                f"{both}: the {ms(difference)} between them is CPU work on the critical path besides the model's "
+                "(the backend's copies, hooks and bookkeeping). Trust the replica for the cost beyond compute, the "
+                "check for time spent waiting on communication"
             ),
         )
     else:
         trusted, note = (
             "check",
             (
-                f"{both}: a replica figure below the check means the compute baseline ran slower than the training's own "
-                f"compute (by {ms(-difference)}, beyond noise of {ms(noise)}); trust the check"
+                f"{both}: a replica figure below the check means the compute baseline ran slower than the "
+                f"training's own compute (by {ms(-difference)}, beyond noise of {ms(noise)}); trust the check"
             ),
         )
     return CommExposure(

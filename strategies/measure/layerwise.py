@@ -14,11 +14,12 @@ the way a sharding backend does it, one unit at a time:
   parameter, its gradient and the optimizer's state tensors for it).
 
 What it keeps between samples is the units' inputs (one activation per unit per micro-batch), the
-units' buffers (spline grids) and that chunk: a small part of the strategy's own share. The units' weights are not kept: each sample fills them with values of the
-trained model's mean and spread per tensor (the arithmetic, so the time, does not depend on the
-values; a learning rate of 0 keeps the replica's the same way). Not timed: work outside the units
-(the loss, a model's own glue between them), which so counts as overhead, and compilation (the
-units run eagerly; preflight refuses ``layerwise`` with ``training.compile``).
+units' buffers (spline grids) and that chunk: a small part of the strategy's own share. The
+units' weights are not kept: each sample fills them with values of the trained model's mean and
+spread per tensor (the arithmetic, so the time, does not depend on the values; a learning rate of
+0 keeps the replica's the same way). Not timed: work outside the units (the loss, a model's own
+glue between them), which so counts as overhead, and compilation (the units run eagerly;
+preflight refuses ``layerwise`` with ``training.compile``).
 """
 
 from __future__ import annotations
@@ -62,7 +63,10 @@ class LayerwiseBaseline:
                 "measurement.baseline: layerwise needs the units the strategy shards, and this model has "
                 "none (model.wrap); set measurement.baseline=replica or off"
             )
-        self.model, self.units, self.device, self.steps = model, list(units), device, steps
+        self.device, self.steps = device, steps
+        # The training's model and units, until warm_up() has captured the units' inputs with them.
+        self.model: nn.Module | None = model
+        self.units: list[nn.Module] | None = list(units)
         self.amp = Amp(device.type, low_dtype(training))
         self._before = self._held()
         # The units as skeletons: parameters on the meta device (no memory), buffers kept.
@@ -71,14 +75,14 @@ class LayerwiseBaseline:
                 unit,
                 {id(p): nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad) for p in unit.parameters()},
             )
-            for unit in self.units
+            for unit in units
         ]
         self.fills = [
             [
                 (p.detach().float().mean().item(), p.detach().float().std().item() if p.numel() > 1 else 0.0)
                 for p in unit.parameters()
             ]
-            for unit in self.units
+            for unit in units
         ]
         shard = math.ceil(sum(p.numel() for p in model.parameters() if p.requires_grad) / shard_degree)
         self.chunks = math.ceil(shard / CHUNK)
@@ -94,27 +98,27 @@ class LayerwiseBaseline:
     def _held(self) -> int:
         return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else rss_bytes()
 
-    def _capture(self, batches: Sequence[Batch]) -> None:
+    def _capture(self, model: nn.Module, units: list[nn.Module], batches: Sequence[Batch]) -> None:
         """Each unit's input on each micro-batch, from one pass of the whole model (no gradients)."""
-        seen: list[list[torch.Tensor]] = [[] for _ in self.units]
+        seen: list[list[torch.Tensor]] = [[] for _ in units]
 
         def keeper(i: int):
             def hook(_module: nn.Module, args: tuple) -> None:
                 if len(args) != 1 or not isinstance(args[0], torch.Tensor):
                     raise ConfigError(
                         f"measurement.baseline: layerwise times units that take one tensor, and unit {i} "
-                        f"({type(self.units[i]).__name__}) takes {len(args)} argument(s); set "
+                        f"({type(units[i]).__name__}) takes {len(args)} argument(s); set "
                         "measurement.baseline=replica or off"
                     )
                 seen[i].append(args[0].detach().clone())
 
             return hook
 
-        handles = [unit.register_forward_pre_hook(keeper(i)) for i, unit in enumerate(self.units)]
+        handles = [unit.register_forward_pre_hook(keeper(i)) for i, unit in enumerate(units)]
         try:
             with torch.no_grad(), self.amp.context():
                 for x, _ in batches:
-                    self.model(x)
+                    model(x)
         finally:
             for handle in handles:
                 handle.remove()
@@ -124,9 +128,9 @@ class LayerwiseBaseline:
         """Unit ``i`` with real storage: its buffers as saved, its weights filled (see above)."""
         unit = copy.deepcopy(self.skeletons[i]).to_empty(device=self.device)
         with torch.no_grad():
-            for (_, mine), (_, saved) in zip(unit.named_buffers(), self.skeletons[i].named_buffers()):
+            for (_, mine), (_, saved) in zip(unit.named_buffers(), self.skeletons[i].named_buffers(), strict=True):
                 mine.copy_(saved)
-            for p, (mean, std) in zip(unit.parameters(), self.fills[i]):
+            for p, (mean, std) in zip(unit.parameters(), self.fills[i], strict=True):
                 p.normal_(mean, std)
         return unit
 
@@ -162,7 +166,9 @@ class LayerwiseBaseline:
     def warm_up(self, batches: Sequence[Batch], n_global: int, loss_sum: LossFn, steps: int) -> None:
         """Capture the units' inputs, take untimed steps (the optimizer's state comes to exist),
         then measure what the baseline holds."""
-        self._capture(batches)
+        if self.model is None or self.units is None:
+            raise RuntimeError("the layerwise baseline is warmed up once: the training's model is not kept after")
+        self._capture(self.model, self.units, batches)
         # The whole model and its units are the training's, which the strategy is about to shard.
         self.model = self.units = None
         for _ in range(max(1, steps)):

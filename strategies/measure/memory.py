@@ -3,6 +3,7 @@ peak), and the training's peaks on the host and the device."""
 
 from __future__ import annotations
 
+import contextlib
 import resource
 from pathlib import Path
 
@@ -12,10 +13,8 @@ import torch
 def reset_peak_rss() -> None:
     """Reset the kernel's high-water mark of this process's resident memory (Linux), so the
     peak read later covers training, not whatever the process did before."""
-    try:
+    with contextlib.suppress(OSError):  # not Linux, or not allowed: the peak then covers the whole process
         Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
 
 
 def _status_bytes(field: str) -> int | None:

@@ -63,6 +63,7 @@ def batch_info(cfg: ExperimentConfig, plan: BatchPlan, micro_batch: int, steps_d
 
 def initial_record(cfg: ExperimentConfig, env: DistEnv, run_id: str, params: ParamCount, batch: BatchInfo) -> RunRecord:
     """The record a run starts with (status ``incomplete``); every rank builds the same one."""
+    assert env.mesh is not None  # DistEnv places every rank on a mesh when it is made
     model_options = cfg.model.model_dump(mode="json", exclude={"family", "widths"})
     return RunRecord(
         run_id=run_id,
@@ -119,8 +120,8 @@ def initial_record(cfg: ExperimentConfig, env: DistEnv, run_id: str, params: Par
 
 COMM_METHODS = {
     "replica": "step time - data - compute of an unwrapped replica, sampled after each window on all ranks at once",
-    "layerwise": "step time - data - compute of the sharded units one at a time and the optimizer on this rank's shard, "
-    "sampled after each window on all ranks at once",
+    "layerwise": "step time - data - compute of the sharded units one at a time and the optimizer on this rank's "
+    "shard, sampled after each window on all ranks at once",
 }
 
 
@@ -151,11 +152,11 @@ def results(
     else:
         comm = exposure([w.times for w in timed], step_mean, check_valid, communicates=env.world_size > 1)
     exposed = trusted_seconds(comm)
-    return dict(
-        status="ok",
-        error=None,
-        finished_at=now_iso(),
-        timings=Timings(
+    return {
+        "status": "ok",
+        "error": None,
+        "finished_at": now_iso(),
+        "timings": Timings(
             total_s=sum(r.time_s_max for r in steps),
             step_mean_s=step_mean,
             step_p50_s=percentile(times, 50),
@@ -164,15 +165,15 @@ def results(
             compute_s=None if baseline == "off" else statistics.median(w.times.compute_s for w in timed),
             comm_exposed_s=exposed,
         ),
-        throughput=Throughput(
+        "throughput": Throughput(
             samples_per_s=samples_per_s,
             samples_per_s_per_rank=samples_per_s / env.world_size,
             samples_per_s_low=min(rates),
             samples_per_s_high=max(rates),
         ),
-        comm_overhead=None if exposed is None else min(1.0, exposed / step_mean),
-        comm=comm,
-        measurement=MeasurementInfo(
+        "comm_overhead": None if exposed is None else min(1.0, exposed / step_mean),
+        "comm": comm,
+        "measurement": MeasurementInfo(
             comm_method=COMM_METHODS.get(baseline, "none: measurement.baseline off"),
             baseline=baseline,
             comm_probe=measurement.comm_probe,
@@ -182,9 +183,9 @@ def results(
             window_steps=measurement.window_steps,
             windows=len(timed),
         ),
-        memory=memory,
-        final_loss=steps[-1].loss,
-    )
+        "memory": memory,
+        "final_loss": steps[-1].loss,
+    }
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -33,7 +33,7 @@ class PaperProbe(StepProbe):
         """Every second batch (the 2nd, 4th, ...), with more than one rank: the study's
         instrumentation on the DDP-wrapped model with this rank's first micro-batch."""
         if self.env.world_size > 1 and step % 2 == 1:
-            self.probe(engine.model.module, batches[0][0])
+            self.probe(engine.model.module, batches[0][0])  # type: ignore[arg-type]  # nn.Module.__getattr__ is typed Tensor | Module
 
     def probe(self, module: nn.Module, x: torch.Tensor) -> None:
         """Run the study's instrumentation on the unwrapped ``module``: its forwards run outside DDP's hooks."""
