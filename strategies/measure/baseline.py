@@ -12,9 +12,9 @@ The replica holds its own parameters, gradients and optimizer state; their bytes
 its tensors after its warm-up (``held_bytes``), are taken off the training's peaks, and the peaks
 are read before each sample and reset after it, so the replica's own step never counts. Its
 step's working memory is not taken off: on a CPU the allocator keeps what that step freed, and the
-training's own step, which needs as much (the same model or the same share of it), reuses it. (A
-resident-memory difference across the warm-up counted that working memory as the replica's and
-took it off too: the 4M-parameter RBF KAN's DDP peak read 546 MiB, 601 MiB without a baseline.)
+training's own step, which needs as much (the same model or the same share of it), reuses it. A
+resident-memory difference across the warm-up would count that working memory as the replica's
+and understate the training's peak (docs/metrics.md).
 """
 
 from __future__ import annotations

@@ -7,9 +7,8 @@ a read of the wall clock; on a GPU it is a CUDA event recorded on the stream, re
 window's closing synchronize, so one step's kernel launches still overlap the previous step's work
 as in training. Collectives inside a step keep the ranks in step with each other, so per-step
 times stay comparable across ranks. The main thread's scheduler clocks, for the time it was
-blocked, are read once at each end of a window: read at each end of every step, as until
-2026-12-05, they cost 40 us of the fused study's 1.3 ms one-process DDP step (about 20 us a read
-there, against 2 in a loop of reads: a procfs file and a system call, cold between steps).
+blocked, are read once at each end of a window, not of every step: a read is a procfs file and a
+system call, cold between steps, and would weigh on a short step (docs/metrics.md).
 
 ``measurement.timing: per_step`` brackets every step with a barrier (and a device synchronize)
 instead, for studies that need each step's own distribution; it is not the default because it
@@ -133,9 +132,9 @@ class StepTimer:
     def end_window(self) -> WindowSample:
         """Synchronize, then this window's samples and this rank's wall time: from the opening
         synchronize to the end of its last step on a CPU, whose stamp is when the rank's work
-        ended (the closing barrier, 0.1-0.4 ms under gloo on 2 cores, a tenth of a fused study
-        step per window, is the clock's own); to the closing synchronize on a GPU, the first time
-        the host knows its queued work is done. Combined across ranks by their maximum."""
+        ended (the closing barrier is the clock's own, no step's); to the closing synchronize on a
+        GPU, the first time the host knows its queued work is done. Combined across ranks by their
+        maximum."""
         clocks = self._clocks()  # before the closing synchronize, whose wait is no step's
         self.env.synchronize()
         end = time.perf_counter() if self.cuda or not self._steps else self._steps[-1]["end"]["wall"]
