@@ -1,5 +1,8 @@
 """Progress on long runs: a tqdm bar on an interactive terminal, a compact log line otherwise.
 
+The bar draws on the terminal itself (it redraws one line in place, which a log record cannot);
+the line is a log record at info level, so ``-q`` silences it.
+
 When progress is reported must be the same on every rank (reporting follows a collective that
 combines the ranks' step measurements), so it depends only on the step count, never on whether
 this rank has a terminal.
@@ -12,6 +15,10 @@ import sys
 import time
 
 from tqdm import tqdm
+
+from kanscale import log
+
+logger = log.get(__name__)
 
 
 class Progress:
@@ -39,11 +46,9 @@ class Progress:
             return
         elapsed = time.perf_counter() - self.start
         eta = elapsed / max(1, step - self.start_step) * (self.total - step)
-        print(
+        logger.info(
             f"[kanscale] step {step}/{self.total}  loss {loss:.4e}  {samples_per_s:,.0f} samples/s  "
-            f"elapsed {elapsed:.1f}s  eta {eta:.1f}s",
-            file=sys.stderr,
-            flush=True,
+            f"elapsed {elapsed:.1f}s  eta {eta:.1f}s"
         )
 
     def close(self) -> None:
