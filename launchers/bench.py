@@ -129,14 +129,14 @@ class Measurement:
     """One implementation on one workload: model, optimizer and data built (compiled for +compile),
     then one train step per :meth:`round`, each phase stamped. A workload's implementations take
     their rounds in turn (A, B, C, A, B, C, ...): a load change during the run touches every row
-    alike (run one after another, a load change once moved pykan's rate 2.6x within a run). Where
-    the workload settles, each turn starts with that many untimed rounds."""
+    alike, where run one after another it would move some rows and not others. Where the workload
+    settles, each turn starts with that many untimed rounds."""
 
     def __init__(self, workload: str, impl: str, plan: Plan) -> None:
         w = self.workload = WORKLOADS[workload]
         base, self.mode = split_impl(impl)
         self.row: dict[str, Any] = {"workload": workload, "impl": impl, "batch": w.batch}
-        cfg = parse_model_config(implementation_config(base, w))
+        cfg = parse_model_config(implementation_config(base, w.widths, w.grid, w.k))
         self.model = model = build_model(cfg, seed=0).to(plan.device)
         self.row.update(model=cfg.describe(), params=sum(p.numel() for p in model.parameters() if p.requires_grad))
         gen = torch.Generator().manual_seed(0)
@@ -147,7 +147,8 @@ class Measurement:
         # Eager and +compile: torch's fused Adam. +step compiles Adam's own step into one kernel.
         self.opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=self.mode != "+step")
         self.forward = lambda x, y: F.mse_loss(model(x), y)
-        self.backward, self.optimizer_step = contextlib.nullcontext, self.opt.step
+        self.backward: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+        self.optimizer_step = self.opt.step
         if self.mode == "+step":
             compiled = StepCompilation(self.opt, compiled_autograd=True)
             self.forward = compiled.region(self.forward)
@@ -372,9 +373,10 @@ def _num(value: float | None, fmt: str, unit: str = "") -> str:
     return "-" if value is None else f"{value:{fmt}}{unit}"
 
 
-def _bytes(n: int | None) -> str:
-    if n is None:
+def _bytes(count: int | None) -> str:
+    if count is None:
         return "-"
+    n = float(count)
     for unit in ("B", "KiB", "MiB"):
         if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -24,7 +24,7 @@ class Workload:
     about: str
     skip: dict[str, str] = field(default_factory=dict)  # implementation family -> why
     # untimed steps that open each implementation's round: a model whose working set fits in the caches is
-    # otherwise timed cold (the study's fused step: 0.927 ms after 1 untimed step, 0.785 after 3, 0.777 after 8)
+    # otherwise timed cold (docs/performance.md)
     settle: int = 0
 
 
@@ -51,12 +51,13 @@ WORKLOADS: dict[str, Workload] = {
 DEFAULT_WORKLOADS = ["study", "wide"]
 
 
-def implementation_config(name: str, w: Workload) -> dict[str, Any]:
-    """The model config of an implementation (without ``+compile``/``+step``) at a workload's size. rbf
+def implementation_config(name: str, widths: list[int], grid: int, k: int) -> dict[str, Any]:
+    """The model config of an implementation (without ``+compile``/``+step``) at a workload's size
+    (``widths``, the B-spline's ``grid`` and order ``k``: a bench document records these three). rbf
     and chebyshev get as many basis functions per edge as the B-spline's G + k, the MLP as many
     trainable parameters as the B-spline KAN."""
-    spline = {"grid": w.grid, "k": w.k}
-    configs = {
+    spline = {"grid": grid, "k": k}
+    configs: dict[str, dict[str, Any]] = {
         "pykan": {"family": "pykan", **spline},
         "pykan-lean": {"family": "pykan", **spline, "symbolic_enabled": False, "save_act": False},
         "reference": {"family": "bspline", **spline, "impl": "reference"},
@@ -64,11 +65,11 @@ def implementation_config(name: str, w: Workload) -> dict[str, Any]:
         "fast-dense": {"family": "bspline", **spline, "impl": "fast", "product": "dense"},
         "fast-sparse": {"family": "bspline", **spline, "impl": "fast", "product": "sparse"},
         "fused": {"family": "bspline", **spline, "impl": "fused"},
-        "rbf": {"family": "rbf", "grid": w.grid + w.k},
-        "chebyshev": {"family": "chebyshev", "degree": w.grid + w.k - 1},
+        "rbf": {"family": "rbf", "grid": grid + k},
+        "chebyshev": {"family": "chebyshev", "degree": grid + k - 1},
         "mlp": {"family": "mlp", "match": {"family": "bspline", **spline}},
     }
-    return {**configs[name], "widths": w.widths}
+    return {**configs[name], "widths": widths}
 
 
 IMPLEMENTATIONS = [

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-from types import SimpleNamespace
 from typing import Any
 
 from torch import nn
@@ -50,4 +49,5 @@ def meta_sketch(cfg: ModelConfig) -> nn.Module | None:
 
 def bench_model_config(doc: dict[str, Any], workload: str, impl: str) -> dict[str, Any]:
     """The model a row (``workload``, ``impl``) of a ``kanscale bench`` JSON measured."""
-    return implementation_config(split_impl(impl)[0], SimpleNamespace(**doc["workloads"][workload]))
+    size = doc["workloads"][workload]
+    return implementation_config(split_impl(impl)[0], size["widths"], size["grid"], size["k"])

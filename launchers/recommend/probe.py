@@ -36,9 +36,9 @@ PROBE_SETTINGS = {
     "measurement.baseline": "replica",
     "measurement.baseline_steps": 1,
 }
-# The most arithmetic a probe step does (6 x parameters per sample): about half a second on one
-# core here, so every probe of a large model takes seconds; compute per sample, the projection's
-# input, is taken as linear in the samples above this.
+# The most arithmetic a probe step does (6 x parameters per sample), so that a probe of a large
+# model stays short (docs/recommend.md); compute per sample, the projection's input, is taken as
+# linear in the samples above this.
 PROBE_STEP_FLOP = 12e9
 
 

@@ -22,7 +22,7 @@ from kanscale.machine import cpu_model
 logger = log.get(__name__)
 
 GiB = 2**30
-# commbench's straight-line fits miss its measurements by 30-45% (rel. rms, docs/projection.md)
+# how far commbench's straight-line fits miss its own measurements (rel. rms, docs/projection.md)
 MEASURED_LINK_SPREAD = 0.3
 
 

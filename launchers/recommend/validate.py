@@ -22,7 +22,7 @@ logger = log.get(__name__)
 
 # No compute baseline: what is compared is the strategy's own rate and peak, and a layerwise
 # baseline's step leaves its transient memory with the allocator (docs/metrics.md, peak RSS), which
-# lifted ZeRO-1/2's measured peak at 16.7M parameters 32% above the same run without it.
+# lifts a sharded strategy's measured peak above the same run's without it (docs/recommend.md).
 VALIDATION_STEPS = {
     "training.steps": 30,
     "training.warmup_steps": 5,
