@@ -23,6 +23,7 @@ from kanscale.errors import ConfigError
 from strategies.backends.deepspeed import accelerator_env
 
 LauncherName = Literal["none", "torchrun", "accelerate", "deepspeed", "slurm"]
+Device = Literal["cpu", "cuda"]
 WORKER_MODULE = "launchers.cli"
 
 
@@ -79,7 +80,7 @@ class LaunchSpec:
     ssh_key: str | None = None  # deepspeed over ssh: the identity file
     deepspeed_env_file: str | None = None  # deepspeed over ssh: what every remote rank exports
     accelerate_config: str | None = None
-    device: Literal["cpu", "cuda"] = "cpu"
+    device: Device = "cpu"
 
     @property
     def world_size(self) -> int:
@@ -189,6 +190,8 @@ def torchrun_launch(spec: LaunchSpec, train_args: list[str], entry: list[str] | 
 
 def accelerate_launch(spec: LaunchSpec, train_args: list[str]) -> Launch:
     """accelerate launch with the strategy's accelerate config, sizes filled in."""
+    if spec.accelerate_config is None:
+        raise ValueError("an accelerate launch needs its config file: resolve() picks it")
     cmd = [
         *python(),
         "-m",

@@ -16,7 +16,7 @@ import torch
 
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, read_mapping
-from launchers.launch.commands import LaunchSpec
+from launchers.launch.commands import Device, LaunchSpec
 from launchers.launch.hostfile import Host, check_host_name, parse_hostfile
 from launchers.launch.ports import rendezvous_port
 from launchers.launch.request import RunRequest
@@ -35,10 +35,10 @@ ACCELERATE_KEYS = {
 SLURM_PLACED = ("node_rank", "master_addr", "master_port")
 
 
-def target_device(cfg: ExperimentConfig, request: RunRequest) -> str:
+def target_device(cfg: ExperimentConfig, request: RunRequest) -> Device:
     """Where the ranks will run: the experiment's runtime.device where it names one; on a SLURM
     cluster what its nodes have (``--slurm-device``); here, a GPU if this machine has one."""
-    if cfg.runtime.device != "auto":
+    if cfg.runtime.device == "cpu" or cfg.runtime.device == "cuda":
         return cfg.runtime.device
     if request.spec.launcher == "slurm":
         return cluster_device(request.slurm)
@@ -154,5 +154,7 @@ def with_hosts(request: RunRequest) -> RunRequest:
 
 
 def hostnames(spec: LaunchSpec, request: RunRequest) -> list[str]:
-    """The nodes of a deepspeed host list, in order."""
-    return request.hosts or [h.name for h in parse_hostfile(spec.hostfile, spec.device)]
+    """The nodes of a deepspeed host list, in order (none without one)."""
+    if request.hosts or spec.hostfile is None:
+        return list(request.hosts)
+    return [h.name for h in parse_hostfile(spec.hostfile, spec.device)]

@@ -66,7 +66,8 @@ def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
             f"{spec.world_size} ranks"
         )
     check_sizes_and_port(request)
-    if not 0 <= spec.node_rank < spec.nnodes:
+    # an int from the command line: a script variable ($SLURM_NODEID) enters only the SLURM script built later
+    if isinstance(spec.node_rank, int) and not 0 <= spec.node_rank < spec.nnodes:
         raise ConfigError(f"--node-rank: {spec.node_rank} is not between 0 and --nnodes - 1 ({spec.nnodes - 1})")
     if (spec.ssh_port or spec.ssh_key) and not request.over_ssh:
         raise ConfigError(
@@ -76,7 +77,7 @@ def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
     # found by resolve(); read here for what it says about the launch
     settings = (
         read_mapping(spec.accelerate_config, "--accelerate-config", what="an accelerate launch config (a mapping)")
-        if request.starts_accelerate
+        if request.starts_accelerate and spec.accelerate_config is not None
         else {}
     )
     check_master_addr(request, settings)
@@ -91,7 +92,7 @@ def check_launch(cfg: ExperimentConfig, request: RunRequest) -> None:
     if machines.like_this_one:
         check_capacity(spec.device, machines.ranks_here, request.oversubscribe)
     preflight(cfg, spec.device, spec.world_size, machines, ranks_per_node=spec.nproc_per_node)
-    if hosts_rendezvous_here(request):
+    if hosts_rendezvous_here(request) and isinstance(spec.master_port, int):  # resolved: no script variable
         check_port_free(spec.master_port, request.port_source)
     if request.over_ssh:
         check_ssh_path(hostnames(spec, request), spec.ssh_port, spec.ssh_key)
@@ -205,7 +206,7 @@ def build_launch(request: RunRequest, cfg: ExperimentConfig) -> Launch:
             cpus_per_task=spec.nproc_per_node * (cfg.runtime.threads or 1),
         )
     files = {}
-    if request.hosts:
+    if request.hosts and spec.hostfile is not None:  # resolve() names the file it is written to
         files[Path(spec.hostfile)] = hostfile_text([Host(h, spec.nproc_per_node) for h in request.hosts])
     if request.over_ssh:
         env_file = Path(request.out).resolve() / ".deepspeed_env"

@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from kanscale.errors import ConfigError
-from launchers.launch.commands import LAUNCHERS, Launch, LaunchSpec, ScriptVar, shell_join
+from launchers.launch.commands import LAUNCHERS, Device, Launch, LaunchSpec, ScriptVar, shell_join
 
 # The script's own variables, which each node's shell fills in.
 HEAD, NODE_RANK, JOB_ID, PORT, HOSTFILE = (
@@ -53,9 +53,9 @@ class SlurmOptions(BaseModel):
     account: str | None = None
 
 
-def cluster_device(options: SlurmOptions) -> str:
+def cluster_device(options: SlurmOptions) -> Device:
     """``cpu`` or ``cuda``: the option, or with ``auto`` whether the (partition's) nodes offer GPUs."""
-    if options.device != "auto":
+    if options.device == "cpu" or options.device == "cuda":
         return options.device
     fix = "pass --slurm-device cuda or cpu (a study: slurm.device)"
     if shutil.which("sinfo") is None:
