@@ -18,6 +18,9 @@ TORCH_SPEC ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# install builds the fused B-spline op ahead of time (kanscale build-ops: about a minute on 2
+# cores, its start, end and folder shown), so that no run compiles it; where it cannot be built,
+# model.impl auto runs the PyTorch layer instead.
 # C++ extensions a process compiles are kept in the virtual environment (kanscale/extensions.py),
 # exported so that every process a target starts finds them there, with the environment's own
 # ninja first on PATH: two ninjas hash a build differently and rebuild each other's.
@@ -34,6 +37,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
+	$(BIN)/kanscale build-ops --if-possible
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -33,7 +33,7 @@ def relative_errors(got: list[torch.Tensor], want: list[torch.Tensor]) -> dict[s
     names = ["output", "d/dx", "d/dcoef", "d/dscale_base", "d/dscale_spline"]
     return {
         n: float((g.detach().double() - w.detach().double()).abs().max() / w.detach().double().abs().max())
-        for n, g, w in zip(names, got, want)
+        for n, g, w in zip(names, got, want, strict=True)
     }
 
 
@@ -166,7 +166,7 @@ def test_the_base_paths_float32_gradients_are_as_close_as_torchs_own_silu_at_any
     truth = gradients(lambda x, b: F.silu(x) @ b.t(), torch.float64)
     torch32 = gradients(lambda x, b: F.silu(x) @ b.t(), torch.float32)
     fused = gradients(lambda x, b: fused_layer(x, knots, coef, scale_spline, b, 3), torch.float32)
-    for got, own, want in zip(fused, torch32, truth):
+    for got, own, want in zip(fused, torch32, truth, strict=True):
         assert (got - want).abs().max() <= 2 * (own - want).abs().max() + 1e-6 * want.abs().max()
 
 
@@ -178,13 +178,13 @@ def test_a_compiled_model_runs_the_op_as_one_graph_and_matches_eager():
     torch.testing.assert_close(compiled(x), eager(x), rtol=1e-6, atol=1e-7)
     compiled(x).square().sum().backward()
     eager(x).square().sum().backward()
-    for p, q in zip(model.parameters(), eager.parameters()):
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
 
 
 def test_the_fused_layer_refuses_a_device_it_has_no_kernel_for():
     layer = FusedBSplineKANLayer(2, 3, 5, 3, (LOW, HIGH)).to("meta")
-    with pytest.raises(RuntimeError, match="model.impl: fused runs on CPUs .* set model.impl=fast"):
+    with pytest.raises(RuntimeError, match=r"model\.impl: fused runs on CPUs .* set model\.impl=fast"):
         layer(torch.zeros(4, 2, device="meta"))
 
 
@@ -229,20 +229,21 @@ def test_every_strategy_trains_the_fused_layer_with_the_single_process_losses(tm
     for key in STRATEGIES:
         losses = results[key]["losses"]
         assert results[key]["status"] == "ok" and results[key]["ranks_identical"], key
-        assert max(abs(a - b) / abs(b) for a, b in zip(losses, reference)) < 1e-5, key
+        assert max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True)) < 1e-5, key
 
 
-def test_without_a_compiler_fused_is_refused_naming_the_fast_layer(monkeypatch):
+def test_without_a_compiler_fused_is_refused_naming_the_fast_layer(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # where nothing is built
     monkeypatch.setenv("CXX", "no-such-compiler")
     with pytest.raises(
         ValidationError,
-        match="impl fused cannot be built here: no C\\+\\+ compiler \\(no-such-compiler\\).*set impl=fast",
+        match=r"impl fused cannot be built here: no C\+\+ compiler \(no-such-compiler\).*set impl=fast",
     ):
         parse_model_config({"family": "bspline", "widths": [2, 4, 1], "impl": "fused"})
     assert parse_model_config({"family": "bspline", "widths": [2, 4, 1], "impl": "fast"}).impl == "fast"
 
 
-def test_auto_fuses_on_cpus_and_is_the_fast_layer_elsewhere_or_without_a_compiler(monkeypatch):
+def test_auto_fuses_on_cpus_and_is_the_fast_layer_elsewhere_or_without_a_compiler(monkeypatch, tmp_path):
     """impl: auto builds the fused layer where the op is built, and says so in the record's
     machine_choices; on a device it is not measured faster on (CUDA) it computes the fast layer's
     function by the fast layer's code; without a compiler it is the fast layer, and says why."""
@@ -260,6 +261,7 @@ def test_auto_fuses_on_cpus_and_is_the_fast_layer_elsewhere_or_without_a_compile
         elsewhere(x[:, :1].expand(9, elsewhere.in_features).contiguous()),
         FastBSplineKANLayer.forward(elsewhere, x[:, :1].expand(9, elsewhere.in_features).contiguous()),
     )
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # where nothing is built
     monkeypatch.setenv("CXX", "no-such-compiler")
     without = parse_model_config({"family": "bspline", "widths": [3, 5, 2], "impl": "auto"})
     assert not isinstance(build_model(without, 0).layers[0], FusedBSplineKANLayer)

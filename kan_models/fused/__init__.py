@@ -4,12 +4,9 @@ with OpenMP (``csrc/``: the kernels, the bases, the weight's layout), so the (ba
 basis tensor is never formed and autograd saves nothing but the layer's inputs. On CUDA GPUs the
 same op runs Triton kernels (``triton_kernels.py``, :func:`kernels` chooses by the tensors' device).
 
-The op is built once per environment, the way DeepSpeed builds its CPU ops: compiled by
-``torch.utils.cpp_extension`` on first use into ``$KANSCALE_CACHE_DIR/ops`` (default
-``~/.cache/kanscale/ops``), one build per torch version and CPU, and loaded from there after.
-Where nothing can compile it (no C++ compiler), :func:`fused_unavailable` says why, and an
-experiment asking for it is refused when it is validated, naming ``impl: fast``. Ranks that build it
-at once wait for one another (cpp_extension's lock in the build directory).
+The C++ op is built ahead of time (``kanscale build-ops``, which ``make install`` runs; the
+build, its folder and the check that it can be built here: ``build.py``) and loaded when a model
+asks for it, never inside a training step.
 
 The two ops are registered with ``torch.library`` as ``kanscale::bspline_spline`` and its
 backward, so torch.compile and the backends see one opaque op with a shape function. Eager steps on
@@ -19,11 +16,7 @@ C++ call each way (:func:`fused_layer`, ``csrc/function.cpp``)."""
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
-import os
-import shutil
-from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -31,49 +24,7 @@ import torch.nn.functional as F
 
 from kan_models.bspline_bases import basis_matrix
 from kan_models.bspline_fast import FastBSplineKANLayer
-from kan_models.sparse_crossover import cache_dir, machine_key
-
-SOURCES = Path(__file__).with_name("csrc")
-# -fno-trapping-math: without it GCC 12 keeps std::floor (every input's cell) scalar, to preserve
-# floating-point exception flags that nothing reads
-CFLAGS = ["-O3", "-march=native", "-fno-trapping-math", "-fopenmp"]
-
-
-def build_directory() -> Path:
-    """Where the op is built: one directory per CPU, torch version, source and flags."""
-    text = b"".join(f.name.encode() + f.read_bytes() for f in sorted(SOURCES.iterdir()) if f.suffix in (".cpp", ".h"))
-    text += " ".join(CFLAGS).encode()
-    key = hashlib.sha256(machine_key().encode() + text).hexdigest()[:16]
-    return cache_dir() / "ops" / f"bspline_fused_{key}"
-
-
-def fused_unavailable() -> str | None:
-    """Why the fused op cannot be built here, or None."""
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        return f"no C++ compiler ({compiler}) to build the fused B-spline op (set CXX, or install g++)"
-    return None
-
-
-@functools.cache
-def extension() -> ModuleType:
-    """The compiled op: built on first use (about 38 s on the 2-core machine of 2026-12-05), then
-    loaded from the cache."""
-    from torch.utils.cpp_extension import load
-
-    reason = fused_unavailable()
-    if reason:
-        raise RuntimeError(reason)
-    where = build_directory()
-    where.mkdir(parents=True, exist_ok=True)
-    return load(
-        name=f"kanscale_{where.name}",
-        sources=[str(f) for f in sorted(SOURCES.glob("*.cpp"))],
-        build_directory=str(where),
-        extra_cflags=CFLAGS,
-        extra_ldflags=["-fopenmp"],
-        verbose=False,
-    )
+from kan_models.fused.build import extension
 
 
 def kernels(device: torch.device) -> ModuleType:
@@ -113,13 +64,15 @@ def _rows(k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(value, dtype=torch.float64), torch.tensor(slope, dtype=torch.float64)
 
 
-WIDE = (torch.float32, torch.float64)  # checked in Python: a call of Tensor.to that changes nothing costs 1.3 us
+# checked in Python: even a call of Tensor.to that changes nothing costs a dispatch
+WIDE = (torch.float32, torch.float64)
 
 
 def wide(*tensors: torch.Tensor) -> list[torch.Tensor]:
     """The operands in at least float32: bf16 and fp16 are stored narrow but computed (the
     weight's product, the op, the gradients' reductions) in float32 and rounded once at the end;
-    rounded at every step, bf16's coefficient gradients were 3-7% off the float32 reference's."""
+    rounded at every step, bf16's coefficient gradients drift from the float32 reference's by
+    percents (docs/models.md)."""
     return [t if t.dtype in WIDE else t.to(torch.promote_types(t.dtype, torch.float32)) for t in tensors]
 
 
@@ -208,9 +161,9 @@ def fused_layer(
     """The whole layer, its SiLU base path with the spline term, in one C++ call each way, for eager
     steps on CPUs: a C++ autograd function (csrc/function.cpp), whose backward the engine runs
     without Python. The registered op, with the base path around it in PyTorch, serves torch.compile
-    (which cannot trace a call into C++ from here) and CUDA. The study's eager step took 1.28 ms
-    that way (the op's Python dispatch, the base path's three autograd nodes), 0.86 ms with the
-    layer a torch.autograd.Function, and less as this (docs/performance.md)."""
+    (which cannot trace a call into C++ from here) and CUDA: in eager steps the op's Python
+    dispatch and the base path's three autograd nodes cost more than the layer's arithmetic at
+    the study's size (docs/models.md)."""
     return extension().layer(x, knots, coef, scale_spline, scale_base, k, *_rows(k))
 
 
@@ -238,7 +191,7 @@ class FusedBSplineKANLayer(FastBSplineKANLayer):
         autocast = torch.is_autocast_enabled(device)
         dtype = torch.get_autocast_dtype(device) if autocast else self.coef.dtype
         eager_cpu = device == "cpu" and not torch.compiler.is_compiling()
-        if not autocast:  # the common case, no context entered: 4.5 of the study's two layers' 50 us at batch 8
+        if not autocast:  # the common case: entering a context costs a share of a small layer's step
             return self._layer(x, dtype, eager_cpu)
         # autocast off inside: the op and the base path compute in dtype
         with torch.autocast(device, enabled=False):

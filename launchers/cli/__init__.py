@@ -9,6 +9,7 @@ from kanscale import __version__, log
 from launchers.cli import (
     analyze,
     bench,
+    build_ops,
     commbench,
     compare_paper,
     export,
@@ -22,7 +23,21 @@ from launchers.cli import (
 )
 from launchers.cli.common import add_verbosity_options, exit_code
 
-SUBCOMMANDS = (train, run, sweep, analyze, compare_paper, export, commbench, project, recommend, models, schema, bench)
+SUBCOMMANDS = (
+    train,
+    run,
+    sweep,
+    analyze,
+    compare_paper,
+    export,
+    commbench,
+    project,
+    recommend,
+    models,
+    schema,
+    bench,
+    build_ops,
+)
 
 EPILOG = """examples:
   kanscale train quickstart
