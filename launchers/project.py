@@ -51,8 +51,9 @@ def network(request: ProjectionRequest) -> pj.Network:
     if request.cluster:
         path = find_file(request.cluster, "--cluster", "cluster file")
         return checked("--cluster", pj.network_from_cluster, read_mapping(path, "--cluster"), str(path))
-    docs = [read_json(p, "--network") for p in request.network]
-    return checked("--network", pj.network_from_commbench, docs, ", ".join(request.network))
+    files = request.network or []  # the command line asks for --cluster or --network
+    docs = [read_json(p, "--network") for p in files]
+    return checked("--network", pj.network_from_commbench, docs, ", ".join(files))
 
 
 def profiles(request: ProjectionRequest) -> tuple[dict[str, pj.ComputeProfile], dict[str, Any]]:
@@ -131,7 +132,7 @@ def run_projection(request: ProjectionRequest) -> int:
                 f"the profile's model, {shape.label}, has none; leave them out"
             )
         strategies = [s for s in strategies if s.tp == 1]  # the default: every strategy that can run it
-    options = {
+    options: dict[str, Any] = {
         "micro_batch": request.micro_batch,
         "global_batch": request.global_batch,
         "compute_scale": request.compute_scale,

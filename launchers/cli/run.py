@@ -98,7 +98,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from kanscale.errors import ConfigError
-    from launchers.launch.commands import LaunchSpec
+    from launchers.launch.commands import LaunchSpec, launcher_name
     from launchers.launch.request import RunRequest
     from launchers.launch.run import check_rereadable, execute, plan
     from launchers.launch.slurm import SlurmOptions, write_script
@@ -122,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
         )
     )  # as every rank will train it
     given = {name: getattr(args, name) for name in LAUNCH_OPTIONS if getattr(args, name) is not None}
-    launcher = given.pop("launcher", None) or cfg.strategy.preferred_launcher or "torchrun"
+    launcher = launcher_name(given.pop("launcher", None) or cfg.strategy.preferred_launcher or "torchrun")
     if args.submit and launcher != "slurm":
         raise ConfigError(
             f"--submit: only a SLURM launch is submitted (--launcher slurm); --launcher {launcher} starts "

@@ -17,13 +17,23 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from kanscale.errors import ConfigError
 from strategies.backends.deepspeed import accelerator_env
 
 LauncherName = Literal["none", "torchrun", "accelerate", "deepspeed", "slurm"]
 Device = Literal["cpu", "cuda"]
+
+
+def launcher_name(text: str) -> LauncherName:
+    """``text`` (a flag's, a study's or a strategy's choice) as a launcher the suite knows."""
+    for name in get_args(LauncherName):
+        if name == text:
+            return name
+    raise ConfigError(f"launcher {text!r}: the launchers are {', '.join(get_args(LauncherName))}")
+
+
 WORKER_MODULE = "launchers.cli"
 
 

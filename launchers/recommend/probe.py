@@ -121,12 +121,13 @@ def read_probe(runs: Path, device: StepMemory, micro_batch: int) -> Probe:
     references = []
     for summary in runs.rglob(SUMMARY_FILE):
         record = read_summary(summary)
-        if record.status != "ok" or record.topology.world_size != 1:
+        held = record.memory  # a finished record has it (RunRecord's validator)
+        if record.status != "ok" or record.topology.world_size != 1 or held is None:
             continue
-        peak = record.memory.peak_device_bytes or record.memory.peak_rss_bytes
-        state = sum(record.memory.model_state.model_dump().values())
+        peak = held.peak_device_bytes or held.peak_rss_bytes
+        state = sum(held.model_state.model_dump().values())
         beside.setdefault(record.strategy.label, []).append(peak - state - device.per_sample * micro_batch)
-        optimizer[record.strategy.label] = record.memory.model_state.optimizer
+        optimizer[record.strategy.label] = held.model_state.optimizer
         if record.strategy.reference:
             references.append(record.strategy.label)
     where = f"peak less model state of its own 1-rank run under {runs}"

@@ -42,8 +42,9 @@ def markdown(rec: Recommendation) -> str:
             f"{c.largest_micro_batch:,} | {c.largest_widths or '-'} | {c.why} |"
         )
     lines.append("")
-    if rec.command:
-        lines += [f"Pick: **{rec.pick.strategy}**. Run it with:", "", "```bash", shlex.join(rec.command), "```", ""]
+    pick = rec.pick
+    if rec.command and pick is not None:  # a command is written for the pick alone
+        lines += [f"Pick: **{pick.strategy}**. Run it with:", "", "```bash", shlex.join(rec.command), "```", ""]
     else:
         least = min(rec.candidates, key=lambda c: c.peak.total)
         lines += [

@@ -117,13 +117,13 @@ def validate(r: Any, rec: Any) -> tuple[str, list[dict[str, Any]]]:
 
 def measurements(out: Path) -> dict[str, dict[str, Any]]:
     """Per strategy label, the finished run's rate, its spread, peak and model state."""
-    found = {}
+    found: dict[str, dict[str, Any]] = {}
     for summary in sorted(out.rglob(SUMMARY_FILE)):
         record = read_summary(summary)
-        if record.status != "ok":
+        t, memory = record.throughput, record.memory  # a finished record has both (RunRecord's validator)
+        if record.status != "ok" or t is None or memory is None:
             found.setdefault(record.strategy.label, {"status": record.status})
             continue
-        t, memory = record.throughput, record.memory
         found[record.strategy.label] = {
             "status": "ok",
             "run_dir": str(summary.parent),

@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -160,7 +161,7 @@ def key_parts(axes: dict[str, Any]) -> list[str]:
     return [re.sub(r"[^A-Za-z0-9_.=,+-]", "", f"{k.split('.')[-1]}={axis_label(v)}") for k, v in axes.items()]
 
 
-def point_key(axes: dict[str, Any], extra: list[str] = ()) -> str:
+def point_key(axes: dict[str, Any], extra: Sequence[str] = ()) -> str:
     return "_".join([*key_parts(axes), *extra])
 
 
@@ -193,7 +194,7 @@ def load_study(path: str | Path) -> StudyConfig:
         raise ConfigError(f"{path} is not a valid study:\n" + "\n".join(f"  - {line}" for line in lines)) from None
 
 
-def expand(study: StudyConfig, extra: list[str] = ()) -> tuple[list[Point], list[str]]:
+def expand(study: StudyConfig, extra: Sequence[str] = ()) -> tuple[list[Point], list[str]]:
     """The study's points, and a note for each combination that cannot run. ``extra``: ``--set``
     overrides given to the sweep, applied to every point after the study's own."""
     combinations = study.combinations()
@@ -202,7 +203,9 @@ def expand(study: StudyConfig, extra: list[str] = ()) -> tuple[list[Point], list
     # drifts during the sweep affects every point alike rather than one point's repeats.
     for repeat in range(study.repeats):
         for chosen in combinations + list(study.include):
-            nodes, procs = (int(n) for n in TOPOLOGY.match(str(chosen.get("topology", "1x1"))).groups())
+            shape = TOPOLOGY.match(str(chosen.get("topology", "1x1")))
+            assert shape is not None  # StudyConfig's validators have checked every topology
+            nodes, procs = (int(n) for n in shape.groups())
             strategy = chosen.get("strategy")
             # A strategy without a process group cannot share work between ranks: it runs one process.
             if strategy is not None and nodes * procs > 1 and not strategy_config(str(strategy)).needs_process_group:
