@@ -143,10 +143,10 @@ def spline_weight(coef: torch.Tensor, scale_spline: torch.Tensor) -> torch.Tenso
     return coef * scale_spline.unsqueeze(-1)
 
 
-# Elements per block of dense bases or weights: ~8 MiB of float32. Blocks this small come from
-# (and go back to) the allocator's heap and stay in cache; whole tensors of a wide layer (54 MiB
-# for batch 1024, in 1024, out 1024, G + k = 13) are fresh memory mappings whose page faults cost
-# more than the arithmetic on them.
+# Elements per block of dense bases or weights: 8 MiB of float32. Blocks this small come from
+# (and go back to) the allocator's heap and stay in cache; whole tensors of a wide layer (batch
+# 1024, in 1024, out 1024, G + k = 13: 1024 x 1024 x 13 floats) are fresh memory mappings whose
+# page faults cost more than the arithmetic on them.
 BLOCK_ELEMENTS = 1 << 21
 
 
@@ -306,8 +306,9 @@ class FastBSplineKANLayer(BSplineKANLayer):
         if torch.compiler.is_compiling() and not sparse:
             if len(x) * self.in_features * self.coef.shape[-1] > BLOCK_ELEMENTS:
                 # Bases too large to keep: recompute them in backward rather than let Inductor save
-                # them. Measured on the wide model: the same step time, 290 -> 9 MiB saved; on the
-                # study model (53 KiB of bases) recomputing cost 60% of the step, so small keeps them.
+                # them; the wide model's step takes as long and saves a small fraction of the memory,
+                # while small bases are kept, as recomputing them costs a large share of a small
+                # model's step (docs/models.md).
                 return checkpoint(pointwise_forward, *args, use_reentrant=False)
             return pointwise_forward(*args)
         return eager_layer(*args, sparse)

@@ -12,9 +12,9 @@ from torch import nn
 
 def any_batch_size(batch: torch.Tensor) -> torch.Tensor:
     """``batch`` with its first dimension marked dynamic, so a compiled graph serves every batch
-    size: an epoch's short last batch otherwise compiled again inside a timed window (4-8 s at
-    step 40 of the compile study, and once more, dynamically, at the next full batch), and a
-    dynamic graph was not slower (2.5 against 2.9 ms per step on the study's model, measured)."""
+    size: an epoch's short last batch would otherwise compile again inside a timed window (and once
+    more, dynamically, at the next full batch), and a dynamic graph is no slower on the study's
+    model (docs/models.md)."""
     torch._dynamo.maybe_mark_dynamic(batch, 0)
     return batch
 

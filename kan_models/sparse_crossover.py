@@ -1,9 +1,8 @@
 """Where the fast B-spline layer's sparse product starts to beat its dense one, on this machine.
 
 The crossover, in bases per non-zero basis ((G + k) / (k + 1)), is the ratio of two kernel rates:
-a dense GEMM's and torch's CSR products'. It moves with the CPU: one layer [256, 1024], k 3, on
-one thread, broke even at 10.8 bases per non-zero on the Intel Xeon with AMX the default was
-measured on, and at 6.2 on an AMD EPYC (docs/performance.md). So it is measured where it runs:
+a dense GEMM's and torch's CSR products'. It moves with the CPU (an Intel Xeon with AMX and an AMD
+EPYC break even far apart: docs/models.md). So it is measured where it runs:
 ``python scripts/bench_sparse_crossover.py --save`` stores this CPU's crossover (per CPU model and
 torch version) in ``$KANSCALE_CACHE_DIR`` (default ``~/.cache/kanscale``), and ``product: auto``
 takes the stored value where there is one, else :data:`DEFAULT`. The run record's model options say
@@ -33,8 +32,8 @@ class Crossover:
         return f"{self.bases_per_nonzero:.1f} bases per non-zero ({self.source})"
 
 
-# Where sparse clearly won on the Xeon (1.21x at 20.8 bases per non-zero; even at 10.8): a machine
-# that has not measured its own keeps the dense product until the work ratio is large.
+# Where sparse clearly wins on the Xeon the default was measured on (it breaks even at about half
+# of it): a machine that has not measured its own keeps the dense product until the work ratio is large.
 DEFAULT = Crossover(
     20.0,
     "default: measured on an Intel Xeon with AMX; measure this CPU's with scripts/bench_sparse_crossover.py --save",

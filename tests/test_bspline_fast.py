@@ -54,7 +54,7 @@ def outputs_and_grads(forward, layer: BSplineKANLayer, x: torch.Tensor) -> list[
 
 def assert_agree(got: list[torch.Tensor], want: list[torch.Tensor], dtype: torch.dtype) -> None:
     """float64: 1e-10 absolute; float32: 1e-5 relative to the largest reference value."""
-    for name, g, w in zip(["output", "d/dx", "d/dcoef", "d/dscale_base", "d/dscale_spline"], got, want):
+    for name, g, w in zip(["output", "d/dx", "d/dcoef", "d/dscale_base", "d/dscale_spline"], got, want, strict=True):
         tol = 1e-10 if dtype == torch.float64 else 1e-5 * float(w.detach().abs().max())
         err = float((g - w).abs().max().detach())
         assert err <= tol, f"{name}: max error {err:.2e} > {tol:.2e}"
@@ -192,14 +192,14 @@ def test_state_dicts_load_across_implementations(source, target):
         model.zero_grad()
         model(x).square().sum().backward()
     torch.testing.assert_close(dst(x), src(x), rtol=1e-5, atol=1e-6)
-    for (name, p), q in zip(src.named_parameters(), dst.parameters()):
+    for (name, p), q in zip(src.named_parameters(), dst.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_fast_layer_refuses_non_uniform_knots():
     ref = build_model(parse_model_config(study("reference")), seed=0)
     ref.update_grid(torch.randn(256, 2) ** 3)  # grid_eps 0.02: mostly quantile knots
-    with pytest.raises(RuntimeError, match="not uniform.*impl=reference"):
+    with pytest.raises(RuntimeError, match=r"not uniform.*impl=reference"):
         build_model(parse_model_config(study("fast")), seed=0).load_state_dict(ref.state_dict())
 
 
@@ -214,7 +214,7 @@ def test_compile_model_compiles_in_place_times_it_and_matches_eager():
     torch.testing.assert_close(model(x), eager(x), rtol=1e-5, atol=1e-6)
     for m in (model, eager):
         m(x).square().sum().backward()
-    for p, q in zip(model.parameters(), eager.parameters()):
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
 
 
@@ -238,7 +238,7 @@ def assert_compiled_matches_eager(cfg, x: torch.Tensor, atol: float, grad_atol: 
     torch.testing.assert_close(model(x), eager(x), rtol=1e-5, atol=atol)
     for m in (model, eager):
         m(x).square().sum().backward()
-    for p, q in zip(model.parameters(), eager.parameters()):
+    for p, q in zip(model.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=grad_atol)
     return model
 

@@ -161,7 +161,7 @@ def test_triton_refuses_what_the_cpp_op_refuses():
 
 def test_the_layer_names_the_fix_on_devices_it_has_no_kernel_for(monkeypatch):
     layer = FusedBSplineKANLayer(3, 2, 5, 3, (-1.0, 1.0))
-    with pytest.raises(RuntimeError, match="set model.impl=fast"):
+    with pytest.raises(RuntimeError, match=r"set model\.impl=fast"):
         layer(torch.empty(4, 3, device="meta"))
     assert device_unavailable(torch.device("cpu")) is None
     lookups = []

@@ -55,8 +55,8 @@ def _locate(x, knots_row, n_knots, K: tl.constexpr):
         right = tl.load(knots_row + at + 1).to(dt)
         cell = cell - tl.where(x < left, 1.0, 0.0).to(dt) + tl.where(x >= right, 1.0, 0.0).to(dt)
     # r from the cell's stored knot, not u - cell: in float32, u's rounding grows with the cell's
-    # number (at G = 50, r and so the bases and gradients were 6 times the reference's float32
-    # error off); x - t_c is nearly exact and r < 1. Cells without a stored knot have no basis.
+    # number (at large grids r, and so the bases and gradients, lose several times the reference's
+    # float32 accuracy); x - t_c is nearly exact and r < 1. Cells without a stored knot have no basis.
     c = cell.to(tl.int32)
     at = tl.minimum(tl.maximum(c, 0), n_knots - 1)
     r = tl.where(c == at, (x - tl.load(knots_row + at).to(dt)) * inv_h, u - cell)
@@ -126,7 +126,7 @@ def _grad_w_kernel(
     # Atomic adds, not per-row-tile partial sums reduced afterwards: the row j a basis adds to
     # depends on the data, so a tile cannot sum its rows in registers without a dense one-hot over
     # all G + k bases (the work this op exists to avoid), and partials would take (batch / BLOCK_B)
-    # x in x (G + k) x out floats (1.6 GiB for the wide workload's 1024 x 1024 layer). The price:
+    # x in x (G + k) x out floats (gigabytes for the wide workload's 1024 x 1024 layer). The price:
     # the order of the adds, and so the last bits of grad_w in float32, varies from run to run.
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     outs = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)

@@ -72,9 +72,9 @@ class Regression(Objective):
     name = "regression"
 
     def loss_sum(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        # One op and one autograd node: (prediction - target).pow(2).mean(dim=1).sum() took four
-        # and 50 us more of the study's fused step (1.7 ms), the suite's loop measurably slower
-        # than a hand-written one (docs/performance.md, "The fused layer")
+        # One op and one autograd node: (prediction - target).pow(2).mean(dim=1).sum() takes four,
+        # enough at the study's size to make the suite's loop measurably slower than a hand-written
+        # one (docs/models.md)
         squares = F.mse_loss(prediction, target, reduction="sum")
         return squares if prediction.shape[1] == 1 else squares / prediction.shape[1]
 

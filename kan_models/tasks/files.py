@@ -16,13 +16,12 @@ wider than :data:`MAX_COLUMNS`. The problems in its cells (an input or a regress
 is not a number, a missing value or class label, an infinite value) are refused all in one
 message, and two options mend most of them (kan_models/tasks/prepare.py). A file's regression
 target is standardised by default (``standardize_target``): trained on as given, palmerpenguins'
-body mass in grams ended at an r2 of -28.
+body mass in grams ends far below an r2 of 0.
 
-Every check is one operation over the whole table, not one per column: pandas pays some
-10-20 us for each column of every sub-frame it builds, so the frame is turned into one NumPy
-array at once and checked there. A file of a million columns is still too slow for pandas to
-read (a 3-row CSV: 15-50 s and 2-3 GB here); hence the limit, and .npy/.npz, which NumPy reads
-at any width (a million columns in 0.1 s).
+Every check is one operation over the whole table, not one per column: pandas pays for each
+column of every sub-frame it builds, so the frame is turned into one NumPy array at once and
+checked there. A file of a million columns is still too slow for pandas to read, and takes
+gigabytes; hence the limit, and .npy/.npz, which NumPy reads at any width (docs/models.md).
 """
 
 from __future__ import annotations
@@ -44,7 +43,7 @@ from kan_models.tasks.prepare import ENCODED, Read, Text, as_numbers, prepare
 from kanscale.extras import require
 
 # The widest CSV and Parquet files read. pandas (and pyarrow, for Parquet's metadata) pay for
-# every column: at these widths a 3-row file is read and checked in ~4 s on a loaded 2-core VM
+# every column: at these widths a 3-row file is read and checked in seconds
 # (scripts/bench_file_validation.py), and the time grows with the width from there.
 MAX_COLUMNS = {".csv": 100_000, ".parquet": 30_000}
 
@@ -210,7 +209,7 @@ def column_count(path: str, suffix: str) -> int:
 def from_frame(frame: pd.DataFrame, target: str | int | tuple | None, features: tuple | str | None, given: str) -> Read:
     """The inputs as numbers and the target as given (:class:`Read`). The frame is the one read
     for this: its columns that are not numbers are replaced in place."""
-    # object, not pandas' Arrow strings: their isin against a long list is ~50x slower
+    # object, not pandas' Arrow strings: their isin against a long list is far slower
     names = pd.Index(frame.columns.astype(str), dtype=object)
     if target is None:
         raise ValueError(f"task.target: name the target column of {given} (its columns: {listing(names)})")

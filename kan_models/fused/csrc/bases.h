@@ -47,10 +47,10 @@ inline double knot_cell(const T* knots, int64_t n_knots, double x, double cell) 
 
 // A basis matrix's rows (bspline_bases.py's basis_matrix, value or slope rows) rounded to C once a call.
 // The narrow rows (narrow.h) evaluate the polynomials in T: the local coordinate, found in double, is
-// within T's rounding of [0, 1), and the float32 layer's error against a float64 truth stayed what it
-// was (at most 3.6 times the reference's own, at G = 200), while in float32 the Horner steps take twice
-// the lanes: the study's step 0.62 -> 0.59 ms. The tiles' bases stay in double: their loop over a
-// block's few inputs (the study's first layer has 2) ran slower with the conversions, 0.59 -> 0.61 ms.
+// within T's rounding of [0, 1), and the float32 layer's error against a float64 truth is unchanged
+// by it (tests/test_bspline_fused.py bounds it), while in float32 the Horner steps take twice the
+// lanes. The tiles' bases stay in double: their loop over a block's few inputs (the study's first
+// layer has 2) is slower with the conversions than without.
 template <int K, typename C>
 struct Rows {
   C at[(K + 1) * (K + 1)];

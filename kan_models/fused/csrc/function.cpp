@@ -1,7 +1,7 @@
 // The whole layer as a C++ autograd function (fused_layer in kan_models/fused/__init__.py), for eager
 // steps on the CPU: the engine calls its backward without Python. As a torch.autograd.Function its
-// Python backward, with the engine's crossing into Python and back, cost 58 us a layer beyond the
-// C++ call at batch 1, where a linear layer's whole forward and backward took 28.
+// Python backward, with the engine's crossing into Python and back, costs more at small batches than
+// a linear layer's whole forward and backward (docs/models.md).
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "layer.h"

@@ -1,7 +1,8 @@
 // The whole fused layer in one call each way, for eager steps on the CPU (FusedLayer in
 // kan_models/fused/__init__.py): the SiLU base path, silu(x) scale_base^T, added to the spline term
 // (backward: silu and its slope from one exp, silu.h), so that the step pays one Python call and one
-// autograd node per layer, not four (the base path's three took 0.28 of the study's 0.95 ms step).
+// autograd node per layer, not four (at the study's size the base path's three nodes cost a large
+// share of the step: docs/models.md).
 #include "layer.h"
 
 #include <ATen/Dispatch.h>
@@ -50,8 +51,10 @@ std::vector<at::Tensor> layer_backward(at::Tensor grad_out, at::Tensor x, at::Te
   auto weight = need_weight ? coefficient_grads(spline[1], coef, scale_spline)
                             : std::vector<at::Tensor>{at::Tensor(), at::Tensor()};
   at::Tensor grad_base;
-  if (need_base && x.size(1) < scale_base.size(0)) {  // fewer inputs than outputs: BLAS took 41 us for the
-    grad_base = at::mm(silu_x.t(), grad_out).t().contiguous();  // study's first layer that way round, 10 this
+  // fewer inputs than outputs: BLAS handles the product with the long side as its rows far better
+  // (the study's first layer, [2 -> 64])
+  if (need_base && x.size(1) < scale_base.size(0)) {
+    grad_base = at::mm(silu_x.t(), grad_out).t().contiguous();
   } else if (need_base) {
     grad_base = at::mm(grad_out.t(), silu_x);
   }

@@ -21,7 +21,8 @@ struct Simd {
 };
 
 // Working memory kept for the thread's next call, uninitialised: fresh vectors of a few hundred KiB
-// were mapped, zeroed and faulted in on every call (about 80 of the study's narrow layer's 130 us).
+// are mapped, zeroed and faulted in on every call, which at the study's size costs more than the
+// narrow layer's arithmetic.
 // Slot tells apart the buffers one call holds at once.
 template <typename T, int Slot>
 inline T* scratch(int64_t n) {

@@ -1,7 +1,7 @@
 // The fused op's Python entry points (kan_models/fused/__init__.py): pybind11 with torch's tensor
-// casters alone. torch/extension.h would bring torch's whole C++ API, 23 s of compiling this
-// one file on the 2-core machine of 2026-12-04 against 7; the other files take single ATen
-// headers (ATen/core/Tensor.h and the ops they call, 2 s against ATen/ATen.h's 7).
+// casters alone. torch/extension.h would bring torch's whole C++ API, which triples this file's
+// compile time; the other files take single ATen headers (ATen/core/Tensor.h and the ops they
+// call) rather than ATen/ATen.h, for the same reason (docs/models.md).
 #include <torch/csrc/utils/pybind.h>
 
 #include "kernels.h"

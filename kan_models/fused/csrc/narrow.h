@@ -4,7 +4,7 @@
 // and each output gathers its inputs' windows of the weight from tables padded with zeros on both
 // sides, so a window overhanging the bases reads zeros instead of being shifted inside. Stored
 // window by window for every row of a block (the tiles' layout) and shifted one input at a time, the
-// study's narrow layer took 156 us forward and 350 us backward.
+// study's narrow layer was several times slower (docs/models.md).
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -77,8 +77,8 @@ class Tables {
 
 // One row's bases of a range of inputs, a window each: value[i * Window::kLanes + m] that of the
 // range's input i's own basis m (slope[...] its slope), at[i] where its window starts in its table.
-// Vectorised across inputs instead, the windows took gathers and scatters: the study's narrow layer
-// was 2-3 times slower.
+// Vectorised across inputs instead, the windows take gathers and scatters, which cost more than the
+// arithmetic they feed.
 template <int K, typename T>
 struct RowBases {
   static constexpr int64_t kLanes = Window<K, T>::kLanes;
@@ -113,8 +113,7 @@ struct RowBases {
 
   // acc[i] += go x (input i's slopes . its window of table t), for the range's inputs: the products
   // first, then each window's sum apart, in a loop GCC vectorises across inputs (a window's lanes
-  // summed one input at a time, shuffles then a chain into acc, the study's narrow input gradient
-  // took 95 us, 80 so).
+  // summed one input at a time cost shuffles, then a dependent chain into acc).
   void add_slope_dots(const T* t, T go, double* acc, T* products, int64_t width) const {
     using V = Window<K, T>;
     for (int64_t i = 0; i < width; ++i)
@@ -151,8 +150,7 @@ void forward_rows(const T* x, const Grid<T>& g, const T* w, T* out, int64_t batc
       for (int64_t o = o0; o < n_out; ++o) {
         const T* t = tables.table(o - o0);
         // four chains in four registers, so that one product's latency does not hold up the next;
-        // indexed sum[i & 1], GCC kept the sums on the stack, a store and a reload each input (the
-        // study's narrow layer forward: 92 us that way, 55 so)
+        // indexed sum[i & 1], GCC keeps the sums on the stack, a store and a reload each input
         typename V::vec s0 = {}, s1 = {}, s2 = {}, s3 = {};
         auto product = [&](int64_t i) { return V::load(bases.value + i * V::kLanes) * V::load(t + bases.at[i]); };
         int64_t i = 0;

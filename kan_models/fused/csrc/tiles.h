@@ -37,8 +37,8 @@ constexpr int64_t kInputBlock = 8;  // inputs whose weight windows stay in L1 wh
 constexpr int64_t kChunk = 16;      // vectors of outputs per dot-product chunk in the input gradient
 
 // Rows per block: up to most, as many as share the weight while it streams through the cache once
-// per block (at 128 rows the forward streamed the wide layer's 54 MB weight 8 times, 86 ms at this
-// machine's 5 GB/s), and at least one block per thread. The input gradient takes at most 128: it
+// per block (with small blocks a wide layer's forward is bound by streaming its weight from memory
+// again for every block), and at least one block per thread. The input gradient takes at most 128: it
 // reads the block's rows of grad_out once per input, and 512 of them no longer stay in L2.
 inline int64_t row_block(int64_t batch, int64_t most) {
   const int64_t per_thread = (batch + at::get_num_threads() - 1) / at::get_num_threads();
