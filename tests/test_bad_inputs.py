@@ -16,7 +16,7 @@ from kan_models import FAMILIES, build_model, count_parameters, parse_model_conf
 from kanscale.errors import ConfigError
 from kanscale.files import read_json, read_yaml
 from launchers.cli import main
-from launchers.studies.sweep import REASON_CHARS, one_line
+from launchers.studies.point import REASON_CHARS, one_line
 from strategies.backends.accelerate_launch import unknown_launch_keys
 from strategies.backends.deepspeed_config import resolve_native
 from strategies.experiment import load_experiment

@@ -238,8 +238,8 @@ def test_a_second_sweep_on_an_output_directory_in_use_is_refused_naming_the_hold
 
 def test_a_points_run_is_the_record_of_its_own_experiment_not_the_first_new_one(tmp_path):
     from launchers.launch.request import RunRequest
+    from launchers.studies.point import outcome, run_key
     from launchers.studies.study import Point
-    from launchers.studies.sweep import outcome, run_key
 
     out = tmp_path / "runs"
     # a run of another experiment that appeared while the point ran, first by name, and the point's own

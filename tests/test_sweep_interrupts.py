@@ -93,7 +93,7 @@ def test_a_point_that_died_before_its_first_checkpoint_is_rerun_and_counted_once
 
 def test_a_stale_run_is_archived_whole_where_analyze_does_not_count_it_and_a_live_one_is_left(tmp_path, capsys):
     from launchers.studies.leftovers import set_aside_runs
-    from launchers.studies.sweep import earlier_runs
+    from launchers.studies.point import earlier_runs
 
     out = tmp_path / "runs"
     write_record(out, make_record("done"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import signal
 from pathlib import Path
 
 from kanscale import log
@@ -65,7 +64,8 @@ def main(args: argparse.Namespace) -> int:
     when the sweep itself was stopped."""
     from analysis.load import load_runs
     from analysis.tables import markdown, quick_comparison
-    from launchers.studies.sweep import SweepStopped, run_sweep, stop_signal
+    from launchers.studies.point import SweepStopped, stop_signal
+    from launchers.studies.sweep import run_sweep
     from strategies.lifecycle.failures import Terminated
 
     try:
@@ -86,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
             if isinstance(err, SweepStopped)
             else ""
         )
-        stop = signal.Signals[err.result.signal] if isinstance(err, SweepStopped) else stop_signal(err)
+        stop = stop_signal(err)
         again = [
             "kanscale",
             "sweep",
