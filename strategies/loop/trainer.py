@@ -245,7 +245,6 @@ class Trainer:
         env, t, m = self.env, self.cfg.training, self.cfg.measurement
         timer = StepTimer(env, per_step=m.timing == "per_step")
         self.peaks.reset()
-        self.load_start = self.load_end = None
         bounds = window_bounds(
             self.start_step, self.plan.total_steps, t.warmup_steps, m.window_steps, t.checkpoint_every
         )
