@@ -41,7 +41,7 @@ SUBCOMMANDS = (
 
 EPILOG = """examples:
   kanscale train quickstart
-  kanscale -q run quickstart --strategy ddp --nproc-per-node 2
+  kanscale run quickstart --strategy ddp --nproc-per-node 2 -q
   kanscale train configs/experiments/paper_kan64.yaml --set training.epochs=1 --out runs/paper
   torchrun --standalone --nproc_per_node 2 -m launchers.cli train quickstart --strategy fsdp2
   kanscale run quickstart --strategy zero3 --nproc-per-node 2
