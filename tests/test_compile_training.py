@@ -36,8 +36,7 @@ def test_compiled_training_matches_eager_and_reports_compile_time(tmp_path, eage
     eager_record, eager_losses = eager
     record, losses = run(tmp_path, compile)
     assert eager_record.timings.compile_s is None and eager_record.compile.setting == "none"
-    assert record.timings.compile_s > 0.1
-    assert record.timings.step_mean_s < record.timings.compile_s  # compiling is not in the step times
+    assert 0 < record.timings.step_mean_s < record.timings.compile_s  # compiling is not in the step times
     assert 0 < max_rel_diff(losses, eager_losses) < RTOL  # compiled, so not bitwise the eager step
     assert record.compile.setting == compile
     assert strategy_label(record) == {"model": "single+compiled", "step": "single+compiled_step"}[compile]

@@ -226,10 +226,14 @@ def test_a_killed_run_reads_as_incomplete(tmp_path):
         env=child_env(),
         stderr=subprocess.DEVNULL,
     )
+
+    def written() -> int:
+        return sum(len(p.read_text().splitlines()) for p in tmp_path.glob("*/steps.jsonl"))
+
     deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("*/steps.jsonl")) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    time.sleep(1.0)
+    while written() < 5:  # the first write (log_every): a kill now leaves steps to read back
+        assert proc.poll() is None and time.monotonic() < deadline, "the run wrote no steps"
+        time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     (run_dir,) = list(tmp_path.iterdir())
@@ -300,17 +304,25 @@ def test_a_second_sigterm_does_not_cut_the_failure_report_short(tmp_path):
     """Launchers often signal a rank twice (slurmstepd and the deepspeed launcher, milliseconds
     apart): the first SIGTERM becomes Terminated, and the report it triggers must still finish."""
     done = tmp_path / "reported"
+    # The report waits for a line on stdin, which the test sends after the second SIGTERM, so
+    # that signal arrives while the report is being written.
     script = (
         "import sys, time\nfrom strategies.lifecycle.failures import Terminated, raise_on_sigterm\nraise_on_sigterm()\n"
-        "print('ready', flush=True)\ntry:\n    time.sleep(60)\nexcept Terminated:\n    time.sleep(1.0)\n"
+        "print('ready', flush=True)\ntry:\n    time.sleep(60)\nexcept Terminated:\n"
+        "    print('reporting', flush=True)\n    sys.stdin.readline()\n"
         f"    open({str(done)!r}, 'w').write('done')\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-c", script], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=child_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGTERM)  # while the first one's report is being written
-    proc.wait(timeout=30)
+    assert proc.stdout.readline().strip() == "reporting"
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate("go on\n", timeout=30)
     assert done.read_text() == "done"

@@ -61,12 +61,15 @@ def test_without_a_check_the_record_says_there_was_none():
 
 @pytest.mark.skipif(thread_clock() is None, reason="this kernel keeps no scheduler statistics")
 def test_the_blocked_clock_does_not_count_sleeping_as_running():
+    """A sleep is blocked time, not running: the sleep cannot end early, and what the thread ran
+    around it (two clock reads) is far below it however loaded the machine is."""
     ran0, waited0 = thread_clock()
     start = time.perf_counter()
-    time.sleep(0.05)
+    time.sleep(0.2)
     elapsed = time.perf_counter() - start
-    ran, waited = (b - a for a, b in zip((ran0, waited0), thread_clock()))
-    assert elapsed - ran - waited == pytest.approx(0.05, abs=0.01)
+    ran, waited = (b - a for a, b in zip((ran0, waited0), thread_clock(), strict=True))
+    assert elapsed - ran - waited >= 0.2 * 0.95  # the margin: the clocks are read around the sleep, not at it
+    assert ran < 0.1
 
 
 def timed_window(steps: int, step: Callable[[], None], per_step: bool = False, after: float = 0.0) -> WindowSample:
@@ -85,16 +88,19 @@ def timed_window(steps: int, step: Callable[[], None], per_step: bool = False, a
 
 def test_a_cpu_windows_wall_ends_with_its_last_step_not_with_the_closing_synchronize():
     """What follows the last step (on a CPU: the closing barrier, waiting for the slowest rank) is
-    the clock's own: the window's wall is its steps' time."""
-    window = timed_window(2, lambda: time.sleep(0.02), after=0.2)
-    assert len(window.steps) == 2 and 0.04 <= window.wall_s < 0.15
-    assert sum(s.time_s for s in window.steps) == pytest.approx(window.wall_s, abs=0.01)
+    the clock's own: the window's wall is its steps' time. The second of sleep after the last step
+    stands for that wait; a wall that counted it would be longer than it."""
+    window = timed_window(2, lambda: time.sleep(0.02), after=1.0)
+    steps = sum(s.time_s for s in window.steps)
+    assert len(window.steps) == 2 and 0.04 <= steps <= window.wall_s < 1.0
 
 
 @pytest.mark.parametrize("per_step", [False, True])
 def test_a_windows_blocked_time_is_its_steps_sleeping_not_their_running(per_step):
     """The thread's clocks, read at each end of the window (or of every step, per_step): steps
-    that sleep 30 ms and compute 30 ms were blocked 30 ms each, whichever way they are read."""
+    that sleep 30 ms and compute 30 ms were blocked for their sleep and not their computing,
+    whichever way they are read. Waiting for a core under load is not blocking, so the bounds
+    hold on a busy machine: at least the sleep, and less than the sleep and the computing."""
     if thread_clock() is None:
         pytest.skip("this kernel keeps no scheduler statistics (/proc/thread-self/schedstat)")
 
@@ -105,12 +111,11 @@ def test_a_windows_blocked_time_is_its_steps_sleeping_not_their_running(per_step
             pass
 
     window = timed_window(3, sleep_then_compute, per_step=per_step)
-    assert window.blocked_s == pytest.approx(0.03, abs=0.01)
+    assert 0.03 * 0.95 <= window.blocked_s < 0.06  # the margin: the clocks are read around the sleep
 
 
 def test_the_loop_benchmark_says_when_its_median_is_within_noise_of_the_target():
-    """scripts/bench_timing.py: rounds that range from 0.83 to 1.11 (as 2 ranks on 2 cores do) give
-    a median no test of 0.97 can trust; tight rounds on either side decide it."""
+    """scripts/bench_timing.py: rounds that range from 0.83 to 1.11 give a median no test of 0.97 can trust; tight rounds on either side decide it."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_timing", ROOT / "scripts/bench_timing.py")
