@@ -54,15 +54,16 @@ class DistEnv:
     # Where this rank sits on the run's device mesh (strategies/mesh.py): the loop places the
     # environment on its strategy's mesh (on_mesh) before it cuts any batch; until then, and for a
     # process that trains nothing, every rank is a whole data-parallel replica.
-    mesh: RunMesh | None = None
+    mesh: RunMesh = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.mesh is None:
-            self.mesh = RunMesh(MeshShape(dp_replicate=self.world_size), self.rank, self.device.type)
+        self.mesh = RunMesh(MeshShape(dp_replicate=self.world_size), self.rank, self.device.type)
 
     def on_mesh(self, shape: MeshShape) -> DistEnv:
         """This environment, placed on a run mesh of ``shape`` (its sizes multiply to the world size)."""
-        return dataclasses.replace(self, mesh=RunMesh(shape, self.rank, self.device.type))
+        env = dataclasses.replace(self)
+        env.mesh = RunMesh(shape, self.rank, self.device.type)
+        return env
 
     @classmethod
     def from_environ(cls, device: str = "auto") -> DistEnv:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -38,7 +39,7 @@ def load_dcp(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path
     flattens that list of dicts into one key the checkpoint does not have ("Missing key in
     checkpoint state_dict: optimizer.param_groups", seen here with FSDP1 in a fresh process)."""
     model_state, optimizer_state = get_state_dict(model, torch_optimizer(optimizer))
-    state = {"model": model_state, "optimizer": {"state": optimizer_state["state"]}}
+    state: dict[str, dict[str, Any]] = {"model": model_state, "optimizer": {"state": optimizer_state["state"]}}
     dcp.load(state, checkpoint_id=directory)
     optimizer_state["state"] = state["optimizer"]["state"]
     set_state_dict(model, torch_optimizer(optimizer), model_state_dict=state["model"], optim_state_dict=optimizer_state)
@@ -79,4 +80,5 @@ class DTensorStateDicts:
 
     @torch.no_grad()
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+        # torch types the argument as an invariant dict of its value union; a dict of tensors is one
+        set_model_state_dict(self.model, cast(dict[str, Any], state), options=StateDictOptions(full_state_dict=True))

@@ -22,6 +22,7 @@ from strategies.strategy import StrategyConfig
 
 class DDPEngine(AveragingEngine):
     kind = "ddp"
+    model: DistributedDataParallel
 
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext() if enabled else self.model.no_sync()

@@ -31,6 +31,7 @@ class FSDP1Engine(ShardedCheckpoints, AveragingEngine):
     # mismatch at 2 ranks, measured): its backward stays eager (strategies/compiled_step.py).
     compiled_autograd = False
     kind = "fsdp1"
+    model: FSDP
 
     def gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext() if enabled else self.model.no_sync()

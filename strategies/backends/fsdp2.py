@@ -9,6 +9,7 @@ parallelism."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from functools import partial
 from typing import ClassVar, Literal
 
@@ -16,7 +17,7 @@ import torch
 from pydantic import Field
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import Shard
 
 from analysis.projection.step_model import StrategyModel
@@ -30,7 +31,8 @@ from strategies.precision import Amp, dtype_name, low_dtype
 from strategies.sections import Section, TrainingConfig
 from strategies.strategy import StrategyConfig
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# looked up with an option that None leaves unset
+DTYPES: dict[str | None, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def shard_largest_dim(param: nn.Parameter, world_size: int) -> Shard:
@@ -49,7 +51,8 @@ class FSDP2Engine(DTensorStateDicts, ShardedCheckpoints, AveragingEngine):
     kind = "fsdp2"
 
     @contextlib.contextmanager
-    def gradient_sync(self, enabled: bool):
+    def gradient_sync(self, enabled: bool) -> Iterator[None]:
+        assert isinstance(self.model, FSDPModule)  # fully_shard made the root one
         self.model.set_requires_gradient_sync(enabled)
         yield
 
@@ -104,17 +107,24 @@ def apply_fsdp2(
     how the parameters are cast for compute, in words (None: they are not)."""
     low = low_dtype(training)
     reduce = DTYPES.get(options.reduce_dtype) or (torch.float32 if low is not None else None)
-    fsdp_options = dict(
-        mesh=mesh,
-        reshard_after_forward=options.reshard_after_forward,
-        offload_policy=CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy(),
-        mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce),
-        shard_placement_fn=partial(shard_largest_dim, world_size=mesh.shape[-1]) if options.shard_largest_dim else None,
-        ignored_params=set(frozen_parameters(model)),
-    )
+    frozen = set(frozen_parameters(model))
+
+    def shard(module: nn.Module) -> None:
+        fully_shard(
+            module,
+            mesh=mesh,
+            reshard_after_forward=options.reshard_after_forward,
+            offload_policy=CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy(),
+            mp_policy=MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce),
+            shard_placement_fn=(
+                partial(shard_largest_dim, world_size=mesh.shape[-1]) if options.shard_largest_dim else None
+            ),
+            ignored_params=frozen,
+        )
+
     for unit in units:
-        fully_shard(unit, **fsdp_options)
-    fully_shard(model, **fsdp_options)
+        shard(unit)
+    shard(model)
     if low is None and reduce is None:
         return None
     return f"FSDP2 MixedPrecisionPolicy(param_dtype={dtype_name(low)}, reduce_dtype={dtype_name(reduce)})"

@@ -19,7 +19,15 @@ from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
 from strategies.backends.dcp import DTensorStateDicts, ShardedCheckpoints
 from strategies.backends.fsdp2 import FSDP2Engine, FSDP2Options, apply_fsdp2
-from strategies.backends.tp_plan import PLANS, LayerPlan, apply_tp, layer_plans, local_share, reduce_partial_gradients
+from strategies.backends.tp_plan import (
+    PLANS,
+    LayerPlan,
+    apply_tp,
+    blocks_of,
+    layer_plans,
+    local_share,
+    reduce_partial_gradients,
+)
 from strategies.distributed import DistEnv
 from strategies.engine import Engine
 from strategies.mesh import MeshShape, RunMesh
@@ -94,7 +102,7 @@ class TPOptions(Section):
 
     def tp_share(self, model: nn.Module, mesh: RunMesh) -> nn.Module:
         """This rank's part of a plain copy of ``model``, cut as the plan cuts it over the mesh's ``tp``."""
-        return local_share(model, layer_plans(model.blocks, mesh.tp_size, self.plan), mesh.tp_rank, mesh.tp_size)
+        return local_share(model, layer_plans(blocks_of(model), mesh.tp_size, self.plan), mesh.tp_rank, mesh.tp_size)
 
 
 class TPConfig(TPOptions, StrategyConfig):

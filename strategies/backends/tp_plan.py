@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 from torch import nn
@@ -36,7 +37,7 @@ from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Sha
 from torch.distributed.tensor.experimental import local_map
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
-from kan_models.base import LayerSplit
+from kan_models.base import LayerSplit, LayerStack
 
 PLANS = {
     "pairs": "a colwise layer followed by a rowwise one wherever two consecutive layers allow (Megatron), "
@@ -63,16 +64,33 @@ class LayerPlan:
     hands_on: Placement  # the output as the next layer takes it
 
 
+@runtime_checkable
+class SplitLayer(Protocol):
+    """A layer that declares how tensor parallelism may cut it (bspline, rbf, chebyshev)."""
+
+    in_features: int
+    out_features: int
+
+    def layer_split(self) -> LayerSplit: ...
+
+
 def declared_split(layer: nn.Module) -> LayerSplit | None:
-    return layer.layer_split() if hasattr(layer, "layer_split") else None
+    return layer.layer_split() if isinstance(layer, SplitLayer) else None
 
 
 def can_split(layer: nn.Module, tp: int) -> dict[str, bool]:
-    split = declared_split(layer)
+    if not isinstance(layer, SplitLayer):
+        return {"colwise": False, "rowwise": False}
     return {
-        "colwise": split is not None and layer.out_features % tp == 0,
-        "rowwise": split is not None and split.inputs is not None and layer.in_features % tp == 0,
+        "colwise": layer.out_features % tp == 0,
+        "rowwise": layer.layer_split().inputs is not None and layer.in_features % tp == 0,
     }
+
+
+def blocks_of(model: nn.Module) -> list[nn.Module]:
+    """The layers tensor parallelism cuts: a zoo model's blocks (:class:`LayerStack`), or those of
+    a custom model under the same name, which ``check_model_splits`` makes sure it has."""
+    return cast(LayerStack, model).blocks
 
 
 def layer_plans(layers: Sequence[nn.Module], tp: int, plan: str) -> list[LayerPlan]:
@@ -87,7 +105,8 @@ def layer_plans(layers: Sequence[nn.Module], tp: int, plan: str) -> list[LayerPl
             continue
         order = ("colwise", "rowwise") if plan == "colwise" else ("rowwise", "colwise")
         splits.append(next((s for s in order if able[i][s]), "whole"))
-    plans, receives = [], Replicate()
+    plans: list[LayerPlan] = []
+    receives: Placement = Replicate()
     for i, split in enumerate(splits):
         paired = split == "colwise" and i + 1 < len(splits) and splits[i + 1] == "rowwise"
         hands_on = FEATURES if paired else Replicate()
@@ -114,7 +133,8 @@ def swapped(module: nn.Module, tensors: dict[str, torch.Tensor]) -> Iterator[Non
     for name, tensor in tensors.items():
         owner, _, leaf = name.rpartition(".")
         sub = module.get_submodule(owner)
-        slots = sub._parameters if leaf in sub._parameters else sub._buffers
+        # a parameter's slot takes a plain tensor here, which is the point of writing the slots
+        slots: dict[str, Any] = sub._parameters if leaf in sub._parameters else sub._buffers
         saved.append((slots, leaf, slots[leaf]))
         slots[leaf] = tensor
     try:
@@ -149,7 +169,8 @@ class KANLayerParallel(ParallelStyle):
                 if prefix + leaf in dims:
                     sub.register_buffer(leaf, distribute_tensor(buffer, mesh, [Shard(dims[prefix + leaf])]))
 
-        distribute_module(module, device_mesh, partition, self._receive, self._hand_on)  # the rest: replicated
+        # the rest: replicated. torch types the hooks as returning None, but uses what they return.
+        distribute_module(module, device_mesh, partition, self._receive, self._hand_on)  # type: ignore[arg-type]
         module.forward = self._local_forward(module, device_mesh)
         return module
 
@@ -167,19 +188,23 @@ class KANLayerParallel(ParallelStyle):
 
         def current() -> list[DTensor]:
             # Read at every call: FSDP2 puts its gathered parameters in place before the forward.
-            return [module.get_parameter(n) if n in params else module.get_buffer(n) for n in names]
+            # distribute_module made every one a DTensor.
+            return cast(
+                list[DTensor], [module.get_parameter(n) if n in params else module.get_buffer(n) for n in names]
+            )
 
         placements = [t.placements for t in current()]
         # A whole tensor in a cut layer gets a partial gradient on each rank (its share of the
         # outputs, or of the inputs' sum); a cut one its own shard's exact gradient.
         grads = [p if split == "whole" or isinstance(p[0], Shard) else (Partial(),) for p in placements]
-        once = set(declared_split(module).once) if split == "rowwise" else set()
+        declared = declared_split(module)
+        once = set(declared.once) if split == "rowwise" and declared is not None else set()
         first = mesh.get_local_rank() == 0
         layer_forward = type(module).forward  # the class's: this instance's forward is replaced
 
         def compute(x: torch.Tensor, *tensors: torch.Tensor) -> torch.Tensor:
             # A bias added after a row-split contraction is added by one rank (to the sum).
-            local = {n: t if n not in once or first else t * 0 for n, t in zip(names, tensors)}
+            local = {n: t if n not in once or first else t * 0 for n, t in zip(names, tensors, strict=True)}
             with swapped(module, local):
                 return layer_forward(module, x)
 
@@ -197,7 +222,7 @@ class KANLayerParallel(ParallelStyle):
 
 def apply_tp(model: nn.Module, mesh: DeviceMesh, plan: str) -> list[LayerPlan]:
     """Cut every layer of ``model`` (a LayerStack) over the 1-D ``mesh``; returns the layers' plans."""
-    plans = layer_plans(model.blocks, mesh.size(), plan)
+    plans = layer_plans(blocks_of(model), mesh.size(), plan)
     parallelize_module(model, mesh, {f"layers.{i}": KANLayerParallel(p) for i, p in enumerate(plans)})
     return plans
 
@@ -207,7 +232,7 @@ def reduce_partial_gradients(model: nn.Module) -> None:
     """Sum the partial gradients of whole tensors in cut layers over the TP ranks, before the
     optimizer and gradient clipping read them (FSDP2 does the same for its TP parameters)."""
     for param in model.parameters():
-        if isinstance(param.grad, DTensor) and param.grad.placements != param.placements:
+        if isinstance(param, DTensor) and isinstance(param.grad, DTensor) and param.grad.placements != param.placements:
             param.grad = param.grad.redistribute(placements=param.placements)
 
 
@@ -216,7 +241,7 @@ def local_share(model: nn.Module, plans: Sequence[LayerPlan], rank: int, tp: int
     it holds under tensor parallelism and computes what that rank computes, with every collective
     left out (a partial sum stands for its all-reduce, copies of a shard for its all-gather).
     The compute baseline times it, so that exposed communication is TP's collectives alone."""
-    for layer, plan in zip(model.blocks, plans):
+    for layer, plan in zip(blocks_of(model), plans, strict=True):
         for name, dim in split_dims(layer, plan.split).items():
             owner, _, leaf = name.rpartition(".")
             sub = layer.get_submodule(owner)
