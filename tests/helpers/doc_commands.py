@@ -1,4 +1,5 @@
-"""The shell commands README.md and docs/*.md show, read out of their fenced code blocks.
+"""The shell commands README.md, CONTRIBUTING.md and docs/*.md show, read out of their fenced
+code blocks.
 
 A command is a line of a ``bash``/``sh`` block (but a comment), or a line of an unlabelled block
 that starts with a program the suite documents (an unlabelled block may also hold a file tree or
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
 PROGRAMS = ("kanscale", "torchrun", "accelerate", "deepspeed", "make", "python", "pip")
 SUBCOMMANDS = (
     "train",
