@@ -3,7 +3,7 @@ the hooks the suite calls before launch and on every rank."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from pydantic import PrivateAttr
 
@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from kan_models.base import ModelConfig
     from strategies.distributed import DistEnv
     from strategies.engine import Engine
+
+# The class of the options resolved: a resolved copy is of the class of the original
+Options = TypeVar("Options", bound="StrategyConfig")
 
 
 class StrategyConfig(Section):
@@ -51,7 +54,7 @@ class StrategyConfig(Section):
         named by their label."""
         return self.name
 
-    def resolved(self, model: ModelConfig) -> StrategyConfig:
+    def resolved(self: Options, model: ModelConfig) -> Options:
         """These options as the backend will run them for ``model``, where a native config file
         can decide some of them (DeepSpeed's JSON): what the run's record and config.yaml store."""
         resolved = self.model_copy()

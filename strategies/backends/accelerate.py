@@ -133,7 +133,8 @@ class AccelerateConfig(StrategyConfig):
             raise ConfigError(f"accelerate: the launch config asked for {plugin} but Accelerate runs {kind.name}")
         if training.precision == "fp16" and env.device.type == "cpu" and kind != DistributedType.DEEPSPEED:
             raise ConfigError(FP16_CPU_MESSAGE)
-        model._no_split_modules = sorted({type(b).__name__ for b in self.wrap_units(model)})  # Accelerate's FSDP units
+        # Accelerate's FSDP units; torch types a module's attributes as tensors and modules only
+        model._no_split_modules = sorted({type(b).__name__ for b in self.wrap_units(model)})  # type: ignore[assignment]
         if kind == DistributedType.DEEPSPEED:
             inner, optimizer = self._prepare_deepspeed(accelerator, model, training, env)
         elif kind == DistributedType.FSDP:
@@ -186,6 +187,7 @@ class AccelerateEngine(Engine):
         super().__init__(inner.model, optimizer, training)
         self.accelerator, self.inner, self.world_size = accelerator, inner, world_size
         self.kind = f"accelerate_{inner.kind}"
+        self.checkpoint_format = inner.checkpoint_format  # the backend Accelerate chose writes its own format
         self.label = self.kind
         mixed = accelerator.mixed_precision
         self.input_dtype = inner.input_dtype
@@ -239,10 +241,6 @@ class AccelerateEngine(Engine):
             self.counted_state = self.model_state_bytes()
         self.optimizer.step()  # under DeepSpeed, accelerator.backward already stepped at the boundary
         self.optimizer.zero_grad(set_to_none=True)
-
-    @property
-    def checkpoint_format(self) -> str:
-        return self.inner.checkpoint_format  # the backend Accelerate chose writes its own format
 
     def save(self, directory: Path) -> None:
         self.inner.save(directory)

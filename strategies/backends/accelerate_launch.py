@@ -26,7 +26,10 @@ FP16_CPU_MESSAGE = (
     "report fp16); use bf16 on a CPU, or the DeepSpeed plugin"
 )
 DEEPSPEED_PLUGIN = "accelerate's DeepSpeed plugin (distributed_type: DEEPSPEED)"
-GPU_ONLY_MESSAGE = "accelerate + FSDP needs CUDA devices here (Accelerate's FSDP plugin does not run on CPUs); use strategy fsdp2 or fsdp1 on CPU"
+GPU_ONLY_MESSAGE = (
+    "accelerate + FSDP needs CUDA devices here (Accelerate's FSDP plugin does not run on CPUs); "
+    "use strategy fsdp2 or fsdp1 on CPU"
+)
 
 
 # Keys accelerate still reads and converts (BaseConfig.process_config), though its config
@@ -174,10 +177,11 @@ def deepspeed_file_problems(
     ]
     if not path.is_file():
         # accelerate launch reads it relative to its working directory, which kanscale run shares
-        return problems + [
+        return [
+            *problems,
             f"deepspeed_config.deepspeed_config_file: {path} does not exist in {Path.cwd()}, the "
             "directory accelerate launch reads it from (the one kanscale run is started in); give a "
-            "path relative to it, or an absolute path"
+            "path relative to it, or an absolute path",
         ]
     native = read_mapping(path, "deepspeed_config.deepspeed_config_file", what="a JSON object")
     if not isinstance(native.get("zero_optimization"), dict):

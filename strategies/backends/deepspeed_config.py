@@ -123,7 +123,6 @@ FIXED_AUTOS: dict[KeyPath, Any] = {("zero_optimization", "stage3_gather_16bit_we
 # holds two gradients either.
 EQUIVALENT_VALUES: dict[KeyPath, tuple[Any, Any]] = {("zero_optimization", "reduce_bucket_size"): (0, 1)}
 
-
 # DeepSpeed's dynamic loss scaling set to torch.amp.GradScaler's schedule, which the other
 # strategies' fp16 runs use: start at 2^16, halve on the first overflow (DeepSpeed's default
 # hysteresis waits for two), double after 2000 clean steps (DeepSpeed's default: 1000).
@@ -206,12 +205,12 @@ def training_keys(
 def suite_owned_flags() -> dict[str, Any]:
     """Settings every suite-built DeepSpeed config carries: the suite's own (torch) optimizer is
     allowed under ZeRO and under offload, and DeepSpeed's periodic console output is off."""
-    return dict(
-        zero_allow_untested_optimizer=True,
-        zero_force_ds_cpu_optimizer=False,
-        steps_per_print=2**31 - 1,
-        wall_clock_breakdown=False,
-    )
+    return {
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
 
 
 def get_path(tree: dict[str, Any], path: KeyPath) -> Any:
@@ -233,9 +232,9 @@ def auto_paths(tree: dict[str, Any], prefix: KeyPath = ()) -> list[KeyPath]:
     found = []
     for key, value in tree.items():
         if isinstance(value, dict):
-            found += auto_paths(value, prefix + (key,))
+            found += auto_paths(value, (*prefix, key))
         elif value == AUTO:
-            found.append(prefix + (key,))
+            found.append((*prefix, key))
     return found
 
 
@@ -356,7 +355,7 @@ def resolve_native(
         if not get_path(config, (*block.split("."), "nvme_path"))
     ]
     unknown = unknown_keys(native)
-    fixes = {key: fix for key in unknown if (fix := misspelled(key))}
+    fixes = {key: spelling for key in unknown if (spelling := misspelled(key))}
     problems += [
         f"{key} is not a DeepSpeed key; did you mean {fix}? (rename it in {source})" for key, fix in fixes.items()
     ]
@@ -396,4 +395,5 @@ def warn_unchecked(resolution: Resolution, source: str) -> None:
             f"{source}: the suite does not know {', '.join(resolution.unchecked)}; they are passed to "
             "DeepSpeed unchecked",
             UncheckedDeepSpeedKeys,
+            stacklevel=1,
         )  # from this line: shown once per process

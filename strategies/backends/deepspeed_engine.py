@@ -168,10 +168,11 @@ class DeepSpeedEngine(Engine):
         """Stage 0 under bf16/fp16: the float32 master of each module parameter (by id), which its
         optimizer keeps in lists beside the module's 16-bit ones; ZeRO 1-3 map theirs themselves."""
         opt = self.ds.optimizer
+        # an optimizer without the two lists (ZeRO's) gives no masters
         return {
             id(low): high
-            for lows, highs in zip(getattr(opt, "fp16_groups", []), getattr(opt, "fp32_groups", []))
-            for low, high in zip(lows, highs)
+            for lows, highs in zip(getattr(opt, "fp16_groups", []), getattr(opt, "fp32_groups", []), strict=False)
+            for low, high in zip(lows, highs, strict=False)
         }
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:

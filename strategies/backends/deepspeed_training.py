@@ -158,7 +158,7 @@ def wanted_values(native: dict[str, Any], source: str) -> tuple[dict[FieldPath, 
 
 def shown(native: dict[str, Any], key: str, value: Any) -> str:
     """A file's value as the file writes it (optimizer.type "AdamW", not the adamw it maps to)."""
-    written = native
+    written: Any = native
     for part in key.split("."):
         written = written.get(part) if isinstance(written, dict) else None
     return json.dumps(written) if written is not None else value_text(value)
@@ -176,10 +176,8 @@ def adopt(native: dict[str, Any], training: TrainingConfig, source: str) -> Adop
     if len(precision) > 1:
         problems.append(f"fp16.enabled and bf16.enabled are both true; enable one of them in {source}")
     elif precision:
-        wanted[("precision",)] = (
-            precision[0],
-            f"{precision[0]}.enabled",
-        )  # a set precision that contradicts it: resolve_native
+        # a set precision that contradicts it: resolve_native
+        wanted[("precision",)] = (precision[0], f"{precision[0]}.enabled")
     data = training.model_dump(exclude_unset=True)
     adopted: dict[str, str] = {}
     conflicts: dict[str, str] = {}  # the file's key -> the --set line that takes its value
@@ -209,11 +207,11 @@ def adopt(native: dict[str, Any], training: TrainingConfig, source: str) -> Adop
     except ValidationError as err:
         for error in err.errors():
             path = tuple(str(p) for p in error["loc"])
-            key = next(
+            file_key = next(
                 (k for p, (_, k) in wanted.items() if path[: len(p)] == p and f"training.{'.'.join(p)}" in adopted),
                 None,
             )
-            where = key or (f"training.{'.'.join(path)}" if path else "the optimizer and scheduler blocks")
+            where = file_key or (f"training.{'.'.join(path)}" if path else "the optimizer and scheduler blocks")
             problems.append(
                 f"{where}: {error['msg'].removeprefix('Value error, ')} (given: {error.get('input')!r}); "
                 f"give a value the suite takes in {source}"
@@ -225,7 +223,7 @@ def adopt(native: dict[str, Any], training: TrainingConfig, source: str) -> Adop
 def same(given: Any, value: Any) -> bool:
     """Whether the experiment's value and the file's are the same setting (numbers compared as numbers)."""
     if isinstance(given, (list, tuple)) and isinstance(value, (list, tuple)):
-        return len(given) == len(value) and all(same(a, b) for a, b in zip(given, value))
+        return len(given) == len(value) and all(same(a, b) for a, b in zip(given, value, strict=True))
     if isinstance(given, (int, float)) and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(given) == float(value)
     return given == value

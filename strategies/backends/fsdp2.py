@@ -63,7 +63,8 @@ class FSDP2Options(Section):
 
     reshard_after_forward: bool = Field(
         True,
-        description="free gathered parameters after forward (ZeRO-3-like); false keeps them until backward (ZeRO-2-like)",
+        description="free gathered parameters after forward (ZeRO-3-like); false keeps them until backward "
+        "(ZeRO-2-like)",
     )
     cpu_offload: bool = Field(
         False, description="CPUOffloadPolicy: sharded parameters, gradients and optimizer step on the CPU (GPU runs)"
