@@ -11,7 +11,7 @@ Three parts, each the way PyTorch documents it:
 
 Not every backend's hooks survive compiled autograd: FSDP2's run in its own autograd functions
 and post-backward callbacks that compiled autograd's captured graph leaves out, so its
-gradients were never reduced (losses 14x off at 2 ranks, measured), and FSDP1's assigned a whole
+gradients were never reduced (the losses leave the reference's), and FSDP1's assigned a whole
 gradient to a flat shard (a size error). Such an engine says so
 (``Engine.compiled_autograd = False``) and its backward runs eagerly, forward and optimizer
 still compiled. Every engine that compiles counts its first step's time as compile time

@@ -108,8 +108,8 @@ class DistEnv:
         # The groups backends create later (DeepSpeed clones the world group with new_group(), device
         # meshes make their own) take torch's module default, 30 minutes, not the world group's
         # timeout: set the default too, so a rank that hangs is given up on after runtime.timeout_s
-        # whichever group the others wait in. (Timing no longer puts a barrier on the world group
-        # before every step, which used to catch the hang there.)
+        # whichever group the others wait in. (Timing puts no barrier on the world group before
+        # each step that would catch the hang there.)
         c10d.default_pg_timeout = timeout
         if backend == "nccl":
             c10d.default_pg_nccl_timeout = timeout

@@ -142,9 +142,8 @@ class Engine:
         the parameters inside the backward counts it here, the others in :meth:`step`."""
         if self.training.compile != "none" and self._dtype_watch_pending:
             # The dtype watch's one-shot hooks must fire, and go, before the step is traced:
-            # traced, they stayed in the compiled graph and doubled the step (5.3 against 2.6 ms
-            # on the study's model, measured); in a compiled model they broke its graph (their
-            # handles). One eager forward pass without gradients fires them.
+            # traced, they stay in the compiled graph and slow every step; in a compiled model they
+            # break its graph (their handles). One eager forward pass without gradients fires them.
             with torch.no_grad():
                 torch.compiler.disable(self.forward)(batches[0][0])
             self._dtype_watch_pending = False

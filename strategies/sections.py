@@ -222,9 +222,8 @@ class RuntimeConfig(Section):
         120.0,
         ge=1.0,
         description="collective timeout: a rank waiting longer on the others fails. At least 1 s: the "
-        "same timeout bounds connecting to the launcher's store and forming the process "
-        "group, which 1 ms does not allow (the ranks failed after launch); a healthy rank "
-        "may also reach a collective later than the others by whatever it does alone "
+        "same timeout bounds connecting to the launcher's store and forming the process group; a "
+        "healthy rank may also reach a collective later than the others by whatever it does alone "
         "(writing a checkpoint, the record)",
     )
 

@@ -37,7 +37,7 @@ def load_dcp(model: nn.Module, optimizer: torch.optim.Optimizer, directory: Path
     resumed run has the same experiment config, so the freshly built optimizer's are the saved
     ones. Reading them is also what breaks: in torch 2.13, a rank other than the coordinator
     flattens that list of dicts into one key the checkpoint does not have ("Missing key in
-    checkpoint state_dict: optimizer.param_groups", seen here with FSDP1 in a fresh process)."""
+    checkpoint state_dict: optimizer.param_groups", with FSDP1 in a fresh process)."""
     model_state, optimizer_state = get_state_dict(model, torch_optimizer(optimizer))
     state: dict[str, dict[str, Any]] = {"model": model_state, "optimizer": {"state": optimizer_state["state"]}}
     dcp.load(state, checkpoint_id=directory)

@@ -60,7 +60,7 @@ def accelerator_env(device_type: str) -> dict[str, str]:
 def prepare_import(device_type: str) -> None:
     """Set :func:`accelerator_env` in this process (where not already set), before deepspeed is
     imported. On CPUs, DeepSpeed's communication backend would compile its shared-memory op
-    (``deepspeed_shm_comm``, 80-200 s on 2 cores, and a failed start without a C++ compiler) when
+    (``deepspeed_shm_comm``, a long build, and a failed start without a C++ compiler) when
     it starts; the op serves only ``inference_all_reduce``, which training never calls (ZeRO's
     collectives are torch.distributed's), so it is marked unavailable and nothing is built."""
     for key, value in accelerator_env(device_type).items():

@@ -28,7 +28,7 @@ from strategies.strategy import StrategyConfig
 
 class FSDP1Engine(ShardedCheckpoints, AveragingEngine):
     # Under compiled autograd FSDP1's hooks assign the full gradient to the flat shard (a size
-    # mismatch at 2 ranks, measured): its backward stays eager (strategies/compiled_step.py).
+    # mismatch): its backward stays eager (strategies/compiled_step.py).
     compiled_autograd = False
     kind = "fsdp1"
     model: FSDP
@@ -138,7 +138,7 @@ class FSDP1Config(StrategyConfig):
         # Buffers (spline knots) stay as they are: rounding knots moves every basis function.
         mixed = MixedPrecision(param_dtype=low, reduce_dtype=torch.float32) if low is not None else None
         # Hybrid: the (replicate, shard) mesh; FSDP's own grouping of hybrid ranks counts the GPUs per
-        # node, so on CPUs it sharded nothing (tried here) where the mesh says what to do anywhere.
+        # node, so on CPUs it shards nothing, where the mesh says what to do anywhere.
         mesh = env.mesh[("dp_replicate", "dp_shard")] if self.hybrid else None
         fsdp = FSDP(
             model,
