@@ -38,7 +38,7 @@ def write(folder: Path, rows: int, width: int, fmt: str, objective: str) -> dict
     if fmt == "csv":  # written as text directly: pandas' writer is itself slow at a million columns
         with open(path, "w") as file:
             file.write(",".join([f"c{i}" for i in range(width - 1)] + ["y"]) + "\n")
-            for row, label in zip(values, labels):
+            for row, label in zip(values, labels, strict=True):
                 file.write(",".join(map(str, row[:-1])) + f",{label if objective == 'classification' else row[-1]}\n")
         return {"path": str(path), "target": "y"}
     if fmt == "parquet":

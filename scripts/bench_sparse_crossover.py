@@ -79,7 +79,7 @@ def main() -> None:
     for grid in args.grids:
         dense_ms, dense = layer_step(grid, "dense", args)
         sparse_ms, sparse = layer_step(grid, "sparse", args)
-        diff = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(sparse, dense))
+        diff = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(sparse, dense, strict=True))
         bases = (grid + args.k) / (args.k + 1)
         table.append(
             {

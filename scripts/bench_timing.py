@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ from strategies.distributed import DistEnv
 from strategies.experiment import ExperimentConfig, parse_experiment
 from strategies.loop.trainer import Trainer
 
-MODELS = {
+MODELS: dict[str, dict] = {
     "study [2, 64, 1] pykan": {
         "model": {"family": "pykan", "widths": [2, 64, 1], "grid": 10, "k": 3, "seed": 42},
         "task": {"name": "quadratic"},
@@ -60,7 +61,7 @@ def experiment(
     device: str,
     out: str,
     timing: str = "windowed",
-    overrides: list[str] = (),
+    overrides: Sequence[str] = (),
 ) -> ExperimentConfig:
     return parse_experiment(
         {
@@ -146,18 +147,13 @@ def main() -> None:
         out = env.broadcast_string(tmp)
         for name in args.models:
             spec = MODELS[name]
-            make = lambda timing="windowed": experiment(
-                spec,
-                args.steps,
-                args.warmup,
-                args.batch,
-                env.world_size,
-                args.device,
-                out,
-                timing,
-                args.set,
-            )
-            rows = {"hand-written": [], "suite": [], "suite per_step": []}
+
+            def make(timing: str = "windowed", spec: dict = spec) -> ExperimentConfig:
+                return experiment(
+                    spec, args.steps, args.warmup, args.batch, env.world_size, args.device, out, timing, args.set
+                )
+
+            rows: dict[str, list[float]] = {"hand-written": [], "suite": [], "suite per_step": []}
             for _ in range(args.rounds):  # interleaved: drift hits all three alike
                 rows["hand-written"].append(hand_written(make(), env, args.steps, args.warmup))
                 rows["suite"].append(suite(make(), env))
@@ -166,8 +162,8 @@ def main() -> None:
             results[name] = {
                 "params": params,
                 "samples_per_s": rows,
-                "ratio": [s / h for s, h in zip(rows["suite"], rows["hand-written"])],
-                "ratio_per_step": [s / h for s, h in zip(rows["suite per_step"], rows["hand-written"])],
+                "ratio": [s / h for s, h in zip(rows["suite"], rows["hand-written"], strict=True)],
+                "ratio_per_step": [s / h for s, h in zip(rows["suite per_step"], rows["hand-written"], strict=True)],
             }
     if env.is_main:
         report(results, args, env)

@@ -27,7 +27,7 @@ QUICKSTART = str(ROOT / "configs/experiments/quickstart.yaml")
 def windows(replica_ms, blocked_ms, step_ms=10.0):
     return [
         WindowTimes(step_s=step_ms / 1e3, data_s=0.0, compute_s=(step_ms - r) / 1e3, blocked_s=b / 1e3)
-        for r, b in zip(replica_ms, blocked_ms)
+        for r, b in zip(replica_ms, blocked_ms, strict=True)
     ]
 
 

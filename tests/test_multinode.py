@@ -42,7 +42,7 @@ def two_nodes(args_for_node, timeout=240):
         for rank in (0, 1)
     ]
     outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-    for p, out in zip(procs, outputs):
+    for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out[-6000:]
     return outputs
 

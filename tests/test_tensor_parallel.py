@@ -3,6 +3,7 @@ per-step losses match the one-process reference for the B-spline, RBF and Chebys
 with grid updates too; a failed run resumes bit for bit from its DCP checkpoint, which exports
 to the whole model; model-state bytes per rank fall by the TP degree."""
 
+import itertools
 import json
 import sys
 from collections import Counter
@@ -20,6 +21,7 @@ from strategies.backends.tp_plan import FEATURES, layer_plans
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer
 from tests.helpers.launch import ROOT, run, run_here, run_jobs
+from tests.helpers.parity import max_rel_diff
 
 MODELS = {
     # three layers: a Megatron pair, then a row-split output layer
@@ -108,11 +110,6 @@ def launched(request):
     return request.getfixturevalue(request.param)
 
 
-def max_rel_diff(a: list[float], b: list[float]) -> float:
-    assert len(a) == len(b) == STEPS
-    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
-
-
 @pytest.mark.parametrize("key", [*MODELS, "grid"])
 def test_losses_match_the_single_process_reference(launched, references, key):
     _, results = launched
@@ -120,7 +117,7 @@ def test_losses_match_the_single_process_reference(launched, references, key):
     assert result["status"] == "ok" and result["ranks_identical"]
     reference = references[key][0]
     assert reference[-1] < 0.8 * reference[0]  # it trained
-    assert max_rel_diff(result["losses"], reference) < RTOL
+    assert max_rel_diff(result["losses"], reference, STEPS) < RTOL
 
 
 def test_a_failed_run_resumes_bit_for_bit_and_its_checkpoint_exports_the_whole_model(launched):
@@ -158,13 +155,13 @@ def test_model_state_per_rank_falls_by_the_tp_degree(tp_world2, fsdp2_tp_world4,
 
 def test_the_colwise_plan_gathers_between_layers_and_keeps_parity(tp_world2, references):
     result = tp_world2[1]["colwise"]
-    assert result["status"] == "ok" and max_rel_diff(result["losses"], references["bspline"][0]) < RTOL
+    assert result["status"] == "ok" and max_rel_diff(result["losses"], references["bspline"][0], STEPS) < RTOL
 
 
 def test_tp_over_four_ranks_keeps_parity_and_quarters_the_state(fsdp2_tp_world4, references):
     result = fsdp2_tp_world4[1]["tp4"]
     assert result["status"] == "ok" and result["ranks_identical"]
-    assert max_rel_diff(result["losses"], references["bspline"][0]) < RTOL
+    assert max_rel_diff(result["losses"], references["bspline"][0], STEPS) < RTOL
     assert result["model_state"]["params"] * 4 == references["bspline"][1].params
 
 
@@ -200,7 +197,7 @@ def test_layer_plans(plan, widths, expected):
     plans = layer_plans(model.blocks, 2, plan)
     assert [p.split for p in plans] == expected
     # A colwise layer hands its shard to a rowwise successor directly; everything else is whole.
-    for before, after in zip(plans, plans[1:]):
+    for before, after in itertools.pairwise(plans):
         assert before.hands_on == after.receives
         assert (before.hands_on == FEATURES) == (before.split == "colwise" and after.split == "rowwise")
 
@@ -234,7 +231,7 @@ def test_a_step_issues_the_collectives_the_projection_counts(tmp_path):
         plan = tp_exchanges(model_shape(config), samples=16)
         expected = {
             pass_: dict(Counter(e.op for e in exchanges if e is not None))
-            for pass_, exchanges in zip(("forward", "backward"), zip(*plan))
+            for pass_, exchanges in zip(("forward", "backward"), zip(*plan, strict=True), strict=True)
         }
         assert measured[name] == expected, name
     assert measured["two pairs"] == {"forward": {"all_reduce": 2}, "backward": {"all_reduce": 1}}

@@ -30,7 +30,7 @@ def windows(replica_ms: list[float], blocked_ms: list[float] | None, step_ms: fl
         WindowTimes(
             step_s=step_ms / 1e3, data_s=0.0, compute_s=(step_ms - r) / 1e3, blocked_s=None if b is None else b / 1e3
         )
-        for r, b in zip(replica_ms, blocked)
+        for r, b in zip(replica_ms, blocked, strict=True)
     ]
 
 

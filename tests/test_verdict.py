@@ -216,6 +216,6 @@ def test_study_tables_show_a_single_runs_spread_over_its_windows(tmp_path):
     ]:  # no windows (a v2 record)
         write_record(tmp_path, record)
     table = study_table(derive(load_runs(tmp_path)[0]), "strong")
-    cells = dict(zip(table.text["strategy"], table.text["samples/s"]))
+    cells = dict(zip(table.text["strategy"], table.text["samples/s"], strict=True))
     assert cells == {"ddp": "1,000 [950-1,050]", "fsdp2": "800"}
     assert "[slowest-fastest timing window]" in table.caption

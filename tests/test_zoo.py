@@ -20,7 +20,7 @@ def test_gradcheck_float64(family):
     x = (torch.rand(6, 2, dtype=torch.float64) * 1.6 - 0.8).requires_grad_()
 
     def f(x, *ps):
-        return functional_call(model, dict(zip(names, ps)), (x,))
+        return functional_call(model, dict(zip(names, ps, strict=True)), (x,))
 
     assert torch.autograd.gradcheck(f, (x, *params), eps=1e-6, atol=1e-6)
 
@@ -66,10 +66,10 @@ def test_build_is_deterministic_and_leaves_global_rng_alone(family):
     # pykan fits its initial coefficients with torch.linalg.lstsq, whose LAPACK kernels are not
     # bitwise reproducible within one process (seen: 8e-9 apart); our own families are exact.
     tolerance = {"atol": 1e-6, "rtol": 0} if family == "pykan" else {"atol": 0, "rtol": 0}
-    for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items()):
+    for (n, p), (_, q) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         torch.testing.assert_close(p, q, **tolerance, msg=n)
     c = build_model(cfg, seed=8)
-    assert any(not torch.allclose(p, q) for p, q in zip(a.state_dict().values(), c.state_dict().values()))
+    assert any(not torch.allclose(p, q) for p, q in zip(a.state_dict().values(), c.state_dict().values(), strict=True))
 
 
 def test_pykan_adapter_writes_no_files(in_tmp_cwd):

@@ -34,7 +34,10 @@ def _houses_csv(path: Path) -> None:
     rng = np.random.default_rng(0)
     rooms, area, age = rng.integers(1, 7, 400), rng.uniform(30, 250, 400), rng.uniform(0, 80, 400)
     price = 20_000 * rooms + 1_500 * area - 800 * age + rng.normal(0, 10_000, 400)
-    rows = ["rooms,area,age,price", *(f"{r},{a:.1f},{g:.1f},{p:.0f}" for r, a, g, p in zip(rooms, area, age, price))]
+    rows = [
+        "rooms,area,age,price",
+        *(f"{r},{a:.1f},{g:.1f},{p:.0f}" for r, a, g, p in zip(rooms, area, age, price, strict=True)),
+    ]
     path.write_text("\n".join(rows) + "\n")
 
 
