@@ -11,7 +11,7 @@ from pydantic import Field
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from analysis.projection.step_model import StrategyModel
+from analysis.projection.strategy_model import StrategyModel
 from strategies.distributed import DistEnv
 from strategies.engine import AveragingEngine, Engine, detached_copy
 from strategies.optim import build_optimizer

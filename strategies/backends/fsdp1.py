@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffload, FullStateDictConfig, MixedPrecision, ShardingStrategy, StateDictType
 from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-from analysis.projection.step_model import StrategyModel
+from analysis.projection.strategy_model import StrategyModel
 from kanscale.errors import ConfigError
 from strategies.backends.dcp import ShardedCheckpoints
 from strategies.distributed import DistEnv

@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import Shard
 
-from analysis.projection.step_model import StrategyModel
+from analysis.projection.strategy_model import StrategyModel
 from kanscale.errors import ConfigError
 from strategies.backends.dcp import DTensorStateDicts, ShardedCheckpoints
 from strategies.distributed import DistEnv
