@@ -11,7 +11,6 @@ import copy
 import difflib
 import os
 import reprlib
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, get_args
@@ -24,12 +23,15 @@ from kan_models.base import ModelConfig
 from kan_models.custom import CustomConfig
 from kan_models.registry import FAMILIES
 from kan_models.tasks import TASKS
+from kanscale import log
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, find_preset, parse_yaml_value, read_mapping
 from kanscale.identity import digest, identity
 from strategies.registry import AnyStrategyConfig
 from strategies.sections import FaultConfig, MeasurementConfig, OutputConfig, RuntimeConfig, Section, TrainingConfig
 from strategies.strategy import StrategyConfig
+
+logger = log.get(__name__)
 
 
 class ExperimentConfig(Section):
@@ -185,10 +187,9 @@ def drop_switched_keys(written: dict[str, Any], data: dict[str, Any], overrides:
         for k in dropped:
             del after[k]
         if dropped and os.environ.get("RANK", "0") == "0":  # once per launch, not from every rank
-            print(
+            logger.info(
                 f"kanscale: note: --set {section}.{key}={after[key]}: left out {', '.join(dropped)} of the file's "
-                f"{before[key]} {section}, which {after[key]} does not take",
-                file=sys.stderr,
+                f"{before[key]} {section}, which {after[key]} does not take"
             )
 
 
