@@ -149,8 +149,8 @@ class DeepSpeedEngine(Engine):
 
     @torch.no_grad()
     def _start_like_the_others(self, initial: dict[str, torch.Tensor] | None) -> None:
-        """Under bf16/fp16 DeepSpeed starts from another point than every other strategy (0.19,
-        found by the bf16 parity tests): it makes its float32 masters from the module after
+        """Under bf16/fp16 DeepSpeed (0.19) starts from another point than every other strategy,
+        as the bf16 parity tests show: it makes its float32 masters from the module after
         casting it to 16 bits, which rounds the initial weights, and at stage 0 it creates the
         optimizer's state with one step on zero gradients, which leaves Adam's moments at zero but
         its step count at 1, so every later bias correction is one step off (the first update is
