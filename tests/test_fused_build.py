@@ -66,6 +66,18 @@ def test_the_built_op_is_loaded_and_not_compiled_again(monkeypatch):
     assert hasattr(fused_build._load(path), "layer")
 
 
+def test_a_library_without_the_builds_end_mark_is_not_taken_as_built(tmp_path, monkeypatch):
+    """A link killed midway leaves a library cut short, which crashes the process that loads it:
+    only a build that finished (its mark written after it) counts."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    where = fused_build.build_directory()
+    where.mkdir()
+    fused_build.library(where).write_bytes(b"\x7fELF cut short")
+    assert not fused_build.is_built()
+    (where / fused_build.BUILT).write_text("done\n")
+    assert fused_build.is_built()
+
+
 def test_a_stale_lock_in_the_ops_folder_is_cleared_with_a_line(monkeypatch, capsys):
     fused_build.build()
     where = fused_build.build_directory()

@@ -48,6 +48,7 @@ LDFLAGS = ("-fopenmp",)
 # cannot see is taken to be left by a killed build.
 STALE_AFTER_S = 30 * 60
 LOCK = "kanscale.lock"
+BUILT = "built"  # written once the build finished, beside the library
 # What the probe compiles: torch's headers (load_inline includes torch/extension.h) and OpenMP.
 PROBE = """
 #include <omp.h>
@@ -87,7 +88,9 @@ def library(where: Path) -> Path:
 
 
 def is_built() -> bool:
-    return library(build_directory()).is_file()
+    """Whether a build finished: the library alone may be one a killed link cut short, which
+    crashes the process that loads it."""
+    return (build_directory() / BUILT).is_file() and library(build_directory()).is_file()
 
 
 def fused_unavailable() -> str | None:
@@ -217,7 +220,7 @@ def build(verbose: bool = False) -> Path:
     keep_builds_in_environment()  # the environment's ninja, as every process of the suite uses
     where = build_directory()
     with locked(where, "the fused B-spline op"):
-        if library(where).is_file():
+        if is_built():
             return library(where)
         if reason := fused_unavailable():
             raise RuntimeError(reason)
@@ -235,6 +238,7 @@ def build(verbose: bool = False) -> Path:
             extra_ldflags=list(LDFLAGS),
             verbose=verbose,
         )
+        (where / BUILT).write_text(f"{library(where).name}\n")
         _log.info(f"built the fused B-spline op in {time.perf_counter() - start:.0f} s")
     return library(where)
 
