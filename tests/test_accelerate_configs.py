@@ -98,7 +98,7 @@ def test_accelerate_fsdp_is_refused_on_cpu_before_launch():
     cfg = load_experiment(
         QUICKSTART, ["strategy.name=accelerate", "strategy.config_file=configs/accelerate/fsdp2.yaml"]
     )
-    with pytest.raises(ConfigError, match="accelerate \\+ FSDP needs CUDA devices here.*use strategy fsdp2"):
+    with pytest.raises(ConfigError, match=r"accelerate \+ FSDP needs CUDA devices here.*use strategy fsdp2"):
         preflight(cfg, "cpu", 2)
     preflight(cfg, "cuda", 2)  # the same config is fine where there are GPUs
 

@@ -122,9 +122,9 @@ def test_missing_sections_and_files(tmp_path):
 
 
 def test_malformed_override():
-    with pytest.raises(ConfigError, match="expected key.path=value"):
+    with pytest.raises(ConfigError, match=re.escape("expected key.path=value")):
         load_experiment(QUICKSTART, ["training.lr"])
-    with pytest.raises(ConfigError, match="training.lr is not a section"):
+    with pytest.raises(ConfigError, match=re.escape("training.lr is not a section")):
         load_experiment(QUICKSTART, ["training.lr.x=1"])
 
 

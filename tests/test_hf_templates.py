@@ -189,8 +189,8 @@ def test_an_optimizer_or_scheduler_the_suite_cannot_build_is_refused_naming_the_
     cfg = load_experiment(experiment_file(tmp_path), ["strategy.name=deepspeed", f"strategy.config={path}"])
     with pytest.raises(
         ConfigError,
-        match="optimizer.type is 'Lamb', which the suite does not build.*scheduler.type "
-        "is 'OneCycle'; the suite runs DeepSpeed's WarmupLR, WarmupDecayLR",
+        match=r"optimizer\.type is 'Lamb', which the suite does not build.*scheduler\.type "
+        r"is 'OneCycle'; the suite runs DeepSpeed's WarmupLR, WarmupDecayLR",
     ):
         with_native_training(cfg)
 

@@ -2,6 +2,7 @@
 refusals that name the option and its fix (followed here), and the projection's intra- and
 inter-node groups (issue 31). The 4-rank runs are tests/test_hybrid_sharding.py."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -54,9 +55,11 @@ def test_fsdp1_takes_a_shard_degree_only_with_a_hybrid_strategy():
     strategy = load_strategy("fsdp1", MODEL).model_copy(update={"shard_degree": 2})
     with pytest.raises(
         ConfigError,
-        match="strategy.shard_degree: 2 sets the shard group of the hybrid sharding "
-        "strategies, and sharding_strategy is FULL_SHARD; set "
-        "strategy.sharding_strategy=HYBRID_SHARD",
+        match=re.escape(
+            "strategy.shard_degree: 2 sets the shard group of the hybrid sharding "
+            "strategies, and sharding_strategy is FULL_SHARD; set "
+            "strategy.sharding_strategy=HYBRID_SHARD"
+        ),
     ):
         strategy.preflight(TrainingConfig(), "cpu", 4)
     strategy.model_copy(update={"sharding_strategy": "HYBRID_SHARD"}).preflight(TrainingConfig(), "cpu", 4)
@@ -74,15 +77,15 @@ def test_zero_plus_plus_is_checked_before_launch():
     ):
         hpz.mesh_shape(6, ranks_per_node=3)
     staged = hpz.model_copy(update={"zero_stage": 2})
-    with pytest.raises(ConfigError, match="strategy.zero_stage: ZeRO\\+\\+ .* is part of stage 3"):
+    with pytest.raises(ConfigError, match=r"strategy\.zero_stage: ZeRO\+\+ .* is part of stage 3"):
         staged.preflight(TrainingConfig(), "cpu", 4)
     quantized = hpz.model_copy(update={"quantized_weights": True, "quantized_gradients": True})
     assert quantized.label() == "zero3_hpz_quantized"
     with pytest.raises(
         ConfigError,
-        match="strategy.quantized_weights: ZeRO\\+\\+'s quantized collectives run "
-        "DeepSpeed's CUDA quantizer kernels.*set strategy.quantized_weights=false "
-        "and strategy.quantized_gradients=false",
+        match=r"strategy\.quantized_weights: ZeRO\+\+'s quantized collectives run "
+        r"DeepSpeed's CUDA quantizer kernels.*set strategy\.quantized_weights=false "
+        r"and strategy\.quantized_gradients=false",
     ):
         quantized.preflight(TrainingConfig(), "cpu", 4)
     quantized.model_copy(update={"quantized_weights": False, "quantized_gradients": False}).preflight(

@@ -16,7 +16,7 @@ def test_a_failing_job_fails_only_the_tests_that_read_it(tmp_path):
     }  # refused on every rank, as a backend's start can be
     results = run_jobs([{"id": "refused", "config": refused}, {"id": "after", "config": good}], tmp_path)
     assert results["after"]["status"] == "ok" and results["after"]["ranks_identical"]
-    with pytest.raises(AssertionError, match="(?s)job refused raised ConfigError.*training.lr"):
+    with pytest.raises(AssertionError, match=r"(?s)job refused raised ConfigError.*training\.lr"):
         results["refused"]
     with pytest.raises(AssertionError, match="job never has no result"):
         results["never"]

@@ -2,6 +2,7 @@
 a one-process figure named for what it is, outside load detected and caveated, and a compute
 baseline that can be switched off or kept to a sharding strategy's share."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -146,7 +147,7 @@ def test_auto_takes_the_layerwise_baseline_where_the_strategy_shards(preset, wor
 )
 def test_layerwise_is_refused_before_launch_where_it_cannot_time_the_run(tmp_path, overrides, preset, world, words):
     base = [f"output.dir={tmp_path}", "measurement.baseline=layerwise", *overrides]
-    with pytest.raises(ConfigError, match="measurement.baseline: layerwise") as refused:
+    with pytest.raises(ConfigError, match=re.escape("measurement.baseline: layerwise")) as refused:
         preflight(load_experiment(QUICKSTART, base, strategy=preset), "cpu", world)
     assert words in str(refused.value) and "measurement.baseline=replica" in str(refused.value)
     # the fix the message gives

@@ -5,6 +5,7 @@ async_io op, refused before launch. The templates are copies in tests/data/nativ
 
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -92,7 +93,9 @@ def test_the_dry_run_prints_the_resolved_config(capsys):
 
 def test_an_auto_the_suite_cannot_fill_is_refused_naming_the_key():
     cfg = with_native("zero3_sub_group_auto.json")
-    with pytest.raises(ConfigError, match='cannot fill "auto" for zero_optimization.sub_group_size; give a value in'):
+    with pytest.raises(
+        ConfigError, match=re.escape('cannot fill "auto" for zero_optimization.sub_group_size; give a value in')
+    ):
         preflight(cfg, "cpu", 2)
     settings = yaml.safe_load(ACCELERATE_YAML.read_text())
     settings["deepspeed_config"]["deepspeed_config_file"] = str(NATIVE / "zero3_sub_group_auto.json")

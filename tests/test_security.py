@@ -288,7 +288,7 @@ def test_the_ssh_path_refuses_what_deepspeeds_pdsh_would_hand_a_shell(in_tmp_cwd
     spaced = in_tmp_cwd / "a b"
     spaced.mkdir()
     os.chdir(spaced)  # DeepSpeed's remote command starts with `cd <this directory>;`, unquoted
-    with pytest.raises(ConfigError, match="'.*a b'"):
+    with pytest.raises(ConfigError, match=r"'.*a b'"):
         deepspeed_launch(spec, safe)
 
 
