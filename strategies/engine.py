@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.utils.hooks import RemovableHandle
 
 from analysis.schema import CompileInfo, ModelStateBytes, PrecisionInfo
 from strategies.compiled_step import StepCompilation
@@ -71,7 +72,7 @@ def watch_compute_dtypes(model: nn.Module) -> set[str]:
     model computed in, whichever mechanism cast it (a model's own output may be cast back to
     float32, as Accelerate does). Each hook removes itself after one call, so steps pay nothing."""
     seen: set[str] = set()
-    handles = {}
+    handles: dict[int, RemovableHandle] = {}
 
     def hook(module: nn.Module, args: Any, output: Any) -> None:
         if isinstance(output, torch.Tensor) and output.is_floating_point():
@@ -159,6 +160,7 @@ class Engine:
                 with backward():
                     self.backward(loss)
             total = loss.detach() if total is None else total + loss.detach()
+        assert total is not None, "a step has at least one micro-batch"
         return total
 
     def loss_share(

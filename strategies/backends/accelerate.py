@@ -25,8 +25,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from analysis.schema import ModelStateBytes
 from kanscale.errors import ConfigError
+from kanscale.extras import require
 from kanscale.files import find_file, read_mapping
 from strategies.backends.accelerate_launch import (
+    DEEPSPEED_PLUGIN,
     FP16_CPU_MESSAGE,
     GPU_ONLY_MESSAGE,
     MIXED_PRECISION,
@@ -115,6 +117,7 @@ class AccelerateConfig(StrategyConfig):
         if plugin == "FSDP" and env.device.type != "cuda":
             raise ConfigError(GPU_ONLY_MESSAGE)
         if plugin == "DEEPSPEED":
+            require("hf", DEEPSPEED_PLUGIN)
             prepare_import(env.device.type)
         accelerator = Accelerator(
             # On CPUs, cpu=True gives multi-CPU DDP, but it would also switch the DeepSpeed plugin off.
