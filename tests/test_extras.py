@@ -132,3 +132,18 @@ def test_the_install_line_names_every_missing_package_of_the_extra(without):
         require("pykan", "model.family: pykan")
     assert str(refused.value).startswith("model.family: pykan needs pykan, scikit-learn, which are not installed")
     require("parquet", "a Parquet file")  # installed here: no error
+
+
+def test_commbench_sizes_its_messages_without_pykan(without):
+    """The collective benchmark labels its sizes with the zoo's gradients; without pykan it
+    leaves the study's pykan model out rather than refusing the benchmark."""
+    from launchers.commbench import message_sizes, zoo_gradient_bytes
+
+    zoo_gradient_bytes.cache_clear()
+    try:
+        without("kan")
+        labels = {label for message in message_sizes(2, 4, 1 << 30) for label in message.labels}
+    finally:
+        zoo_gradient_bytes.cache_clear()
+    assert "study bspline gradients" in labels
+    assert not any(label.startswith("study pykan") for label in labels)
