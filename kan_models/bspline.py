@@ -79,9 +79,9 @@ class BSplineConfig(ModelConfig):
         "fast",
         description="fast: closed-form bases on the uniform grid, lean backward (grid update stays "
         "uniform, grid_eps unused); reference: Cox-de Boor over all bases, grid_eps grid updates; fused: the fast "
-        "layer's function in one op that never forms the basis tensor (CPUs: C++, built once per machine, needs a C++ "
-        "compiler; CUDA GPUs: Triton kernels, need triton); auto: fused on CPUs where a C++ compiler builds it "
-        "(measured faster there), fast elsewhere",
+        "layer's function in one op that never forms the basis tensor (CPUs: C++ with OpenMP, built ahead by make "
+        "install or kanscale build-ops; CUDA GPUs: Triton kernels, need triton); auto: fused on CPUs where the op "
+        "is built or builds (measured faster there), fast elsewhere",
     )
     product: Literal["auto", "dense", "sparse"] = Field(
         "auto",

@@ -3,6 +3,7 @@ compiling, a stale lock from a killed build is cleared, and where the probe cann
 (no compiler, no OpenMP) ``impl: fused`` is refused and ``impl: auto`` runs the fast layer with one
 line saying why. Probes here run a stand-in compiler that fails at once: nothing is compiled."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -113,11 +114,25 @@ def test_without_openmp_fused_is_refused_and_auto_runs_the_fast_layer_saying_why
     assert config.machine_choices("cpu")["impl"].startswith("fast: the fused B-spline op cannot be built here")
 
 
-def test_build_ops_says_why_it_cannot_build_and_fails_unless_asked_only_if_possible(compiler_without_openmp, capsys):
+def test_build_ops_says_why_it_cannot_build_and_fails_unless_asked_only_if_possible(
+    compiler_without_openmp, capsys, monkeypatch
+):
+    probes = []
+    probe = fused_build._run_probe
+    monkeypatch.setattr(fused_build, "_run_probe", lambda where: probes.append(where) or probe(where))
     assert cli(["build-ops"]) == 1
     assert NO_OPENMP in capsys.readouterr().err
     assert cli(["build-ops", "--if-possible"]) == 0
     assert "model.impl auto runs the fast layer" in capsys.readouterr().err
+    assert len(probes) == 2  # each explicit build probes again: what it lacked may be installed since
+
+
+def test_an_empty_lock_is_waited_for_while_young_and_cleared_when_old(tmp_path):
+    lock = tmp_path / fused_build.LOCK
+    lock.touch()
+    assert fused_build._stale_holder(lock) is None  # its writer may be writing it now
+    os.utime(lock, (0, 0))
+    assert "left empty" in (fused_build._stale_holder(lock) or "")
 
 
 def test_build_ops_says_where_the_built_op_is(capsys):

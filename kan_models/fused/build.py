@@ -188,10 +188,13 @@ def locked(where: Path, what: str) -> Iterator[None]:
 def _stale_holder(path: Path) -> str | None:
     """Who left a lock that no live process holds, or None while its holder may still run."""
     try:
-        host, pid = path.read_text().split()
-        age = time.time() - path.stat().st_mtime
-    except (OSError, ValueError):
-        return None  # being written or just released: look again
+        text, age = path.read_text(), time.time() - path.stat().st_mtime
+    except OSError:
+        return None  # just released: look again
+    try:
+        host, pid = text.split()
+    except ValueError:  # being written, or its writer was killed before it wrote
+        return f"left empty {age:.0f} s ago" if age > 60 else None
     if host == socket.gethostname():
         try:
             os.kill(int(pid), 0)
@@ -269,7 +272,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(if_possible: bool = False, verbose: bool = False) -> int:
-    """Build the op; 0 when it is built (or, ``if_possible``, cannot be), else 1."""
+    """Build the op; 0 when it is built (or, ``if_possible``, cannot be), else 1. A probe that
+    failed before is run again: what it lacked may have been installed since."""
+    verdict = probe_directory() / "verdict.json"
+    if verdict.is_file() and json.loads(verdict.read_text()).get("unavailable"):
+        verdict.unlink()
     if (reason := fused_unavailable()) and if_possible:
         _log.warning(f"{reason}; model.impl auto runs the fast layer")
         return 0
