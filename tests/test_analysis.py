@@ -143,7 +143,7 @@ matrix: {{strategy: [ddp, zero3], topology: [1x1, 1x2]}}
 
 @pytest.mark.slow  # the slow tier (make test-slow)
 def test_report_from_a_real_sweep_has_every_table_and_plot(real_sweep):
-    runs_dir, report = real_sweep
+    _runs_dir, report = real_sweep
     names = {t.name for t in report.tables}
     assert names == {"strong", "paper"} and len(report.verdict.scales) == 1
     for name in names:
@@ -157,7 +157,10 @@ def test_report_from_a_real_sweep_has_every_table_and_plot(real_sweep):
     page = report.html.read_text()
     assert page.count("data:image/png;base64,") == len(plots)
     assert "http://" not in page and "https://" not in page and "<script" not in page  # opens from disk, offline
-    csp = "<meta http-equiv='Content-Security-Policy' content=\"default-src 'none'; img-src data:; style-src 'unsafe-inline'\">"
+    csp = (
+        "<meta http-equiv='Content-Security-Policy' "
+        "content=\"default-src 'none'; img-src data:; style-src 'unsafe-inline'\">"
+    )
     assert page.index(csp) < page.index("<title>")  # declared before anything the page holds
     strong = next(t for t in report.tables if t.name == "strong").data
     one_rank = strong[strong["topology.world_size"] == 1]
@@ -189,7 +192,7 @@ def test_memory_plots_from_records(tmp_path):
 
 
 def test_the_published_study_beside_runs_of_its_configuration(tmp_path, capsys):
-    paper_model = dict(family="pykan", widths=(2, 64, 1), grid=10, order=3, micro_batch=512)
+    paper_model = {"family": "pykan", "widths": (2, 64, 1), "grid": 10, "order": 3, "micro_batch": 512}
     write_record(tmp_path, make_record("p1", world=1, samples_per_s=8000, **paper_model))
     write_record(tmp_path, make_record("p2", world=2, samples_per_s=12000, **paper_model))
     write_record(tmp_path, make_record("other", world=2, samples_per_s=99999))  # not the study's model

@@ -174,7 +174,7 @@ def test_the_name_check_sees_a_comparison(tmp_path):
     assert len(hits) == 2 and '== "ddp"' in hits[0] and "zero3" in hits[1]
 
 
-@pytest.mark.parametrize("preset", [p for p in preset_names("strategies")])
+@pytest.mark.parametrize("preset", list(preset_names("strategies")))
 def test_every_preset_is_named_by_the_label_of_what_it_runs(preset):
     """One vocabulary: the preset file, the record's label, the tables and the projection agree."""
     from strategies.experiment import load_experiment

@@ -247,7 +247,8 @@ def test_shipped_accelerate_configs_hold_only_keys_accelerate_knows():
     )
     assert paths and {str(p): unknown_launch_keys(read_yaml(p)) for p in paths} == {str(p): [] for p in paths}
     assert unknown_launch_keys({"distributed_type": "FSDP", "fsdp_config": {"version": 2, "fsdp_versoin": 2}}) == [
-        "fsdp_config.fsdp_versoin: not a key accelerate knows (accelerate launch ignores it); did you mean fsdp_version?"
+        "fsdp_config.fsdp_versoin: not a key accelerate knows (accelerate launch ignores it); "
+        "did you mean fsdp_version?"
     ]
 
 

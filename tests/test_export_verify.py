@@ -1,8 +1,8 @@
 """`kanscale export` reads a checkpoint only once it verifies, by the same check a resume makes:
 of a run directory it takes the newest checkpoint that verifies and says which it skipped and why;
 a checkpoint directory named on the command line that fails verification, was set aside as
-corrupt, is a partial save or has no manifest is refused with exit 2 and one line; an export never writes into the checkpoint or run it
-reads. Real runs, real files."""
+corrupt, is a partial save or has no manifest is refused with exit 2 and one line; an export
+never writes into the checkpoint or run it reads. Real runs, real files."""
 
 import os
 import shutil

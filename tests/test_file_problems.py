@@ -138,7 +138,8 @@ def test_what_no_option_mends_is_named_beside_the_rest_and_stays_refused(tmp_pat
     path = write(frame, tmp_path / "worse.csv")
     lines = problems({"path": path, "target": "y"}, ["task.missing=drop", "task.categorical=onehot"])
     assert lines == [
-        f"task.features: column 'c' of {path} has 1 infinite value(s), the first in row 6; replace them before training",
+        f"task.features: column 'c' of {path} has 1 infinite value(s), the first in row 6; "
+        "replace them before training",
         f"task.target: column 'y' of {path} is not numeric (row 3: 'heavy'); a regression target is a number; if these "
         "are class labels, set task.objective: classification",
     ]

@@ -158,7 +158,7 @@ def test_a_conflict_names_both_sides_and_the_set_lines_that_resolve_it(tmp_path)
         "--set training.optimizer=adamw --set training.lr=3e-05 --set training.betas=[0.8,0.999] "
         "--set training.weight_decay=3e-07"
     )
-    followed = [part for part in fix.replace("--set ", "").split(" ")]
+    followed = fix.replace("--set ", "").split(" ")
     cfg = with_native_training(load_experiment("quickstart", [*overrides, *followed]))  # the advice works
     assert (cfg.training.lr, cfg.training.betas) == (3e-5, (0.8, 0.999))
 
@@ -218,7 +218,7 @@ def test_run_dry_run_takes_every_file_or_refuses_it_for_this_machine(tmp_path, c
         assert code == 2 and "training.precision: fp16 under zero" in captured.err and FP16_LACK in captured.err
         return
     assert code == 0, captured.err
-    assert '"stage": %d' % PUBLISHED[name][0] in captured.out and '"scheduler"' not in captured.out
+    assert f'"stage": {PUBLISHED[name][0]}' in captured.out and '"scheduler"' not in captured.out
 
 
 def test_kanscale_train_trains_the_transformers_zero2_file(tmp_path):

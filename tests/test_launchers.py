@@ -67,7 +67,7 @@ def test_deepspeed_launcher_commands():
 
 
 def test_accelerate_command_fills_in_the_sizes(tmp_path):
-    _, resolved, launch = plan(
+    _, _resolved, launch = plan(
         dataclasses.replace(request(tmp_path, launcher="accelerate", nproc_per_node=2), strategy="accelerate")
     )
     cmd = launch.commands[0]

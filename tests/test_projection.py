@@ -268,10 +268,10 @@ def test_bench_profile_and_bad_cli_input(tmp_path, capsys):
 @pytest.mark.slow  # the slow tier (make test-slow)
 def test_projection_of_a_measured_two_rank_run(tmp_path, tmp_path_factory):
     """A real 1-rank run, a real commbench and the suite's contended compute predict a real 2-rank
-    run's step time (two launcher agents, as the commbench ran). The tolerance is 50%: on a 2-core machine shared with other work, repeated
-    2-rank steps of one config vary by tens of percent (docs/projection.md), so a tighter bound
-    would fail on noise, while a wrong model (a missing collective, bookkeeping counted twice,
-    times off by 1000) lands far outside it."""
+    run's step time (two launcher agents, as the commbench ran). The tolerance is 50%: on a small
+    machine shared with other work, repeated 2-rank steps of one config vary by tens of percent
+    (docs/projection.md), so a tighter bound would fail on noise, while a wrong model (a missing
+    collective, bookkeeping counted twice, times off by 1000) lands far outside it."""
     study = {
         "study": "proj",
         "preset": "cpu",

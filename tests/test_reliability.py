@@ -113,7 +113,7 @@ def test_single_process_resume(tmp_path):
 
 
 def test_only_complete_checkpoints_are_kept_and_they_are_atomic(worker):
-    tmp, results = worker
+    _tmp, results = worker
     run_dir = Path(results["ddp/full"]["run_dir"])
     assert [c.step for c in complete_checkpoints(run_dir)] == [8, 12]  # keep_checkpoints = 2
     torn = run_dir / "checkpoints" / "step-000016.tmp"  # a save that died half-way

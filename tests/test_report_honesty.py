@@ -24,7 +24,7 @@ from tests.helpers.cli import refused
 from tests.helpers.records import make_record, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
-PAPER_MODEL = dict(family="pykan", widths=(2, 64, 1), grid=10, order=3, micro_batch=512)
+PAPER_MODEL = {"family": "pykan", "widths": (2, 64, 1), "grid": 10, "order": 3, "micro_batch": 512}
 
 
 def kanscale(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

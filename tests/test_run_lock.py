@@ -106,21 +106,24 @@ def contested_run(tmp_path_factory):
     seen["first"] = (read_summary(run_dir), read_steps(run_dir))
     lock = run_dir / LOCK_FILE
     seen["lock_after_first"] = text_of(lock)
-    log = open(out.parent / "second.log", "w")
-    second = subprocess.Popen(
-        [*TWO_RANKS, *train_cmd(out, resume=run_dir)], cwd=ROOT, env=child_env(), stdout=log, stderr=subprocess.STDOUT
-    )
-    try:
-        wait_for(lambda: len(read_steps(run_dir)) >= 600)  # training, past its first write after the resume
-        seen["owner"] = json.loads(text_of(lock) or "{}")
-        written = len(read_steps(run_dir))
-        seen["rival"] = two_plain_ranks(train_cmd(out, resume=run_dir))
-        wait_for(lambda: len(read_steps(run_dir)) > written)  # the owner trains on past the rival's refusal
-        second.send_signal(signal.SIGTERM)  # as a user kills the launcher they started
-        assert second.wait(timeout=120) != 0
-    finally:
-        second.kill()
-        log.close()
+    with open(out.parent / "second.log", "w") as log:
+        second = subprocess.Popen(
+            [*TWO_RANKS, *train_cmd(out, resume=run_dir)],
+            cwd=ROOT,
+            env=child_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            wait_for(lambda: len(read_steps(run_dir)) >= 600)  # training, past its first write after the resume
+            seen["owner"] = json.loads(text_of(lock) or "{}")
+            written = len(read_steps(run_dir))
+            seen["rival"] = two_plain_ranks(train_cmd(out, resume=run_dir))
+            wait_for(lambda: len(read_steps(run_dir)) > written)  # the owner trains on past the rival's refusal
+            second.send_signal(signal.SIGTERM)  # as a user kills the launcher they started
+            assert second.wait(timeout=120) != 0
+        finally:
+            second.kill()
     seen["second"] = (read_summary(run_dir), read_steps(run_dir))
     seen["lock_after_second"] = text_of(lock)
     seen["attempts_after_second"] = sorted(p.name for p in (run_dir / "failures").iterdir())
@@ -166,7 +169,7 @@ def test_a_second_run_is_refused_on_every_rank_while_the_first_owns_the_director
 
 
 def test_sigterm_of_a_healthy_run_is_recorded_as_a_stop_with_every_completed_step(contested_run):
-    run_dir, seen = contested_run
+    _run_dir, seen = contested_run
     record, steps = seen["second"]
     assert record.status == "incomplete" and record.error.type == "Terminated"
     assert "stopped by a signal" in record.error.message and "before any rank failed" in record.error.message
@@ -196,7 +199,7 @@ def test_an_earlier_attempts_failure_is_not_the_cause_of_a_later_one(contested_r
     # the stop: each rank got SIGTERM, or lost its peer to it first
     stop = {FailureReport(**reports[f"attempt-2/rank{r}.json"]).kind for r in range(2)}
     assert "terminated" in stop and stop <= {"terminated", "lost"}
-    assert set(r for r in reports if r.startswith("attempt-3/")) == {"attempt-3/rank1.json"}
+    assert {r for r in reports if r.startswith("attempt-3/")} == {"attempt-3/rank1.json"}
 
 
 def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path):

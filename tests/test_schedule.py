@@ -26,7 +26,7 @@ def deepspeeds_lrs(name: str, warmup_type: str, steps: int, warmup: int, total: 
     """The learning rate of each optimizer step as DeepSpeed's engine runs its scheduler: read
     what the optimizer steps with, then step the scheduler (DeepSpeedEngine._take_model_step)."""
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=PEAK)
-    common = dict(warmup_num_steps=warmup, warmup_type=warmup_type)
+    common = {"warmup_num_steps": warmup, "warmup_type": warmup_type}
     scheduler = {
         "warmup": lambda: WarmupLR(optimizer, warmup_min_lr=0.001, warmup_max_lr=PEAK, **common),
         "warmup_decay": lambda: WarmupDecayLR(optimizer, total, warmup_min_lr=0.001, warmup_max_lr=PEAK, **common),

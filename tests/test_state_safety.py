@@ -131,7 +131,7 @@ def corrupted_runs(tmp_path_factory):
 
 @pytest.mark.parametrize("strategy", list(CORRUPTED))
 def test_a_corrupt_latest_checkpoint_is_set_aside_and_the_previous_one_resumed(corrupted_runs, strategy):
-    tmp, first, second = corrupted_runs
+    _tmp, first, second = corrupted_runs
     resumed = second[f"{strategy}/resumed"]
     assert resumed["status"] == "ok" and resumed["resumed_at_steps"] == [6]
     assert resumed["losses"] == first[f"{strategy}/full"]["losses"] and len(resumed["losses"]) == 12

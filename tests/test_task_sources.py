@@ -1,6 +1,7 @@
 """Tasks beyond the synthetic targets: regression and classification objectives with known
-answers (r2 left out where the test targets have no spread), file tasks (CSV, Parquet, NumPy) with their errors, scikit-learn's bundled datasets,
-pykan's Feynman equations, and classification trained under every CPU strategy."""
+answers (r2 left out where the test targets have no spread), file tasks (CSV, Parquet, NumPy)
+with their errors, scikit-learn's bundled datasets, pykan's Feynman equations, and
+classification trained under every CPU strategy."""
 
 import json
 import math
@@ -242,7 +243,7 @@ runtime: {{device: cpu, threads: 1}}
 output: {{dir: {tmp_path / "runs"}}}
 """)
     assert main(["train", str(config), "--no-progress"]) == 0
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    (_run_dir,) = (tmp_path / "runs").iterdir()
     record = train(
         parse_experiment(
             experiment(

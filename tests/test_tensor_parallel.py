@@ -166,7 +166,7 @@ def test_tp_over_four_ranks_keeps_parity_and_quarters_the_state(fsdp2_tp_world4,
 
 
 def test_the_record_says_how_each_layer_was_cut(tp_world2):
-    tmp, results = tp_world2
+    _tmp, results = tp_world2
     summary = json.loads((Path(results["bspline"]["run_dir"]) / "summary.json").read_text())
     assert summary["strategy"]["backend_config"] == {
         "mesh": {"dp": 1, "tp": 2},

@@ -115,7 +115,8 @@ def test_a_windows_blocked_time_is_its_steps_sleeping_not_their_running(per_step
 
 
 def test_the_loop_benchmark_says_when_its_median_is_within_noise_of_the_target():
-    """scripts/bench_timing.py: rounds that range from 0.83 to 1.11 give a median no test of 0.97 can trust; tight rounds on either side decide it."""
+    """scripts/bench_timing.py: rounds that range from 0.83 to 1.11 give a median no test of 0.97
+    can trust; tight rounds on either side decide it."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("bench_timing", ROOT / "scripts/bench_timing.py")

@@ -1,8 +1,7 @@
-import pytest
-
 """The report's verdict on hand-made runs with known answers: the fastest (or a tie), the least
 memory, what does not scale or did not fit, and the caveats."""
 
+import pytest
 import yaml
 
 from analysis.derive import derive
@@ -204,7 +203,7 @@ def test_every_scale_gets_its_own_verdict_at_the_top_of_the_report(tmp_path):
     page = (tmp_path / "report" / "report.html").read_text()
     assert page.index("<h2>Verdict</h2>") < page.index("<h2>Study:") and page.count("<b>Fastest</b>") == 2
     assert (tmp_path / "report" / "verdict.md").read_text().startswith("## Verdict")
-    assert len(open(tmp_path / "report" / "verdict.csv").readlines()) == 3
+    assert len((tmp_path / "report" / "verdict.csv").read_text().splitlines()) == 3
 
 
 def test_study_tables_show_a_single_runs_spread_over_its_windows(tmp_path):

@@ -1,8 +1,9 @@
 """Fixtures for the tests against real outside components (``make test-cluster``).
 
 The tests here start real daemons (munged, slurmctld, two slurmd, sshd) on 127.0.0.1, or a real
-headless Chromium to open the HTML report, and need root and Debian packages, so they run only with ``KANSCALE_CLUSTER_TESTS=1`` (which
-``make test-cluster`` sets); ``make test`` leaves the folder out. Missing packages are installed
+headless Chromium to open the HTML report, and need root and Debian packages, so they run only
+with ``KANSCALE_CLUSTER_TESTS=1`` (which ``make test-cluster`` sets); ``make test`` leaves the
+folder out. Missing packages are installed
 with apt-get (scripts/cluster_packages.sh) when this is root on Debian; otherwise every test that
 needs them skips, naming what is missing.
 """

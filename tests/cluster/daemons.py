@@ -5,6 +5,7 @@ exactly the processes a test started (and what they left behind), nothing else o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -109,10 +110,10 @@ class Daemons:
         """SIGTERM each daemon (SIGKILL after 15 s), then end what they had started and left behind
         (sshd's per-connection children, ...)."""
         children = descendants({proc.pid for _, proc in self.procs if proc.poll() is None})
-        for name, proc in reversed(self.procs):
+        for _name, proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for name, proc in reversed(self.procs):
+        for _name, proc in reversed(self.procs):
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -203,7 +204,5 @@ def cmdline(pid: int) -> str:
 
 
 def kill_process(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

@@ -6,6 +6,7 @@ tmp dir. Without slurmdbd a finished job's state comes from ``scontrol show job`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
@@ -236,10 +237,8 @@ class SlurmCluster:
         try:
             if self.daemons.procs and self.conf.exists():
                 self.client(which("scancel"), "--full", f"--partition={self.partition}")
-                try:
+                with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
                     wait_for("the jobs to end", lambda: not self.active_jobs(), 30)
-                except (RuntimeError, subprocess.TimeoutExpired):
-                    pass
         finally:
             self.daemons.stop()
             # slurmstepd daemonizes away from slurmd: end the ones of this cluster (by its config)

@@ -4,6 +4,7 @@ authorized_keys (AuthorizedKeysFile points at the tmp dir; /root/.ssh is not tou
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import tempfile
@@ -107,9 +108,7 @@ class SshServer:
             self.daemons.stop()
         finally:
             if self.made_privsep_dir:
-                try:
+                with contextlib.suppress(OSError):
                     PRIVSEP_DIR.rmdir()
-                except OSError:
-                    pass
             if not keep_files():
                 shutil.rmtree(self.base, ignore_errors=True)

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -65,7 +66,7 @@ def delayed_allreduce(delay_s: float):
 
 def main(jobs_path: str, results_path: str) -> None:
     torch.set_num_threads(1)
-    jobs = json.loads(open(jobs_path).read())
+    jobs = json.loads(Path(jobs_path).read_text())
     env = DistEnv.from_environ("cpu")
     env.init_process_group(timeout_s=60)
     results = {}

@@ -124,7 +124,9 @@ def _is_command(line: str) -> bool:
     words = line.split()
     if not words or words[0].endswith("/") or Path(words[0]).name not in PROGRAMS:
         return False
-    return Path(words[0]).name != "kanscale" or (len(words) > 1 and (words[1] in SUBCOMMANDS or words[1].startswith("-")))
+    return Path(words[0]).name != "kanscale" or (
+        len(words) > 1 and (words[1] in SUBCOMMANDS or words[1].startswith("-"))
+    )
 
 
 def _commands(where: str, text: str, output: list[str]) -> list[DocCommand]:

@@ -30,7 +30,8 @@ COMMBENCH = {"--iters": "2", "--warmup": "1", "--max-bytes": "65536"}
 SCRIPTS = {"bench_timing.py": {"--rounds": "1", "--steps": "3", "--warmup": "1"}}
 # Commands written for machines this one is not.
 ELSEWHERE = {
-    "--hostfile": "its nodes are other hosts reached over ssh (tests/cluster runs this launch against a real sshd and pdsh)",
+    "--hostfile": "its nodes are other hosts reached over ssh (tests/cluster runs this launch against a real sshd "
+    "and pdsh)",
     "--hosts": "its nodes are other hosts",
     "--launcher slurm": "it is a SLURM job (tests/cluster runs SLURM launches against a real slurmctld)",
     "--submit": "it submits to a SLURM cluster (tests/cluster)",
@@ -43,9 +44,10 @@ COVERED = {
     "sweep": "a study: tests/test_sweep.py and tests/test_analysis.py run sweeps and their analysis end to end",
     "bench": "a benchmark: tests/test_bench.py runs kanscale bench",
     "commbench": "a benchmark: tests/test_commbench.py runs kanscale commbench on one node and across two agents",
-    "recommend": "a recommendation (probes of every strategy, minutes): tests/test_recommend.py runs kanscale recommend "
-    "with a cluster file and with --validate here",
-    "launcher": "a launcher line: tests/test_backends_cli.py starts torchrun, deepspeed and accelerate launch as users do",
+    "recommend": "a recommendation (probes of every strategy, minutes): tests/test_recommend.py runs kanscale "
+    "recommend with a cluster file and with --validate here",
+    "launcher": "a launcher line: tests/test_backends_cli.py starts torchrun, deepspeed and accelerate launch as "
+    "users do",
     "option": "one training option under one strategy: the option's own tests train it under every strategy "
     "(tests/test_compile_training.py, test_data_loader.py, test_precision.py)",
     "reads": "it reads what a study or a benchmark wrote (not run here, above)",

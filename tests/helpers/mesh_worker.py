@@ -6,6 +6,7 @@ suite's arithmetic puts the rank (strategies/mesh.py) beside where torch's Devic
 
 import json
 import sys
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -31,7 +32,7 @@ def main(shapes_path: str, out_path: str) -> None:
     env = DistEnv.from_environ("cpu")
     env.init_process_group(timeout_s=60)
     results = {}
-    for name, sizes in json.loads(open(shapes_path).read()).items():
+    for name, sizes in json.loads(Path(shapes_path).read_text()).items():
         placed = env.gather_strings(json.dumps(place(env, MeshShape(**sizes))))
         results[name] = [json.loads(p) for p in placed]
     finish(env, results, out_path)

@@ -6,6 +6,7 @@ CommDebugMode, for each model config given; writes {model: {forward: {op: n}, ba
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -28,7 +29,7 @@ def main(models_path: str, out_path: str) -> None:
     env.init_process_group(timeout_s=60)
     mesh = init_device_mesh("cpu", (env.world_size,), mesh_dim_names=("tp",))
     results = {}
-    for name, config in json.loads(open(models_path).read()).items():
+    for name, config in json.loads(Path(models_path).read_text()).items():
         model = build_model(parse_model_config(config), seed=0)
         apply_tp(model, mesh, "pairs")
         x = torch.randn(16, config["widths"][0])
