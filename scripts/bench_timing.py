@@ -44,7 +44,7 @@ MODELS: dict[str, dict] = {
         "model": {"family": "bspline", "widths": [8, 256, 256, 1], "grid": 10, "k": 3},
         "task": {"name": "high_dim", "dim": 8},
     },
-    # the study's size with the fused layer: a step of about 2.5 ms, where per-step bookkeeping shows
+    # the study's size with the fused layer: a step short enough that per-step bookkeeping shows
     "study [2, 64, 1] fused": {
         "model": {"family": "bspline", "widths": [2, 64, 1], "grid": 10, "k": 3, "impl": "fused"},
         "task": {"name": "quadratic"},

@@ -138,7 +138,7 @@ def test_a_checkpoint_save_that_fills_the_disk_is_recorded_and_cleaned_up(tmp_pa
 
 
 def test_steps_that_fill_the_disk_leave_a_failed_record_and_no_torn_line(tmp_path, small_disk, capsys):
-    # no checkpoints: steps.jsonl is what grows (a line of ~300 bytes per step, appended every 10)
+    # no checkpoints: steps.jsonl is what grows (a line per step, appended every 10)
     disk = small_disk(RESERVE + 8 * PAGE)  # the reserve, config.yaml, summary.json, 6 pages of steps
     config = experiment(disk / "runs", steps=5000, checkpoint_every=0, log_every=10)
     config["model"]["widths"] = [2, 4, 1]

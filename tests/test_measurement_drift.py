@@ -21,13 +21,13 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 300
-# Steps of some 15 ms, longer than the scheduler's time slice (about 3 ms): a step of the loaded
-# run then spans the hogs' slices too, so each one slows by the core's share. A 2 ms step fits
-# inside one slice, and the median of such steps read 1.17x under a load of 3x on CI.
+# Steps several times longer than the scheduler's time slice: a step of the loaded run then spans
+# the hogs' slices too, so each one slows by the core's share. A step shorter than a slice can fit
+# inside one, and the median of such steps barely reads the load.
 MICRO_BATCH = 2048
 HOGS = 2  # busy processes on the training's core: it gets about a third of it
 # The run and the hogs share one core, so the load is the same whatever CI's machine has: unpinned
-# hogs on a machine with spare cores slowed nothing (CI once measured the loaded steps faster).
+# hogs on a machine with spare cores may slow nothing.
 CORE = max(os.sched_getaffinity(0))
 
 

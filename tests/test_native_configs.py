@@ -318,7 +318,7 @@ def test_nvme_offload_without_a_path_or_the_async_io_op_is_refused_before_launch
     pytest.importorskip("deepspeed")
     from strategies.backends.deepspeed import accelerator_env
 
-    # whether this machine has the op, asked of DeepSpeed itself meanwhile (an import of its own: ~2 s)
+    # whether this machine has the op, asked of DeepSpeed itself meanwhile (importing it is slow)
     probe = subprocess.Popen(
         [
             sys.executable,

@@ -58,7 +58,7 @@ def test_each_deprecation_kind_is_shown_once_on_one_line_by_the_reporting_rank(r
     assert sum("UserWarning: the suite's own warning" in line for line in lines) == 3  # untouched
 
 
-@pytest.mark.slow  # a 2-rank DeepSpeed run: ~40 s on 2 cores
+@pytest.mark.slow  # a 2-rank DeepSpeed run
 def test_a_zero2_run_builds_nothing_and_shows_each_library_deprecation_once_and_the_suites_own_warning(tmp_path):
     native = json.loads((ROOT / "configs/deepspeed/zero2.json").read_text())
     native["activation_checkpointing"] = {"partition_activations": False}  # a key the suite does not check

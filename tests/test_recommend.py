@@ -1,7 +1,7 @@
 """kanscale recommend: the memory each strategy needs per rank, the layout and micro-batch that
 fit, the ranking and its command, refusals before anything is measured; in the slow tier (each
-probe a launch of its own, 5-8 s here) whole recommendations from their probes, and the picks
-trained here against their prediction."""
+probe a launch of its own) whole recommendations from their probes, and the picks trained here
+against their prediction."""
 
 import json
 import math
@@ -124,7 +124,7 @@ def test_bad_input_is_refused_before_anything_is_measured(tmp_path, args, says):
     assert not (tmp_path / "rec" / "probe").exists()  # nothing trained
 
 
-@pytest.mark.slow  # four probe runs, each a launch of its own (27-30 s here)
+@pytest.mark.slow  # four probe runs, each a launch of its own
 def test_a_cluster_recommendation_ranks_fits_and_names_its_command(tmp_path):
     """The probes train here (three presets, one rank each), the cluster file gives links, memory
     and rate; the JSON holds the pick, the ranking, exact model state and the command."""
@@ -236,7 +236,7 @@ def test_validate_trains_the_picks_and_sets_the_prediction_beside_the_measuremen
     assert "Predicted by kanscale recommend, and measured" in page and "zero2" in page
 
 
-@pytest.mark.slow  # three probe runs (17-21 s here)
+@pytest.mark.slow  # three probe runs
 def test_a_users_own_model_on_a_file_task_is_recommended_the_same_way(tmp_path):
     """examples/my_kan.py (no zoo family: its FSDP units are its own children) on a CSV of the
     user's, for the cluster file: ranked with exact model state, like the zoo."""

@@ -174,7 +174,7 @@ def test_a_v5_record_of_a_negative_reading_is_read_with_its_raw_figure(finished_
     this machine's run read, its v5 form with a negative reading is a valid v5 record that reads."""
     record, _ = finished_run
     # a reading a fifth of the step below zero: v5's comm_overhead (reading / step) lies in [-1, 1]
-    # only for readings smaller than the step, and this machine's quickstart step can be under 2 ms
+    # only for readings smaller than the step, and a quickstart step can be short
     below = record.timings.step_mean_s / 5
     replica = record.comm.replica.model_copy(update={"median_s": -below, "low_s": -1.5 * below, "high_s": -0.5 * below})
     negative = record.model_copy(

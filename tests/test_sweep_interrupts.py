@@ -62,7 +62,7 @@ def sweep_log(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "sweep.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow  # ~10-18 s: two runs of a one-process point
+@pytest.mark.slow  # two runs of a one-process point
 def test_a_point_that_died_before_its_first_checkpoint_is_rerun_and_counted_once(tmp_path, capsys):
     out = tmp_path / "runs"
     # The process ends at step 3 with no cleanup, as a kill or the OOM killer ends it; no checkpoint yet.
@@ -197,7 +197,7 @@ def stop_sweep_during_a_point(
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr), started
 
 
-@pytest.mark.slow  # ~20-25 s: a 2-rank point, stopped, then resumed
+@pytest.mark.slow  # a 2-rank point, stopped, then resumed
 def test_a_sigterm_to_the_sweep_logs_the_point_stopped_leaves_no_process_and_resume_finishes(tmp_path, leftovers):
     out = tmp_path / "runs"
     # The ranks wait at step 4, after the checkpoint of step 2, for the signal.
@@ -235,7 +235,7 @@ def test_a_sigterm_to_the_sweep_logs_the_point_stopped_leaves_no_process_and_res
     assert len(read_steps(resumed)) == 6 and [e["status"] for e in sweep_log(out)] == ["stopped", "ok"]
 
 
-@pytest.mark.slow  # ~25-30 s: the launcher's 10 s grace runs out
+@pytest.mark.slow  # the launcher's 10 s grace runs out
 def test_ranks_that_ignore_sigterm_are_not_left_running_when_the_sweep_is_stopped(tmp_path, leftovers):
     """torchrun gives its ranks 30 s to end and the sweep gives torchrun 10 s: ranks deaf to SIGTERM
     outlive a killed torchrun, in sessions of their own. The sweep ends them all the same."""
@@ -261,7 +261,7 @@ def test_ranks_that_ignore_sigterm_are_not_left_running_when_the_sweep_is_stoppe
     assert (entry["status"], entry["signal"]) == ("stopped", "SIGTERM")
 
 
-@pytest.mark.slow  # ~10-20 s: two one-process points, each stopped
+@pytest.mark.slow  # two one-process points, each stopped
 def test_a_point_whose_own_process_is_stopped_is_logged_stopped_and_the_sweep_goes_on(tmp_path):
     out = tmp_path / "runs"
     study = write_study(
