@@ -1,4 +1,4 @@
-"""The compute baseline never holds more than a sharding strategy's own share (issue 28, class 11).
+"""The compute baseline never holds more than a sharding strategy's own share.
 
 A memory cap on the launch (a cgroup holding torchrun and its ranks) leaves room for fsdp2's and
 ZeRO-3's sharded state and their training, but not for a whole replica of the model and its

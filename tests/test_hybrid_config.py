@@ -1,6 +1,6 @@
 """Hybrid sharding before anything starts: the presets' meshes at a launch's nodes and ranks, the
 refusals that name the option and its fix (followed here), and the projection's intra- and
-inter-node groups (issue 31). The 4-rank runs are tests/test_hybrid_sharding.py."""
+inter-node groups. The 4-rank runs are tests/test_hybrid_sharding.py."""
 
 import re
 from pathlib import Path

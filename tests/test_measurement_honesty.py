@@ -1,6 +1,6 @@
-"""Measurement honesty (issue 28, classes 10 and 11): no negative time reported as a measurement,
-a one-process figure named for what it is, outside load detected and caveated, and a compute
-baseline that can be switched off or kept to a sharding strategy's share."""
+"""Measurement honesty: no negative time reported as a measurement, a one-process figure named
+for what it is, outside load detected and caveated, and a compute baseline that can be switched
+off or kept to a sharding strategy's share."""
 
 import re
 import subprocess
@@ -33,7 +33,7 @@ def windows(replica_ms, blocked_ms, step_ms=10.0):
 
 
 def test_a_negative_check_is_never_the_runs_measurement():
-    """The issue's case: a one-process run on a loaded machine read a negative blocked time."""
+    """A one-process run on a loaded machine can read a negative blocked time."""
     comm = exposure(windows([1.0, 1.2, 0.9], [-4.26, -4.0, -4.5]), 0.01, check_valid=True, communicates=False)
     assert comm.check is None and comm.trusted == "replica"
     assert "-4.26 ms" in comm.note and "not a measurement" in comm.note

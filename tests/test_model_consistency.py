@@ -1,5 +1,5 @@
 """A model built differently on some rank is refused by name, and a compiled model that is not
-one graph says so in its record (new cases of issue 28's kind, tried by hand first)."""
+one graph says so in its record."""
 
 import subprocess
 import sys

@@ -1,5 +1,5 @@
-"""Switching a model's family or a task from the command line (issue 29, point 2): the file's keys
-of the old family or task are left out with a note; a misspelling is still refused."""
+"""Switching a model's family or a task from the command line: the file's keys of the old family
+or task are left out with a note; a misspelling is still refused."""
 
 import re
 import shlex

@@ -42,7 +42,7 @@ def test_methods_that_agree_within_noise_say_so():
 
 
 def test_a_replica_figure_below_the_check_is_not_trusted():
-    """The issue's case: a stale baseline makes the difference negative; it is recorded raw."""
+    """A stale baseline makes the difference negative; it is recorded raw."""
     comm = exposure(windows([-1.0, -0.5, -0.8], [5.0, 5.2, 4.9]), 0.01, check_valid=True)
     assert not comm.agree and comm.trusted == "check" and comm.replica.median_s < 0
     assert "trust the check" in comm.note and comm.difference_s == pytest.approx(-5.7e-3)  # median of -6.0, -5.7, -5.7

@@ -181,7 +181,7 @@ def test_a_hung_rank_under_deepspeed_is_recorded_as_hung(slurm_cluster, tmp_path
 
 
 def test_hsdp_across_two_nodes_shards_inside_each_node(slurm_cluster, tmp_path):
-    """``hsdp`` on 2 SLURM nodes of 2 ranks (issue 31): 2 replicas x 2 shards, each shard group the
+    """``hsdp`` on 2 SLURM nodes of 2 ranks: 2 replicas x 2 shards, each shard group the
     ranks of one node (0-1 on one, 2-3 on the other, as SLURM placed them), and the counted step's
     gathers and reduce-scatters stayed inside the nodes while only the replicas' all-reduce crossed."""
     out = tmp_path / "runs"
