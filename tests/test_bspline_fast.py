@@ -20,41 +20,12 @@ from kan_models.bspline_fast import (
 )
 from kan_models.bspline_reference import BSplineKANLayer
 from kan_models.compile import compile_model
-
-LOW, HIGH = -1.0, 2.0
-
-
-def reference_layer(grid: int, k: int, dtype: torch.dtype) -> BSplineKANLayer:
-    torch.manual_seed(grid * 10 + k)
-    layer = BSplineKANLayer(3, 4, grid, k, (LOW, HIGH)).to(dtype)
-    with torch.no_grad():  # random parameters of order 1 on every path, and knots exact in dtype
-        for p in layer.parameters():
-            p.copy_(torch.randn_like(p))
-        layer.knots.copy_(uniform_knots(grid, k, LOW, HIGH, 3))
-    return layer
-
-
-def probe_points(layer: BSplineKANLayer, dtype: torch.dtype) -> torch.Tensor:
-    """Inside the grid, on every knot (both ends of the extended span included), just beside
-    the span's ends, and far outside; one column per input feature."""
-    knots = layer.knots[0]
-    tiny = 1e-3 * float(knots[1] - knots[0])
-    inside = torch.linspace(LOW, HIGH, 41, dtype=dtype)[1:-1] + 0.0123
-    edges = torch.tensor([knots[0] - tiny, knots[-1] - tiny, knots[-1] + tiny, -100.0, 100.0], dtype=dtype)
-    points = torch.cat([inside, knots.to(dtype), edges])
-    return torch.stack([points, points.flip(0), points.roll(7)], dim=1)
-
-
-def outputs_and_grads(forward, layer: BSplineKANLayer, x: torch.Tensor) -> list[torch.Tensor]:
-    x = x.clone().requires_grad_()
-    y = forward(x)
-    cotangent = torch.cos(torch.arange(y.numel(), dtype=y.dtype)).view_as(y)
-    return [y, *torch.autograd.grad(y, [x, layer.coef, layer.scale_base, layer.scale_spline], cotangent)]
+from tests.helpers.bspline_layers import GRADIENTS, HIGH, LOW, outputs_and_grads, probe_points, reference_layer
 
 
 def assert_agree(got: list[torch.Tensor], want: list[torch.Tensor], dtype: torch.dtype) -> None:
     """float64: 1e-10 absolute; float32: 1e-5 relative to the largest reference value."""
-    for name, g, w in zip(["output", "d/dx", "d/dcoef", "d/dscale_base", "d/dscale_spline"], got, want, strict=True):
+    for name, g, w in zip(GRADIENTS, got, want, strict=True):
         tol = 1e-10 if dtype == torch.float64 else 1e-5 * float(w.detach().abs().max())
         err = float((g - w).abs().max().detach())
         assert err <= tol, f"{name}: max error {err:.2e} > {tol:.2e}"

@@ -16,25 +16,19 @@ from kan_models.bspline_bases import uniform_knots
 from kan_models.bspline_fast import FastBSplineKANLayer
 from kan_models.bspline_reference import BSplineKANLayer
 from kan_models.fused import FusedBSplineKANLayer, fused_layer, spline_term
+from tests.helpers.bspline_layers import (
+    HIGH,
+    LOW,
+    fused_like,
+    outputs_and_grads,
+    probe_points,
+    reference_layer,
+    relative_errors,
+)
 from tests.helpers.launch import run_here, run_jobs
-from tests.test_bspline_fast import HIGH, LOW, outputs_and_grads, probe_points, reference_layer
 
 GRIDS = [3, 10, 50, 200]
 ORDERS = [1, 2, 3, 4, 5]
-
-
-def fused_like(ref: BSplineKANLayer) -> FusedBSplineKANLayer:
-    fused = FusedBSplineKANLayer(ref.in_features, ref.out_features, ref.grid, ref.k, (LOW, HIGH)).to(ref.coef.dtype)
-    fused.load_state_dict(ref.state_dict())
-    return fused
-
-
-def relative_errors(got: list[torch.Tensor], want: list[torch.Tensor]) -> dict[str, float]:
-    names = ["output", "d/dx", "d/dcoef", "d/dscale_base", "d/dscale_spline"]
-    return {
-        n: float((g.detach().double() - w.detach().double()).abs().max() / w.detach().double().abs().max())
-        for n, g, w in zip(names, got, want, strict=True)
-    }
 
 
 @pytest.mark.parametrize("grid", GRIDS)

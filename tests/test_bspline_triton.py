@@ -43,8 +43,15 @@ def _child() -> dict:
     from kan_models.bspline_bases import uniform_knots
     from kan_models.bspline_reference import BSplineKANLayer
     from kan_models.fused import _rows, triton_kernels
-    from tests.test_bspline_fast import HIGH, LOW, outputs_and_grads, probe_points, reference_layer
-    from tests.test_bspline_fused import fused_like, relative_errors
+    from tests.helpers.bspline_layers import (
+        HIGH,
+        LOW,
+        fused_like,
+        outputs_and_grads,
+        probe_points,
+        reference_layer,
+        relative_errors,
+    )
 
     assert os.environ.get("TRITON_INTERPRET") == "1"
     fused.kernels = lambda device: triton_kernels  # CPU tensors too: the interpreter runs them
@@ -202,14 +209,7 @@ def test_cuda_fused_layer_matches_the_fast_layer(k):
     parameters within 2% of float32; grids 3-50, tiles cut in both dimensions, inputs on every knot
     and outside the grid."""
     from kan_models.bspline_fast import FastBSplineKANLayer
-    from tests.test_bspline_fast import probe_points, reference_layer
-    from tests.test_bspline_fused import relative_errors
-
-    def outputs_and_grads(layer, x):  # as tests/test_bspline_fast.py's, with the cotangent on the GPU
-        x = x.clone().requires_grad_()
-        y = layer(x)
-        cotangent = torch.cos(torch.arange(y.numel(), dtype=y.dtype, device=y.device)).view_as(y)
-        return [y, *torch.autograd.grad(y, [x, layer.coef, layer.scale_base, layer.scale_spline], cotangent)]
+    from tests.helpers.bspline_layers import outputs_and_grads, probe_points, reference_layer, relative_errors
 
     for grid in GRIDS:
         for dtype, bound in ((torch.float64, 1e-10), (torch.float32, 1e-4)):
@@ -222,7 +222,7 @@ def test_cuda_fused_layer_matches_the_fast_layer(k):
             fused = fused.cuda()
             x = probe_points(ref, dtype).cuda()
             x = torch.cat([x, torch.rand(300, 3, dtype=dtype, device="cuda") * 5 - 2])
-            errors = relative_errors(outputs_and_grads(fused, x), outputs_and_grads(fast, x))
+            errors = relative_errors(outputs_and_grads(fused, fused, x), outputs_and_grads(fast, fast, x))
             assert max(errors.values()) <= bound, (grid, dtype, errors)
     torch.manual_seed(k)
     wide = FusedBSplineKANLayer(9, 130, 10, k, (-1.0, 1.0)).cuda()
