@@ -22,6 +22,7 @@ accuracy and log-loss).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -178,7 +179,15 @@ class TaskConfig(NumbersNotBooleans):
     def output_dim(self) -> int:
         raise NotImplementedError
 
-    # n_train and n_test: fields of a synthetic task, properties of one whose data is given.
+    if TYPE_CHECKING:
+        # Fields of a synthetic task, properties of one whose data is given: declared here for the
+        # type checker only, since a pydantic base that declared them would make them fields of
+        # every task.
+        @property
+        def n_train(self) -> int: ...
+
+        @property
+        def n_test(self) -> int: ...
 
     def generate(self, seed: int) -> TaskData:
         raise NotImplementedError
