@@ -5,6 +5,8 @@ a learned combination of B-spline bases of x on a fixed grid. Written for kansca
     model: {family: custom, widths: [64, 10], factory: "examples/my_kan.py:build", options: {hidden: [32]}}
 """
 
+from itertools import pairwise
+
 import torch
 from torch import nn
 
@@ -38,7 +40,7 @@ class SplineLinear(nn.Module):
 class MyKAN(nn.Module):
     def __init__(self, widths: list[int], grid: int, order: int) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(SplineLinear(a, b, grid, order) for a, b in zip(widths, widths[1:]))
+        self.layers = nn.ModuleList(SplineLinear(a, b, grid, order) for a, b in pairwise(widths))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
