@@ -1,3 +1,4 @@
+import logging
 import os
 import tempfile
 
@@ -18,3 +19,22 @@ def in_tmp_cwd(tmp_path, monkeypatch):
     """Run a test inside an empty working directory (to catch stray files)."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def fresh_command_state():
+    """Each test starts as a fresh ``kanscale`` process does: tests call the CLI's ``main`` in this
+    process, and a ``-q`` there (the log level it exports for ranks) or a warning it showed (the
+    kinds recorded as shown, so ranks do not repeat them) would otherwise reach the next test and
+    the processes it starts."""
+    from kanscale import log, warnings_once
+
+    saved = {name: os.environ.get(name) for name in (log.LEVEL_VARIABLE, warnings_once.SHOWN_VARIABLE)}
+    level = logging.getLogger(log.ROOT).level
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    logging.getLogger(log.ROOT).setLevel(level)
