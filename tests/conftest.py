@@ -1,6 +1,9 @@
 import logging
 import os
+import subprocess
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,3 +41,16 @@ def fresh_command_state():
         else:
             os.environ[name] = value
     logging.getLogger(log.ROOT).setLevel(level)
+
+
+@pytest.fixture(scope="session")
+def project_wheel(tmp_path_factory) -> tuple[Path, str]:
+    """The checkout built into a wheel once a session, and what the build printed: the packaging
+    tests read both, the plain-install test installs it."""
+    work = tmp_path_factory.mktemp("wheel")
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(work), str(root)]
+    build = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = work.glob("kanscale-*.whl")
+    return wheel, build.stdout + build.stderr

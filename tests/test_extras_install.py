@@ -36,23 +36,17 @@ def step(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subp
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+def plain(tmp_path_factory, project_wheel) -> tuple[Path, dict[str, str]]:
     """A fresh virtual environment with torch, then kanscale's wheel without extras; and the
     environment its commands run in (nothing of this checkout on the path)."""
     work = tmp_path_factory.mktemp("plain")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["OMP_NUM_THREADS"] = "1"
-    step(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(work), str(ROOT)],
-        work,
-        env,
-        300,
-    )
-    (wheel,) = work.glob("kanscale-*.whl")
+    wheel, _ = project_wheel
     step([sys.executable, "-m", "venv", str(work / "venv")], work, env, 120)
     python = str(work / "venv/bin/python")
-    step([python, "-m", "pip", "install", "-q", torch_spec()], work, env, 900)
-    step([python, "-m", "pip", "install", "-q", str(wheel)], work, env, 1200)
+    # one resolution: torch pinned to the build make install chose, the wheel's dependencies beside it
+    step([python, "-m", "pip", "install", "-q", torch_spec(), str(wheel)], work, env, 1200)
     env["PATH"] = f"{work / 'venv/bin'}{os.pathsep}{env.get('PATH', '')}"
     return work / "venv", env
 

@@ -28,28 +28,9 @@ IN_WHEEL = {
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> tuple[Path, str]:
-    """The project built into a wheel, and what the build printed."""
-    work = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(work / "dist"),
-            str(ROOT),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert build.returncode == 0, build.stderr[-3000:]
-    (wheel,) = (work / "dist").glob("kanscale-*.whl")
-    return wheel, build.stdout + build.stderr
+def built(project_wheel) -> tuple[Path, str]:
+    """The project built into a wheel (once a session: tests/conftest.py), and what the build printed."""
+    return project_wheel
 
 
 def test_the_wheel_builds_without_a_setuptools_warning(built):
