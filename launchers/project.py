@@ -122,7 +122,9 @@ def run_projection(request: ProjectionRequest) -> int:
         raise ConfigError(f"{', '.join(f for f, v in numbers.items() if v is not None and v <= 0)}: must be positive")
     net = network(request)
     found, model = profiles(request)
-    shape, per_node = model_shape(model), request.ranks_per_node or net.ranks_per_node
+    # the model state follows the precision the profile was measured in (StrategyModel.casts_module)
+    shape = dataclasses.replace(model_shape(model), precision=found["*"].precision)
+    per_node = request.ranks_per_node or net.ranks_per_node
     strategies = cost_models(names, model)
     cut = [s.label for s in strategies if s.tp != 1]
     if cut and not shape.widths:

@@ -30,6 +30,7 @@ class ComputeProfile:
     overhead_s: float = 0.0  # the rest of a 1-rank step: the strategy's own bookkeeping
     forward_fraction: float = 1 / 3  # forward's share of compute_s
     forward_source: str = "assumed"  # measured | given | assumed
+    precision: str = "fp32"  # training.precision of the measured step (the model state follows it)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class ModelShape:
     params: int  # every parameter element, frozen ones included (pykan's grids and masks)
     dtype_bytes: int = 4
     widths: tuple[int, ...] = ()  # the layer widths, input to output (what tensor parallelism exchanges)
+    # training.precision it is trained in (fp32 | bf16 | fp16): what a backend that casts the
+    # module (StrategyModel.casts_module) holds its parameters and gradients in
+    precision: str = "fp32"
 
     @property
     def trainable(self) -> int:
@@ -63,6 +67,7 @@ def profile_from_record(record: RunRecord, run_dir: str) -> ComputeProfile:
         compute_s=t.compute_s,
         data_s=t.data_s,
         overhead_s=max(0.0, t.step_mean_s - t.data_s - t.compute_s),
+        precision=record.precision.setting,
     )
 
 
@@ -82,7 +87,7 @@ def median_profile(profiles: Sequence[ComputeProfile], source: str) -> ComputePr
     )
 
 
-EXPERIMENT = ["study", "model_label", "task_label", "batch.micro_batch", "batch.grad_accum"]
+EXPERIMENT = ["study", "model_label", "task_label", "batch.micro_batch", "batch.grad_accum", "precision.setting"]
 
 
 def profiles_from_runs(directory: str | Path) -> tuple[dict[str, ComputeProfile], dict[str, Any]]:

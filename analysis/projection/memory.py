@@ -54,8 +54,9 @@ def gathered_bytes(m: StrategyModel, shape: ModelShape, ranks: int, ranks_per_no
     parameter (gathered before forward, kept through backward) and the whole gradient it
     reduce-scatters; FSDP two layers' parameters (the one computing and the next, prefetched) and
     one layer's whole gradient; ZeRO-1/2 the whole gradient they all-reduce before keeping their
-    shard. One rank gathers nothing; hybrid sharding gathers from its shard group only."""
-    b = shape.dtype_bytes
+    shard. One rank gathers nothing; hybrid sharding gathers from its shard group only. Bytes as
+    the rank holds them (:meth:`StrategyModel.held_bytes`)."""
+    b = m.held_bytes(shape)
     tp = m.tp_ranks(ranks)
     group = m.shard_ranks(ranks // tp, ranks_per_node)
     if group == 1:

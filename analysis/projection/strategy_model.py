@@ -12,6 +12,7 @@ from analysis.projection.collectives import MiB
 from analysis.projection.inputs import ModelShape
 
 ADAM_BYTES_PER_PARAM = 8  # two fp32 moments
+LOW_BYTES = {"bf16": 2, "fp16": 2}  # training.precision's 16-bit dtypes
 DDP_FIRST_BUCKET = 1 * MiB  # torch's dist._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET = 25 * MiB  # DDP's default bucket_cap_mb (configs/strategies/ddp.yaml)
 
@@ -30,6 +31,10 @@ class StrategyModel:
     master: bool = False  # ZeRO's fp32 master partition
     norm: bool = False  # DeepSpeed's all-reduce of the gradient norm, one float per step
     offload: bool = False  # optimizer state and step on the host
+    # under bf16/fp16 the module itself is cast (DeepSpeed): parameters and gradients 16-bit, an fp32
+    # master copy keeps the weights (stage 0 too, whole); False: autocast and FSDP's mixed precision
+    # keep both fp32 and cast only what they compute with
+    casts_module: bool = False
     tp: int = 1  # ranks each layer is cut over (tensor parallelism); 0: every rank
     bucket_bytes: float = DDP_BUCKET  # ddp_buckets: DDP's bucket cap (bucket_cap_mb)
     # ranks one replica of the state is sharded over: world (every data-parallel rank), node (one
@@ -43,6 +48,11 @@ class StrategyModel:
         """Whether it runs over several ranks; one that neither combines gradients nor cuts layers
         (single) runs on one rank only."""
         return self.grads != "none" or self.tp != 1
+
+    def held_bytes(self, shape: ModelShape) -> int:
+        """Bytes per element of the parameters and gradients it holds when training in
+        ``shape.precision``."""
+        return LOW_BYTES.get(shape.precision, shape.dtype_bytes) if self.casts_module else shape.dtype_bytes
 
     def tp_ranks(self, ranks: int) -> int:
         return ranks if self.tp == 0 else min(self.tp, ranks)
@@ -96,24 +106,26 @@ def tp_exchanges(shape: ModelShape, samples: float) -> list[tuple[Exchange | Non
 
 
 def model_state(m: StrategyModel, shape: ModelShape, ranks: int, ranks_per_node: int | None = None) -> dict[str, float]:
-    """Bytes per rank as the suite's records count them (docs/metrics.md): fp32 parameters,
-    gradients, Adam's two moments, ZeRO's fp32 master partition; padding ignored. Tensor
-    parallelism cuts every tensor by its degree (as if it divided every width), and the sharding
-    strategies shard over the data-parallel ranks that remain (hybrid sharding: over its shard
-    group, ``ranks_per_node`` ranks by default)."""
-    b = shape.dtype_bytes
+    """Bytes per rank as the suite's records count them (docs/metrics.md): parameters and
+    gradients in what the backend holds them in under ``shape.precision`` (:meth:`StrategyModel.held_bytes`;
+    an offloaded gradient partition fp32 on the host), Adam's two fp32 moments, the fp32 master copy
+    (ZeRO's partition; a module cast to 16 bits keeps one at stage 0 too, whole); padding and Adam's
+    step counters ignored. Tensor parallelism cuts every tensor by its degree (as if it divided every
+    width), and the sharding strategies shard over the data-parallel ranks that remain (hybrid
+    sharding: over its shard group, ``ranks_per_node`` ranks by default)."""
+    b, held = shape.dtype_bytes, m.held_bytes(shape)
     tp = m.tp_ranks(ranks)
     ranks = m.shard_ranks(ranks // tp, ranks_per_node)
-    trainable, frozen = shape.trainable * b / tp, (shape.params - shape.trainable) * b / tp
+    trainable, frozen = shape.trainable / tp, (shape.params - shape.trainable) / tp
     params = {"none": trainable + frozen, "trainable": trainable / ranks + frozen, "all": (trainable + frozen) / ranks}[
         m.sharded_params
     ]
-    state_share = 1 / ranks if m.sharded_state else 1.0
+    state = trainable / ranks if m.sharded_state else trainable
     return {
-        "params": params,
-        "grads": trainable * state_share,
-        "optimizer": ADAM_BYTES_PER_PARAM * shape.trainable / tp * state_share,
-        "master_params": trainable / ranks if m.master else 0.0,
+        "params": params * held,
+        "grads": state * (b if m.offload else held),
+        "optimizer": ADAM_BYTES_PER_PARAM * state,
+        "master_params": state * b if m.master or held != b else 0.0,
     }
 
 

@@ -279,7 +279,7 @@ class DeepSpeedConfig(StrategyConfig):
             return None
         label, offload = self.label(), self.offload_optimizer
         if self.zero_stage == 0:
-            return StrategyModel(label, grads="all_reduce")
+            return StrategyModel(label, grads="all_reduce", casts_module=True)
         if self.zero_stage < 3:
             return StrategyModel(
                 label,
@@ -289,6 +289,7 @@ class DeepSpeedConfig(StrategyConfig):
                 master=True,
                 norm=True,
                 offload=offload,
+                casts_module=True,
             )
         return StrategyModel(
             label,
@@ -299,6 +300,7 @@ class DeepSpeedConfig(StrategyConfig):
             master=True,
             norm=True,
             offload=offload,
+            casts_module=True,
         )
 
     def backend_config_preview(self, training: TrainingConfig, world_size: int) -> tuple[str, dict[str, Any]]:
