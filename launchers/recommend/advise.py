@@ -211,7 +211,8 @@ def recommend(r: RecommendRequest) -> Recommendation:
     check_request(r)
     cfg = load_experiment(r.config, r.overrides)
     cluster = read_cluster(r.cluster, r.memory_per_device) if r.cluster else None
-    shape = model_shape(cfg.model.model_dump())
+    # the precision decides what a backend that casts the module holds (StrategyModel.casts_module)
+    shape = replace(model_shape(cfg.model.model_dump()), precision=cfg.training.precision)
     per_node = r.nproc_per_node or (cluster.ranks_per_node if cluster else 2)
     ranks = (r.nnodes or 1) * per_node
     models, excluded = candidate_strategies(r, cfg, ranks, per_node, shape)
@@ -281,7 +282,8 @@ def largest_widths(
 
     def fits(factor: float) -> bool:
         try:
-            shape = model_shape(cfg.model.model_copy(update={"widths": scaled(factor)}).model_dump())
+            grown_model = cfg.model.model_copy(update={"widths": scaled(factor)}).model_dump()
+            shape = replace(model_shape(grown_model), precision=cfg.training.precision)
         except Exception:
             return False
         grown = StepMemory(beside.source, beside.fixed, beside.per_sample * sum(scaled(factor)) / sum(widths))
