@@ -29,7 +29,8 @@ from launchers.recommend.probe import (
     probe_study,
     read_probe,
 )
-from launchers.recommend.target import cluster_target, memory_here, read_cluster, this_machine
+from launchers.recommend.step_ops import count_step_ops
+from launchers.recommend.target import cluster_target, device_profile, memory_here, read_cluster, this_machine
 from launchers.zoo import meta_sketch, model_shape
 from strategies.experiment import ExperimentConfig, experiment_path, load_experiment, load_strategy
 
@@ -223,8 +224,14 @@ def recommend(r: RecommendRequest) -> Recommendation:
         r, cfg, probe_names(models, cfg), probe_micro_batch(shape.trainable, max(1, global_batch // ranks))
     )
     reference = probe.compute["*"]  # the one-process reference's
+    compute = probe.compute
     if cluster:
-        target = cluster_target(cluster, r.nnodes, per_node, 6 * shape.trainable, reference)
+        # a GPU's step is its kernels: counted here at the target's per-rank micro-batch, each at its cost there
+        precision = cfg.training.precision
+        step = count_step_ops(cfg.model, cfg.training, max(1, global_batch // ranks)) if cluster.host_us else None
+        target = cluster_target(cluster, r.nnodes, per_node, 6 * shape.trainable, reference, step, precision)
+        if step is not None:
+            compute = {label: device_profile(cluster, step, p, precision) for label, p in probe.compute.items()}
     else:
         target = this_machine(per_node, r.memory_per_device, r.network, Path(r.out), r.contention)
     spread = compute_spread(probe.runs)
@@ -238,11 +245,11 @@ def recommend(r: RecommendRequest) -> Recommendation:
 
     laid_out = []
     for m in models.values():
-        c = lay_out(m, shape, probe.compute[stand_in(m, probe, models)], beside(m), target, global_batch, spread)
+        c = lay_out(m, shape, compute[stand_in(m, probe, models)], beside(m), target, global_batch, spread)
         laid_out.append(replace(c, largest_widths=largest_widths(m, cfg, c, target, beside(m))))
     candidates = ranked(laid_out)
     notes = pj.assumptions(
-        shape, probe.compute, target.network, target.compute_scale, target.contention, False, memory="memory below"
+        shape, compute, target.network, target.compute_scale, target.contention, False, memory="memory below"
     )
     recommendation = Recommendation(
         target, cfg, shape, global_batch, candidates, excluded, probe, notes + assumption_lines(target, spread), None
