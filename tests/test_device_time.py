@@ -13,7 +13,7 @@ import yaml
 from analysis.projection.device_time import Device, Op, device_time
 from kan_models import parse_model_config
 from kanscale.errors import ConfigError
-from launchers.recommend.step_ops import count_step_ops
+from launchers.recommend.step_ops import _count, count_step_ops
 from launchers.recommend.target import read_cluster
 from strategies.experiment import load_experiment
 from tests.helpers.launch import ROOT, child_env
@@ -35,6 +35,15 @@ def test_pykans_step_is_far_more_kernels_than_the_fast_bspline_layers_and_counts
     assert {o.phase for o in fast.ops} == {"forward", "backward", "optimizer"}
     assert fast.flops > 0 and fast.bytes > 0
     assert not any(o.name in ("aten.view", "aten.t", "aten.detach", "aten.expand") for o in fast.ops)
+
+
+def test_fake_tensors_count_what_real_ones_do():
+    cfg = load_experiment(str(PAPER), [])
+    model = parse_model_config({"family": "chebyshev", "widths": [8, 64, 1], "degree": 4})
+    fake, real = count_step_ops(model, cfg.training, 256), _count(model, cfg.training, 256, seed=0)
+    assert fake.ops == real.ops and fake.kernels > 0
+    large = parse_model_config({"family": "bspline", "widths": [64, 4096, 4096, 1], "grid": 10})
+    assert count_step_ops(large, cfg.training, 512).flops > 1e11  # ~220M parameters, no storage
 
 
 def test_each_bound_wins_where_it_should():

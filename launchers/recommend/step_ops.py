@@ -35,6 +35,7 @@ NO_KERNEL = {
     aten.set_.source_Storage_storage_offset,
     aten.resize_.default,
     aten._has_compatible_shallow_copy_type.default,
+    torch.ops.prim.device.default,
 }
 
 
@@ -68,8 +69,24 @@ class _Recorder(TorchDispatchMode):
 
 def count_step_ops(model: ModelConfig, training: TrainingConfig, micro_batch: int, seed: int = 0) -> StepOps:
     """The ops of one training step (forward, MSE loss, backward, the experiment's optimizer as a
-    GPU runs it: ``foreach``) at ``micro_batch`` samples, on real tensors (pykan fits its splines
-    while it builds, which fake tensors cannot)."""
+    GPU runs it: ``foreach``) at ``micro_batch`` samples: on fake tensors (shapes, no storage: a
+    model of any size in seconds) where the family can be built without computing, else on real
+    ones (pykan fits its splines while it builds), and on real ones where a step reads a tensor's
+    values (a data-dependent op, which fake tensors cannot run)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    from launchers.zoo import meta_sketch
+
+    if meta_sketch(model) is not None:
+        try:
+            with FakeTensorMode():
+                return _count(model, training, micro_batch, seed)
+        except DataDependentOutputException:
+            pass
+    return _count(model, training, micro_batch, seed)
+
+
+def _count(model: ModelConfig, training: TrainingConfig, micro_batch: int, seed: int) -> StepOps:
     from strategies.optim import build_optimizer
 
     with contextlib.redirect_stdout(io.StringIO()):  # pykan prints its checkpoints
