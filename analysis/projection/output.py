@@ -29,7 +29,7 @@ def assumptions(
     any_profile = next(iter(profiles.values()))
     forward = f"{any_profile.forward_source} {any_profile.forward_fraction:.2f}"
     return [
-        f"model: {shape.label}, {shape.trainable:,} trainable parameters, fp32, Adam; {memory}",
+        f"model: {shape.label}, {shape.trainable:,} trainable parameters, {shape.precision}, Adam; {memory}",
         "compute: "
         + "; ".join(sorted({p.source for p in profiles.values()}))
         + f"; linear in samples per rank; x{compute_scale:g}"
@@ -43,7 +43,11 @@ def assumptions(
             if net.overlap
             else "none: collectives and compute add up (CPU ranks)"
         ),
-        "1-rank bookkeeping (step - data - compute of a strategy's own 1-rank run) carried over unchanged",
+        (
+            "1-rank bookkeeping (step - data - compute of a strategy's own 1-rank run) carried over unchanged"
+            if any(p.overhead_s for p in profiles.values())
+            else "no 1-rank bookkeeping carried over"
+        ),
         "published probe: +1 forward and +1/2 all-reduce per gradient tensor per step when P > 1"
         if probe
         else "no probe",
