@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers.launch import ROOT, child_env
 
 THREADS_WARNING = "kanscale: warning: ThreadsBeyondCores: runtime.threads:"
@@ -44,6 +46,7 @@ def a_run(out: Path, *flags: str) -> subprocess.CompletedProcess:
     return done
 
 
+@pytest.mark.slow  # a launch as users start one: the slow tier's
 def test_quiet_reaches_the_ranks_and_each_warning_is_one_line_once(tmp_path):
     quiet = a_run(tmp_path / "quiet", "-q")
     assert "run " in quiet.stdout  # the summary is a result: on stdout, at any verbosity
@@ -53,6 +56,7 @@ def test_quiet_reaches_the_ranks_and_each_warning_is_one_line_once(tmp_path):
     assert "[kanscale] step" not in quiet.stderr  # the rank's progress, quiet as the launcher was told
 
 
+@pytest.mark.slow  # a launch as users start one: the slow tier's
 def test_verbose_shows_the_commands_a_launch_starts_beside_the_progress(tmp_path):
     verbose = a_run(tmp_path / "verbose", "-v")
     assert "starting 1 command(s):" in verbose.stderr and "launchers.cli train quickstart" in verbose.stderr
