@@ -76,17 +76,19 @@ def test_a_global_batch_that_does_not_fit_is_accumulated_and_a_model_that_fits_n
     profile = pj.ComputeProfile("test", samples=256, compute_s=0.01)
     beside = StepMemory("test", fixed=1e6, per_sample=10_000)
     ddp, zero3 = strategy("ddp"), strategy("zero3")
-    roomy = lay_out(ddp, shape, profile, beside, target(1e9), 1024, 0.0)
+    roomy = lay_out(ddp, shape, {"value": profile}, beside, target(1e9), 1024)
     assert roomy.fits and (roomy.micro_batch, roomy.grad_accum) == (512, 1)
     # room for 256 samples beside ddp's whole state: four micro-batches of 128 per step
     tight_memory = peak_memory(ddp, shape, 2, 200, beside, True).total
-    tight = lay_out(ddp, shape, profile, beside, target(tight_memory), 1024, 0.0)
+    tight = lay_out(ddp, shape, {"value": profile}, beside, target(tight_memory), 1024)
     assert (
         tight.fits and (tight.micro_batch, tight.grad_accum) == (128, 4) and "4 micro-batches" in ranked([tight])[0].why
     )
     # zero3 holds less, so it fits (in small micro-batches) where ddp does not before its first sample
     nothing_fits_ddp = peak_memory(ddp, shape, 2, 0, beside, True).total - 1
-    order = ranked([lay_out(m, shape, profile, beside, target(nothing_fits_ddp), 1024, 0.0) for m in (ddp, zero3)])
+    order = ranked(
+        [lay_out(m, shape, {"value": profile}, beside, target(nothing_fits_ddp), 1024) for m in (ddp, zero3)]
+    )
     assert [(c.strategy, c.fits) for c in order] == [("zero3", True), ("ddp", False)]
     assert order[1].why.startswith("does not fit")
 

@@ -14,7 +14,8 @@ model, its assumptions and how far it lands from measured runs. One module per s
 - ``output``: the assumptions, the table, the Markdown and the JSON document.
 
 ``from analysis import projection as pj`` gives every public name of the five; ``memory`` (a
-rank's peak by part) and ``advice`` (each strategy laid out on a target and ranked) build on them.
+rank's peak by part) and ``advice`` (each strategy laid out on a target and ranked) build on them,
+``uncertainty`` (a stated input's range, and the ends a prediction is made at) beneath them.
 """
 
 from analysis.projection.collectives import (

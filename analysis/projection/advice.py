@@ -5,22 +5,32 @@ with one line of why. Pure functions on numbers, as the rest of the projection."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from analysis.projection.collectives import Network
 from analysis.projection.inputs import ComputeProfile, ModelShape
 from analysis.projection.memory import PeakMemory, StepMemory, largest_micro_batch, peak_memory
 from analysis.projection.step_model import Projection, Scenario, nodes_for, project_step
 from analysis.projection.strategy_model import StrategyModel
+from analysis.projection.uncertainty import ENDS
 
 MAX_ACCUMULATION = 1024  # the most micro-batches per step tried before a strategy is called unfit
 
 
 @dataclass(frozen=True)
+class End:
+    """The target at one end of the inputs' ranges: its links and its compute per the profile's."""
+
+    network: Network
+    compute_scale: float = 1.0
+
+
+@dataclass(frozen=True)
 class Target:
     """Where the training would run: the layout, each rank's device memory, the links between the
-    ranks, and how its compute relates to the measured profile."""
+    ranks, and how its compute relates to the measured profile; and the same with every input at
+    its pessimistic (``slow``) and its optimistic (``fast``) end."""
 
     name: str
     nodes: int
@@ -30,12 +40,20 @@ class Target:
     compute_scale: float = 1.0  # the target's compute time per the profile's
     contention: float = 1.0  # compute slowed by this when ranks share the machine (CPU cores)
     offload_on_device: bool = True  # offloaded state counts against the memory (a CPU rank's host is its device)
-    comm_spread: float = 0.0  # relative uncertainty of the network's costs
+    slow: End | None = None  # None: as stated
+    fast: End | None = None
+    # of the compute, the share each bound accounts for (device_time's bounds on a GPU target)
+    compute_bounds: dict[str, float] = field(default_factory=lambda: {"compute": 1.0})
+    interval: str = "interval: none (every input taken as exact)"  # where the interval comes from, in words
     notes: tuple[str, ...] = ()
 
     @property
     def ranks(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    def at(self, end: str) -> End:
+        chosen = {"slow": self.slow, "fast": self.fast}.get(end)
+        return chosen or End(self.network, self.compute_scale)
 
 
 @dataclass(frozen=True)
@@ -51,12 +69,17 @@ class Candidate:
     capacity: float
     largest_micro_batch: int
     projection: Projection | None  # None where nothing fits
-    samples_per_s_low: float = 0.0
-    samples_per_s_high: float = 0.0
+    samples_per_s_low: float = 0.0  # every input at its pessimistic end
+    samples_per_s_high: float = 0.0  # every input at its optimistic end
     why: str = ""
     rank: int = 0
     replicas: int = 1  # data-parallel model replicas (ranks / TP degree)
     largest_widths: list[int] | None = None  # at fixed depth, the widest model that fits (estimated)
+    widths_beyond: bool = False  # the widths search stopped at its cap: wider ones fit too
+    micro_batch_beyond: bool = False  # nothing predicted grows with the micro-batch: no limit was found
+    bound: str = ""  # what the predicted step spends most of its time on (BOUNDS)
+    by_bound: dict[str, float] = field(default_factory=dict)  # the step's seconds per bound
+    tied: bool = False  # shares its rank: the intervals overlap
 
     @property
     def samples_per_s(self) -> float:
@@ -67,18 +90,46 @@ class Candidate:
         """Of the device's memory, the share left at the predicted peak (negative: over)."""
         return 1 - self.peak.total / self.capacity
 
+    @property
+    def bound_words(self) -> str:
+        """The step's bound and its share, e.g. ``launches/host (98% of 4.2 ms)``."""
+        if not self.bound or self.projection is None:
+            return "-"
+        step = self.projection.step_s
+        return f"{self.bound} ({self.by_bound[self.bound] / step:.0%} of {step * 1e3:.3g} ms)"
+
+
+BOUNDS = ("launches/host", "compute", "memory bandwidth", "communication")
+
+
+def measured_ends(profile: ComputeProfile, spread: float) -> dict[str, ComputeProfile]:
+    """A profile measured here at every end: its times +-``spread`` (the probes' spread)."""
+
+    def times(factor: float) -> ComputeProfile:
+        p = profile
+        return replace(
+            p,
+            compute_s=p.compute_s * factor,
+            optimizer_s=p.optimizer_s * factor,
+            data_s=p.data_s * factor,
+            overhead_s=p.overhead_s * factor,
+        )
+
+    return {"value": profile, "slow": times(1 + spread), "fast": times(max(1 - spread, 0.0))}
+
 
 def lay_out(
     m: StrategyModel,
     shape: ModelShape,
-    compute: ComputeProfile,
+    compute: Mapping[str, ComputeProfile],
     beside: StepMemory,
     target: Target,
     global_batch: int,
-    compute_spread: float,
 ) -> Candidate:
     """Strategy ``m`` on the target at ``global_batch`` samples per step: the fewest micro-batches
-    per step (each of global_batch / (replicas x accumulation) samples) whose peak fits."""
+    per step (each of global_batch / (replicas x accumulation) samples) whose peak fits; its rate
+    with every input at its stated value (``compute["value"]``, the target's network) and at each
+    end (``compute["slow"]`` and ``["fast"]`` where given, the target's ``slow`` and ``fast``)."""
     P = target.ranks
     tp = m.tp_ranks(P)
     replicas = P // tp
@@ -98,38 +149,72 @@ def lay_out(
     micro = per_replica // accum if per_replica and per_replica % accum == 0 else 0
     fits = 0 < micro <= largest
     peak = peak_memory(m, shape, P, micro, beside, target.offload_on_device, target.ranks_per_node)
-    projection = (
-        project_step(
+    projections = {
+        end: project_step(
             m,
             shape,
-            compute,
-            target.network,
-            Scenario(P, nodes_for(P, target.ranks_per_node), micro * accum, target.compute_scale, target.contention),
+            compute.get(end, compute["value"]),
+            target.at(end).network,
+            Scenario(
+                P, nodes_for(P, target.ranks_per_node), micro * accum, target.at(end).compute_scale, target.contention
+            ),
         )
-        if micro
-        else None
-    )
+        for end in (ENDS if micro else ())
+    }
+    projection = projections.get("value")
     low = high = 0.0
+    by_bound: dict[str, float] = {}
     if projection is not None:
-        doubt = compute_spread * projection.compute_s + target.comm_spread * projection.exposed_s
-        samples = replicas * projection.samples_per_rank
-        low, high = samples / (projection.step_s + doubt), samples / max(projection.step_s - doubt, 1e-12)
+        low, high = (replicas * projections[e].samples_per_rank / projections[e].step_s for e in ("slow", "fast"))
+        by_bound = step_bounds(projection, compute["value"], target.compute_bounds)
     return Candidate(
-        m.label, tp, micro, accum, fits, peak, target.memory_per_rank, largest, projection, low, high, replicas=replicas
+        m.label,
+        tp,
+        micro,
+        accum,
+        fits,
+        peak,
+        target.memory_per_rank,
+        largest,
+        projection,
+        low,
+        high,
+        replicas=replicas,
+        micro_batch_beyond=largest > 0 and beside.per_sample <= 0,
+        bound=max(by_bound, key=lambda b: by_bound[b]) if by_bound else "",
+        by_bound=by_bound,
     )
+
+
+def step_bounds(p: Projection, profile: ComputeProfile, compute_bounds: dict[str, float]) -> dict[str, float]:
+    """The predicted step's seconds per bound: the compute by its bounds' shares, the host's work
+    beside it (the data, a strategy's bookkeeping) as launches/host, the rest communication."""
+    host = p.data_s + profile.overhead_s
+    seconds = dict.fromkeys(BOUNDS, 0.0)
+    for bound, share in compute_bounds.items():
+        seconds[bound] += share * p.compute_s
+    seconds["launches/host"] += host
+    seconds["communication"] = max(0.0, p.step_s - p.compute_s - host)
+    return seconds
 
 
 def ranked(candidates: Sequence[Candidate]) -> list[Candidate]:
-    """Those that fit first, fastest predicted first; each with its place and one line of why."""
+    """Those that fit first, fastest predicted first; each with its place and one line of why.
+    Those whose interval reaches into the interval of the fastest not yet placed share its place:
+    equivalent within the stated uncertainty, not ranked against each other."""
     order = sorted(candidates, key=lambda c: (not c.fits, -c.samples_per_s))
-    best = next((c for c in order if c.fits), None)
-    out = []
-    for place, c in enumerate(order, 1):
-        out.append(Candidate(**{**c.__dict__, "rank": place, "why": why(c, best)}))
-    return out
+    fitting = [c for c in order if c.fits]
+    best = fitting[0] if fitting else None
+    out: list[Candidate] = []
+    while len(out) < len(fitting):
+        head = fitting[len(out)]
+        group = [c for c in fitting[len(out) :] if c is head or c.samples_per_s_high >= head.samples_per_s_low]
+        place = len(out) + 1
+        out += [replace(c, rank=place, tied=len(group) > 1, why=why(c, best, head, group)) for c in group]
+    return out + [replace(c, rank=place, why=why(c, best)) for place, c in enumerate(order[len(out) :], len(out) + 1)]
 
 
-def why(c: Candidate, best: Candidate | None) -> str:
+def why(c: Candidate, best: Candidate | None, head: Candidate | None = None, group: Sequence[Candidate] = ()) -> str:
     """One line on why ``c`` ranks where it does."""
     from analysis.format import human_bytes
 
@@ -141,18 +226,37 @@ def why(c: Candidate, best: Candidate | None) -> str:
         return f"does not fit: {human_bytes(c.peak.total)} per rank {at}, of {human_bytes(c.capacity)}"
     cost = f"{p.collectives:g} collective(s) per step, {p.exposed_s * 1e3:.2f} ms exposed of {p.step_s * 1e3:.2f} ms"
     accum = f"; {c.grad_accum} micro-batches per step to fit" if c.grad_accum > 1 else ""
-    if c is best or best is None:
-        return f"fastest predicted: {cost}{accum}"
-    behind = 1 - c.samples_per_s / best.samples_per_s
-    overlap = c.samples_per_s_high >= best.samples_per_s_low
+    others = [o.strategy for o in group if o is not c]
+    lead = (
+        "fastest predicted"
+        if best is None or c is best
+        else f"{1 - c.samples_per_s / best.samples_per_s:.0%} behind {best.strategy}"
+    )
+    if head is not None and c is not head:
+        lead = f"= equivalent within the stated uncertainty to {head.strategy} ({lead}, inside the intervals)"
+    elif others:
+        lead += f"; = equivalent within the stated uncertainty: {', '.join(others)}"
+    return f"{lead}: {cost}{accum}"
+
+
+def one_device_verdict(best: Candidate | None, one: Candidate | None, ranks: int) -> str | None:
+    """Where the model fits one device and more ranks gain nothing beyond the intervals (the best
+    multi-rank rate's pessimistic end is not above one device's optimistic end), that, plainly."""
+    if ranks <= 1 or best is None or one is None or not one.fits:
+        return None
+    if best.samples_per_s_low > one.samples_per_s_high:
+        return None
+    rate = "{:,.0f} samples/s [{:,.0f}-{:,.0f}]".format
     return (
-        f"{behind:.0%} behind {best.strategy}"
-        + (" (inside the intervals: a tie)" if overlap else "")
-        + f": {cost}{accum}"
+        f"One device is the answer: {one.strategy} on 1 device is predicted at "
+        f"{rate(one.samples_per_s, one.samples_per_s_low, one.samples_per_s_high)} ({one.micro_batch} x "
+        f"{one.grad_accum} samples per step, {one.bound_words}), the best on {ranks} ranks, {best.strategy}, at "
+        f"{rate(best.samples_per_s, best.samples_per_s_low, best.samples_per_s_high)}: within the stated "
+        f"uncertainty {ranks} ranks gain nothing over one (predicted)"
     )
 
 
-def assumption_lines(target: Target, compute_spread: float) -> list[str]:
+def assumption_lines(target: Target) -> list[str]:
     """What the recommendation assumes beyond the projection's own assumptions."""
     return [
         f"target: {target.name}: {target.nodes} node(s) x {target.ranks_per_node} rank(s), "
@@ -166,7 +270,13 @@ def assumption_lines(target: Target, compute_spread: float) -> list[str]:
             if target.offload_on_device
             else "the task's data and the saved-for-backward bytes per sample, counted here"
         ),
-        f"interval: compute +-{compute_spread:.0%} (the 1-rank probes' spread between timing windows), "
-        f"communication +-{target.comm_spread:.0%}",
+        target.interval,
+        "bound: of each predicted step, what takes most of it: the compute by "
+        + (
+            "the bound of each counted kernel (launches/host, compute, memory bandwidth)"
+            if set(target.compute_bounds) != {"compute"}
+            else "its measured time (compute)"
+        )
+        + "; the data time and measured bookkeeping as launches/host; the rest of the step as communication",
         *target.notes,
     ]

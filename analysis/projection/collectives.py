@@ -11,16 +11,20 @@ doc/PERFORMANCE.md for the factors):
     all-gather            (P - 1) alpha +   (P - 1) / P * S * beta
 
 Ranks spanning several nodes form one flat ring whose every step waits for its slowest hop, the
-inter-node one, so the inter-node alpha and beta apply to the whole collective.
+inter-node one, so the inter-node alpha and beta apply to the whole collective; with several NICs
+per node, several such rings share the bytes (Network.collective_s).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from analysis.projection.uncertainty import stated
 
 MiB = 1 << 20
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -107,6 +111,7 @@ class Network:
     ranks_per_node: int
     overlap: bool  # can collectives run while the rank computes (GPU streams), or not (CPU ranks)
     host_optimizer_slowdown: float = 1.0  # offloaded optimizer step on the host vs on the device
+    inter_nics: int = 1  # NICs per node on the inter-node link; its LinkCost is one NIC's
 
     def cost(self, link: str, op: str) -> LinkCost:
         found = self.links.get((link, op)) or self.links.get((link, "any"))
@@ -126,7 +131,17 @@ class Network:
         return any(name == link for name, _ in self.links)
 
     def collective_s(self, op: str, nbytes: float, ranks: int, nodes: int) -> float:
-        return 0.0 if ranks <= 1 else self.cost("inter" if nodes > 1 else "intra", op).seconds(op, nbytes, ranks)
+        """One collective over ``ranks`` ranks on ``nodes`` nodes. Across nodes with several NICs
+        per node, NCCL runs one ring per NIC (each rank on its nearest NIC, rail-aligned), each
+        moving its share of the bytes: the bandwidth is one NIC's times the NICs that the
+        collective's ranks on a node can drive, at most one each; the latency per step is one
+        NIC's."""
+        if ranks <= 1:
+            return 0.0
+        if nodes <= 1:
+            return self.cost("intra", op).seconds(op, nbytes, ranks)
+        lanes = min(self.inter_nics, math.ceil(ranks / nodes))
+        return self.cost("inter", op).seconds(op, nbytes / lanes, ranks)  # each ring moves 1 / lanes of the bytes
 
     def host_s(self, nbytes: float) -> float:
         return self.cost("host", HOST_COPY).seconds(HOST_COPY, nbytes, 1)
@@ -149,24 +164,53 @@ def network_from_commbench(docs: Sequence[dict[str, Any]], source: str) -> Netwo
     )
 
 
-def network_from_cluster(doc: dict[str, Any], source: str) -> Network:
+def network_from_cluster(doc: dict[str, Any], source: str, end: str = "value") -> Network:
     """A cluster description (configs/clusters/*.yaml): per link alpha_us (latency per ring step)
-    and busbw_GBps (bus bandwidth, 1e9 bytes/s); the host link and the offloaded optimizer's
-    slowdown; ranks per node; whether collectives overlap compute."""
+    and busbw_GBps (bus bandwidth, 1e9 bytes/s); the inter-node link may instead state
+    ``nics_per_node`` and ``busbw_GBps_per_nic``; the host link and the offloaded optimizer's
+    slowdown; ranks per node; whether collectives overlap compute. Each number may carry its
+    range (analysis/projection/uncertainty.py): the network is read at ``end`` of ENDS."""
     try:
-        links = {
-            (name, "any"): LinkCost(v["alpha_us"] * 1e-6, 1 / (v["busbw_GBps"] * 1e9))
-            for name, v in doc["links"].items()
-        }
+        links, nics = {}, 1
+        for name, v in doc["links"].items():
+            alpha = stated(v["alpha_us"], f"links.{name}.alpha_us").at(end, "high")
+            if name == "inter" and ("nics_per_node" in v or "busbw_GBps_per_nic" in v):
+                nics = nic_count(v)
+                busbw = stated(v.get("busbw_GBps_per_nic"), "links.inter.busbw_GBps_per_nic").at(end, "low")
+            else:
+                busbw = stated(v["busbw_GBps"], f"links.{name}.busbw_GBps").at(end, "low")
+            links[(name, "any")] = LinkCost(alpha * 1e-6, 1 / (busbw * 1e9))
+        slowdown = doc.get("host_optimizer_slowdown", 1.0)
         return Network(
             source=source,
             links=links,
-            ranks_per_node=int(doc["ranks_per_node"]),
+            ranks_per_node=count(doc["ranks_per_node"], "ranks_per_node"),
             overlap=bool(doc["overlap"]),
-            host_optimizer_slowdown=float(doc.get("host_optimizer_slowdown", 1.0)),
+            host_optimizer_slowdown=stated(slowdown, "host_optimizer_slowdown").at(end, "high"),
+            inter_nics=nics,
         )
-    except (KeyError, TypeError, AttributeError, ZeroDivisionError) as err:
+    except (KeyError, TypeError, AttributeError) as err:
         raise ValueError(
             f"needs ranks_per_node, overlap and links: {{intra|inter|host: {{alpha_us, busbw_GBps}}}} "
             f"(see configs/clusters/a100_ib.yaml); problem at {err!s}"
         ) from None
+
+
+def nic_count(link: dict[str, Any]) -> int:
+    """The inter-node link's NICs per node: stated with a bandwidth per NIC, never beside the
+    node's one ``busbw_GBps`` (which would say the bandwidth twice)."""
+    if "busbw_GBps" in link:
+        raise ValueError(
+            "links.inter.nics_per_node and links.inter.busbw_GBps_per_nic are stated beside links.inter.busbw_GBps; "
+            "give busbw_GBps alone (one NIC per node) or nics_per_node with busbw_GBps_per_nic"
+        )
+    if "busbw_GBps_per_nic" not in link:
+        raise ValueError("links.inter.nics_per_node needs links.inter.busbw_GBps_per_nic, one NIC's bus bandwidth")
+    return count(link.get("nics_per_node", 1), "links.inter.nics_per_node")
+
+
+def count(raw: Any, key: str) -> int:
+    """A whole count of at least 1 (ranks, NICs): no range, it is a fact of the hardware."""
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ValueError(f"{key} is {raw!r}; give a whole number, 1 or more")
+    return raw

@@ -77,6 +77,11 @@ class DeviceTime:
         """The bound that accounts for most of the step."""
         return max(self.by_bound, key=lambda b: self.by_bound[b])
 
+    @property
+    def shares(self) -> dict[str, float]:
+        """Of the step, the share each bound accounts for."""
+        return {b: s / self.step_s for b, s in self.by_bound.items()} if self.step_s else {}
+
     def phase_s(self, *names: str) -> float:
         return sum(self.phases.get(n, 0.0) for n in names)
 

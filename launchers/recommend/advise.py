@@ -16,11 +16,20 @@ from pathlib import Path
 from analysis import projection as pj
 from analysis.documents import json_out
 from analysis.format import human_bytes
-from analysis.projection.advice import Candidate, Target, assumption_lines, lay_out, ranked
+from analysis.projection.advice import (
+    Candidate,
+    Target,
+    assumption_lines,
+    lay_out,
+    measured_ends,
+    one_device_verdict,
+    ranked,
+)
 from analysis.projection.memory import StepMemory, peak_memory
 from kanscale import log
 from kanscale.errors import ConfigError
 from kanscale.files import preset_names
+from launchers.recommend.one_device import on_device, one_device
 from launchers.recommend.probe import (
     PROBE_SETTINGS,
     Probe,
@@ -30,8 +39,9 @@ from launchers.recommend.probe import (
     read_probe,
 )
 from launchers.recommend.step_ops import count_step_ops
-from launchers.recommend.target import cluster_target, device_profile, memory_here, read_cluster, this_machine
-from launchers.zoo import meta_sketch, model_shape
+from launchers.recommend.target import ClusterFile, cluster_target, memory_here, read_cluster, this_machine
+from launchers.recommend.widths import largest_widths
+from launchers.zoo import model_shape
 from strategies.experiment import ExperimentConfig, experiment_path, load_experiment, load_strategy
 
 logger = log.get(__name__)
@@ -65,10 +75,15 @@ class Recommendation:
     probe: Probe
     assumptions: list[str]
     command: list[str] | None
+    one_device: Candidate | None = None  # the one-process reference on one device, where ranks > 1
 
     @property
     def pick(self) -> Candidate | None:
         return next((c for c in self.candidates if c.fits), None)
+
+    @property
+    def verdict(self) -> str | None:
+        return one_device_verdict(self.pick, self.one_device, self.target.ranks)
 
 
 def check_request(r: RecommendRequest) -> None:
@@ -208,14 +223,19 @@ def run_probe(r: RecommendRequest, cfg: ExperimentConfig, labels: list[str], mic
         raise ConfigError(f"the 1-rank probes under {out} finished none ({err}); see {out}/logs") from None
 
 
+def layout(r: RecommendRequest, cluster: ClusterFile | None) -> tuple[int, int]:
+    """Ranks per node (the flag, the cluster file's, else 2 here) and ranks in all."""
+    per_node = r.nproc_per_node or (cluster.ranks_per_node if cluster else 2)
+    return per_node, (r.nnodes or 1) * per_node
+
+
 def recommend(r: RecommendRequest) -> Recommendation:
     check_request(r)
     cfg = load_experiment(r.config, r.overrides)
     cluster = read_cluster(r.cluster, r.memory_per_device) if r.cluster else None
     # the precision decides what a backend that casts the module holds (StrategyModel.casts_module)
     shape = replace(model_shape(cfg.model.model_dump()), precision=cfg.training.precision)
-    per_node = r.nproc_per_node or (cluster.ranks_per_node if cluster else 2)
-    ranks = (r.nnodes or 1) * per_node
+    per_node, ranks = layout(r, cluster)
     models, excluded = candidate_strategies(r, cfg, ranks, per_node, shape)
     capacity = cluster.memory_per_rank if cluster else memory_here(per_node, r.memory_per_device)
     check_state_fits(models, shape, ranks, per_node, capacity, offload_on_device=cluster is None)
@@ -223,18 +243,35 @@ def recommend(r: RecommendRequest) -> Recommendation:
     probe = run_probe(
         r, cfg, probe_names(models, cfg), probe_micro_batch(shape.trainable, max(1, global_batch // ranks))
     )
-    reference = probe.compute["*"]  # the one-process reference's
-    compute = probe.compute
+    return advise(r, cfg, shape, models, excluded, probe, cluster)
+
+
+def advise(
+    r: RecommendRequest,
+    cfg: ExperimentConfig,
+    shape: pj.ModelShape,
+    models: dict[str, pj.StrategyModel],
+    excluded: dict[str, str],
+    probe: Probe,
+    cluster: ClusterFile | None,
+) -> Recommendation:
+    """From the probes to the answer: the target at every end of the inputs' ranges, each
+    strategy laid out and ranked, the one-device yardstick, the assumptions and the command."""
+    per_node, ranks = layout(r, cluster)
+    global_batch = global_batch_of(r, cfg, ranks)
+    spread = compute_spread(probe.runs)
+    # what is measured here, at every end of ENDS: its times within the probes' spread
+    compute = {label: measured_ends(p, spread) for label, p in probe.compute.items()}
+    precision = cfg.training.precision
+    step = None
     if cluster:
         # a GPU's step is its kernels: counted here at the target's per-rank micro-batch, each at its cost there
-        precision = cfg.training.precision
-        step = count_step_ops(cfg.model, cfg.training, max(1, global_batch // ranks)) if cluster.host_us else None
-        target = cluster_target(cluster, r.nnodes, per_node, 6 * shape.trainable, reference, step, precision)
+        step = count_step_ops(cfg.model, cfg.training, max(1, global_batch // ranks)) if cluster.per_kernel else None
+        target = cluster_target(cluster, r.nnodes, per_node, 6 * shape.trainable, compute["*"], step, precision, spread)
         if step is not None:
-            compute = {label: device_profile(cluster, step, p, precision) for label, p in probe.compute.items()}
+            compute = {label: on_device(cluster, step, ends, precision) for label, ends in compute.items()}
     else:
-        target = this_machine(per_node, r.memory_per_device, r.network, Path(r.out), r.contention)
-    spread = compute_spread(probe.runs)
+        target = this_machine(per_node, r.memory_per_device, r.network, Path(r.out), r.contention, spread)
 
     def beside(m: pj.StrategyModel) -> StepMemory:  # a GPU's allocator holds no process, a CPU rank's RSS does
         own = stand_in(m, probe, models)
@@ -245,14 +282,22 @@ def recommend(r: RecommendRequest) -> Recommendation:
 
     laid_out = []
     for m in models.values():
-        c = lay_out(m, shape, compute[stand_in(m, probe, models)], beside(m), target, global_batch, spread)
-        laid_out.append(replace(c, largest_widths=largest_widths(m, cfg, c, target, beside(m))))
+        c = lay_out(m, shape, compute[stand_in(m, probe, models)], beside(m), target, global_batch)
+        widest, beyond = largest_widths(m, cfg, c, target, beside(m))
+        laid_out.append(replace(c, largest_widths=widest, widths_beyond=beyond))
     candidates = ranked(laid_out)
+    one = one_device(cfg, shape, compute["*"], beside, target, global_batch, cluster, step, r.memory_per_device)
     notes = pj.assumptions(
-        shape, compute, target.network, target.compute_scale, target.contention, False, memory="memory below"
+        shape,
+        {k: v["value"] for k, v in compute.items()},
+        target.network,
+        target.compute_scale,
+        target.contention,
+        False,
+        memory="memory below",
     )
     recommendation = Recommendation(
-        target, cfg, shape, global_batch, candidates, excluded, probe, notes + assumption_lines(target, spread), None
+        target, cfg, shape, global_batch, candidates, excluded, probe, notes + assumption_lines(target), None, one
     )
     return Recommendation(**{**recommendation.__dict__, "command": run_command(r, recommendation)})
 
@@ -269,45 +314,6 @@ def stand_in(m: pj.StrategyModel, probe: Probe, models: dict[str, pj.StrategyMod
     if m.one_rank_as in probed:
         return m.one_rank_as
     return cutting[0] if m.tp != 1 and cutting else "*"
-
-
-def largest_widths(
-    m: pj.StrategyModel, cfg: ExperimentConfig, c: Candidate, target: Target, beside: StepMemory
-) -> list[int] | None:
-    """At fixed depth, the widest model that fits under strategy ``m`` at the candidate's
-    micro-batch: the hidden widths scaled by one factor (the first and last stay the task's), the
-    model state of each exact (its shape on the meta device), the saved bytes per sample scaled
-    with the hidden widths (estimated). None where the model has no hidden layer, nothing fits, or
-    the model cannot be built on the meta device (pykan fits its splines while it builds: each
-    try would build a real model, minutes at the widths searched)."""
-    widths = list(cfg.model.widths)
-    if len(widths) < 3 or not c.fits or meta_sketch(cfg.model) is None:
-        return None
-
-    def scaled(factor: float) -> list[int]:
-        return [widths[0], *(max(1, round(w * factor)) for w in widths[1:-1]), widths[-1]]
-
-    def fits(factor: float) -> bool:
-        try:
-            grown_model = cfg.model.model_copy(update={"widths": scaled(factor)}).model_dump()
-            shape = replace(model_shape(grown_model), precision=cfg.training.precision)
-        except Exception:
-            return False
-        grown = StepMemory(beside.source, beside.fixed, beside.per_sample * sum(scaled(factor)) / sum(widths))
-        return (
-            peak_memory(
-                m, shape, target.ranks, c.micro_batch, grown, target.offload_on_device, target.ranks_per_node
-            ).total
-            <= target.memory_per_rank
-        )
-
-    low, high = 1.0, 2.0
-    while fits(high) and high < 2**12:
-        low, high = high, high * 2
-    for _ in range(12):  # to about 0.1% of the factor
-        middle = (low + high) / 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return scaled(low)
 
 
 def compute_spread(runs: Path) -> float:

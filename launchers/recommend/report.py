@@ -26,25 +26,39 @@ def markdown(rec: Recommendation) -> str:
         f"{rec.shape.trainable:,} trainable parameters; global batch {rec.global_batch}; "
         f"{rec.target.nodes} x {rec.target.ranks_per_node} ranks. Rates and memory are **predicted**.",
         "",
-        "| # | strategy | nodes x ranks x TP | micro-batch x accum | samples/s (predicted) | memory / rank "
-        "(predicted) | model state / rank | headroom | fits | largest micro-batch | widest that fits (estimated) "
-        "| why |",
-        "|---:|---|---|---|---:|---:|---:|---:|---|---:|---|---|",
+        "| # | strategy | nodes x ranks x TP | micro-batch x accum | samples/s (predicted) [interval] | bound of "
+        "the step (predicted) | memory / rank (predicted) | model state / rank | headroom | fits | largest "
+        "micro-batch (estimated) | widest that fits (estimated) | why |",
+        "|---:|---|---|---|---:|---|---:|---:|---:|---|---:|---|---|",
     ]
     for c in rec.candidates:
-        rate = (
-            f"{c.samples_per_s:,.0f} [{c.samples_per_s_low:,.0f}-{c.samples_per_s_high:,.0f}]" if c.projection else "-"
-        )
         lines.append(
-            f"| {c.rank} | {c.strategy} | {rec.target.nodes} x {rec.target.ranks_per_node} x {c.tp} | "
-            f"{c.micro_batch} x {c.grad_accum} | {rate} | {human_bytes(c.peak.total)} | "
+            f"| {c.rank}{'=' if c.tied else ''} | {c.strategy} | {rec.target.nodes} x {rec.target.ranks_per_node} x "
+            f"{c.tp} | {c.micro_batch} x {c.grad_accum} | {rate(c)} | {c.bound_words} | {human_bytes(c.peak.total)} | "
             f"{human_bytes(c.peak.model_state)} | {c.headroom:.0%} | {'yes' if c.fits else 'no'} | "
-            f"{c.largest_micro_batch:,} | {c.largest_widths or '-'} | {c.why} |"
+            f"{limit(c.largest_micro_batch, c.micro_batch_beyond)} | {limit(c.largest_widths, c.widths_beyond)} | "
+            f"{c.why} |"
         )
     lines.append("")
+    tied = [c.strategy for c in rec.candidates if c.tied and c.rank == 1]
+    if tied:
+        lines += [
+            f"= {', '.join(tied)} are equivalent within the stated uncertainty (their intervals overlap): the "
+            "prediction does not rank them against each other.",
+            "",
+        ]
+    if rec.verdict:
+        lines += [f"**{rec.verdict}**", ""]
     pick = rec.pick
     if rec.command and pick is not None:  # a command is written for the pick alone
-        lines += [f"Pick: **{pick.strategy}**. Run it with:", "", "```bash", shlex.join(rec.command), "```", ""]
+        lines += [
+            f"Pick: **{pick.strategy}**, bound by {pick.bound_words} (predicted). Run it with:",
+            "",
+            "```bash",
+            shlex.join(rec.command),
+            "```",
+            "",
+        ]
     else:
         least = min(rec.candidates, key=lambda c: c.peak.total)
         lines += [
@@ -59,6 +73,20 @@ def markdown(rec: Recommendation) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rate(c: Candidate) -> str:
+    if not c.projection:
+        return "-"
+    return f"{c.samples_per_s:,.0f} [{c.samples_per_s_low:,.0f}-{c.samples_per_s_high:,.0f}]"
+
+
+def limit(found: int | list[int] | None, beyond: bool) -> str:
+    """A limit a search found, or ``beyond`` what it reached where it stopped at its cap."""
+    if found is None:
+        return "-"
+    words = f"{found:,}" if isinstance(found, int) else str(found)
+    return f"beyond {words}" if beyond else words
+
+
 def document(rec: Recommendation) -> dict[str, Any]:
     """The recommendation as ``--json`` writes it."""
 
@@ -66,6 +94,7 @@ def document(rec: Recommendation) -> dict[str, Any]:
         p = c.projection
         return {
             "rank": c.rank,
+            "equivalent_within_uncertainty": c.tied,
             "strategy": c.strategy,
             "nodes": rec.target.nodes,
             "ranks_per_node": rec.target.ranks_per_node,
@@ -76,6 +105,8 @@ def document(rec: Recommendation) -> dict[str, Any]:
             "why": c.why,
             "samples_per_s": {"predicted": c.samples_per_s, "low": c.samples_per_s_low, "high": c.samples_per_s_high},
             "step_s": p.step_s if p else None,
+            "bound": c.bound or None,
+            "step_s_by_bound": c.by_bound or None,
             "exposed_comm_s": p.exposed_s if p else None,
             "model_state_bytes": c.peak.model_state,
             "model_state_host_bytes": c.peak.host,
@@ -85,7 +116,9 @@ def document(rec: Recommendation) -> dict[str, Any]:
             "memory_per_rank": c.capacity,
             "headroom": c.headroom,
             "largest_micro_batch": c.largest_micro_batch,
+            "largest_micro_batch_beyond": c.micro_batch_beyond,
             "largest_widths_estimated": c.largest_widths,
+            "largest_widths_beyond": c.widths_beyond,
         }
 
     return {
@@ -101,6 +134,10 @@ def document(rec: Recommendation) -> dict[str, Any]:
             "memory_per_rank": rec.target.memory_per_rank,
         },
         "pick": one(rec.pick) if rec.pick else None,
+        "equivalent_picks": [c.strategy for c in rec.candidates if c.fits and c.rank == 1],
+        "one_device": {**one(rec.one_device), "nodes": 1, "ranks_per_node": 1} if rec.one_device else None,
+        "verdict": rec.verdict,
+        "interval_source": rec.target.interval,
         "command": rec.command,
         "ranking": [one(c) for c in rec.candidates],
         "excluded": rec.excluded,

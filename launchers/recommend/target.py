@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from analysis import projection as pj
-from analysis.projection.advice import Target
+from analysis.projection.advice import End, Target
 from analysis.projection.device_time import Device, StepOps, device_time
+from analysis.projection.uncertainty import ENDS, Stated, ranges, stated
 from kanscale import log
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, read_json, read_mapping
@@ -29,22 +30,38 @@ MEASURED_LINK_SPREAD = 0.3
 
 @dataclass(frozen=True)
 class ClusterFile:
-    """A cluster file, read and checked before anything is measured."""
+    """A cluster file, read and checked before anything is measured: its network at every end of
+    ENDS (each input at its stated value, its pessimistic and its optimistic end)."""
 
     path: Path
     doc: dict[str, Any]
-    network: pj.Network
+    networks: dict[str, pj.Network]
     memory_per_rank: float
     memory_source: str
-    host_us: tuple[float, float, float] | None = None  # per kernel: value, low, high
-    bandwidth: float = 0.0  # device memory, bytes/s
+    numbers: dict[str, Stated]  # the device's stated numbers by key
 
-    def device(self, precision: str, host_us: float | None = None) -> Device:
-        """The per-op costs at the training's precision (bf16/fp16 at ``device_tflops_bf16`` where
-        stated, else the fp32 ``device_tflops``)."""
-        assert self.host_us is not None
-        key = "device_tflops_bf16" if precision != "fp32" and "device_tflops_bf16" in self.doc else "device_tflops"
-        return Device((host_us or self.host_us[0]) * 1e-6, float(self.doc[key]) * 1e12, self.bandwidth)
+    @property
+    def network(self) -> pj.Network:
+        return self.networks["value"]
+
+    @property
+    def per_kernel(self) -> bool:
+        """Whether the file states what one kernel costs (the step is then its counted ops)."""
+        return "host_us_per_kernel" in self.numbers
+
+    def rate_key(self, precision: str) -> str:
+        """The achieved rate at the training's precision: bf16/fp16 at ``device_tflops_bf16`` where
+        stated, else the fp32 ``device_tflops``."""
+        return "device_tflops_bf16" if precision != "fp32" and "device_tflops_bf16" in self.numbers else "device_tflops"
+
+    def device(self, precision: str, end: str = "value") -> Device:
+        """The per-op costs at the training's precision, every number at ``end`` of ENDS."""
+        n = self.numbers
+        return Device(
+            n["host_us_per_kernel"].at(end, "high") * 1e-6,
+            n[self.rate_key(precision)].at(end, "low") * 1e12,
+            n["memory_bandwidth_GBps"].at(end, "low") * 1e9,
+        )
 
     @property
     def ranks_per_node(self) -> int:
@@ -53,56 +70,42 @@ class ClusterFile:
 
 def read_cluster(path: str, memory: float | None) -> ClusterFile:
     """The cluster file's links and its device memory (``device_memory_GiB``, required unless
-    ``--memory-per-device`` gives it), each problem named with its key and fix."""
+    ``--memory-per-device`` gives it), each number checked (a positive number, or ``{value, low,
+    high}``) and each problem named with its key and fix."""
     file = find_file(path, "--cluster", "cluster file")
     doc = read_mapping(file, "--cluster")
     try:
-        network = pj.network_from_cluster(doc, str(file))
+        networks = {end: pj.network_from_cluster(doc, str(file), end) for end in ENDS}
     except ValueError as err:
         raise ConfigError(f"--cluster: {file}: {err}") from None
+    what = {
+        "device_memory_GiB": "the memory of one device (GPU), e.g. device_memory_GiB: 40, or give --memory-per-device",
+        "device_tflops": "the training's achieved rate per device in TFLOP/s",
+        "device_tflops_bf16": "the achieved rate per device in bf16/fp16, TFLOP/s",
+        "host_us_per_kernel": "what the host spends issuing one kernel, in microseconds",
+        "memory_bandwidth_GBps": "the device's memory bandwidth in 1e9 bytes/s",
+    }
+    numbers = {key: number(doc, key, file, what[key]) for key in what if key in doc}
+    if memory is None:
+        number(doc, "device_memory_GiB", file, what["device_memory_GiB"])
+    if "host_us_per_kernel" in numbers:
+        for key in ("memory_bandwidth_GBps", "device_tflops"):
+            number(doc, key, file, what[key] + "; the per-op step time needs it beside host_us_per_kernel")
     if memory is not None:
-        return ClusterFile(file, doc, network, memory, "--memory-per-device")
-    per_device = (
-        stated(
-            doc,
-            "device_memory_GiB",
-            file,
-            "the memory of one device (GPU), e.g. device_memory_GiB: 40, or give --memory-per-device",
-        )
-        * GiB
-    )
-    if "device_tflops" in doc:
-        stated(doc, "device_tflops", file, "the training's achieved rate per device in TFLOP/s")
-    if "device_tflops_bf16" in doc:
-        stated(doc, "device_tflops_bf16", file, "the achieved rate per device in bf16/fp16, TFLOP/s")
-    if "host_us_per_kernel" not in doc:
-        return ClusterFile(file, doc, network, per_device, f"device_memory_GiB in {file}")
-    host = uncertain(doc, "host_us_per_kernel", file)
-    what = "{} needs it beside host_us_per_kernel: the device's {}, e.g. {}: {}"
-    for key, example in (
-        ("memory_bandwidth_GBps", "memory bandwidth in 1e9 bytes/s"),
-        ("device_tflops", "achieved FP32 rate"),
-    ):
-        stated(doc, key, file, what.format("the per-op step time", example, key, 1555 if "GBps" in key else 13))
-    bandwidth = float(doc["memory_bandwidth_GBps"]) * 1e9
-    return ClusterFile(file, doc, network, per_device, f"device_memory_GiB in {file}", host, bandwidth)
+        return ClusterFile(file, doc, networks, memory, "--memory-per-device", numbers)
+    # what fits is decided at the stated value (a range on the memory is accepted, not propagated)
+    per_device = numbers["device_memory_GiB"].value * GiB
+    return ClusterFile(file, doc, networks, per_device, f"device_memory_GiB in {file}", numbers)
 
 
-def uncertain(doc: dict[str, Any], key: str, file: Path) -> tuple[float, float, float]:
-    """A number, or ``{value: V, low: L, high: H}`` with 0 < L <= V <= H: its value and range."""
-    raw = doc[key]
-    fix = f"give {key} as a positive number or as {{value: 15, low: 8, high: 25}} (0 < low <= value <= high)"
-    if isinstance(raw, dict):
-        parts = [raw.get(k) for k in ("value", "low", "high")]
-        if set(raw) == {"value", "low", "high"} and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in parts
-        ):
-            value, low, high = (float(v) for v in parts)  # type: ignore[arg-type]
-            if 0 < low <= value <= high:
-                return value, low, high
-    elif isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw > 0:
-        return float(raw), float(raw), float(raw)
-    raise ConfigError(f"--cluster: {file}: {key} is {raw!r}; {fix}")
+def number(doc: dict[str, Any], key: str, file: Path, what: str) -> Stated:
+    """A device number of the file: positive, or ``{value, low, high}``."""
+    if key not in doc:
+        raise ConfigError(f"--cluster: {file} has no {key} ({what}); add it to the file")
+    try:
+        return stated(doc[key], key)
+    except ValueError as err:
+        raise ConfigError(f"--cluster: {file}: {err}") from None
 
 
 def cluster_target(
@@ -110,57 +113,75 @@ def cluster_target(
     nodes: int | None,
     ranks_per_node: int | None,
     train_flops_per_sample: float,
-    profile: pj.ComputeProfile,
+    reference: dict[str, pj.ComputeProfile],
     step: StepOps | None = None,
     precision: str = "fp32",
+    spread: float = 0.0,
 ) -> Target:
-    """A cluster file's target. With a per-kernel host cost (``host_us_per_kernel``) the step's
-    counted ops set the compute (device_profile; the profile is then not scaled); else its
-    compute rate (``device_tflops``) turns the profile's compute into the target's, else the
-    profile's compute is taken as the target's."""
+    """A cluster file's target at every end of ENDS. With a per-kernel host cost
+    (``host_us_per_kernel``) the step's counted ops set the compute (device_profile; the profile
+    is then not scaled); else its compute rate (``device_tflops``) turns the reference profile's
+    compute (by end) into the target's, else the profile's compute is taken as the target's."""
     file, doc = cluster.path, cluster.doc
     notes = [f"device memory: {cluster.memory_per_rank / GiB:.1f} GiB per rank ({cluster.memory_source})"]
-    scale = 1.0
-    if step is not None and cluster.host_us is not None:
+    scales = dict.fromkeys(ENDS, 1.0)
+    bounds = {"compute": 1.0}
+    measured = "data time"
+    if step is not None and cluster.per_kernel:
         notes += device_notes(cluster, step, precision)
-    elif "device_tflops" in doc:
-        rate = float(doc["device_tflops"]) * 1e12
-        scale = train_flops_per_sample * profile.samples / rate / profile.compute_s
+        bounds = device_time(step.ops, cluster.device(precision)).shares
+    elif "device_tflops" in cluster.numbers:
+        rate = cluster.numbers["device_tflops"]
+        samples = train_flops_per_sample * reference["value"].samples
+        scales = {end: samples / (rate.at(end, "low") * 1e12) / reference[end].compute_s for end in ENDS}
         notes.append(
-            f"compute: 6 x parameters FLOP per sample at {rate / 1e12:g} TFLOP/s (device_tflops in {file}): "
-            f"x{scale:.3g} the profile's, estimated"
+            f"compute: 6 x parameters FLOP per sample at {rate.value:g} TFLOP/s (device_tflops in {file}): "
+            f"x{scales['value']:.3g} the profile's, estimated"
         )
+        measured = "data time and bookkeeping"
     else:
-        notes.append(f"compute: as measured here ({profile.source}); {file} states no device_tflops")
+        notes.append(f"compute: as measured here ({reference['value'].source}); {file} states no device_tflops")
+        measured = "compute, data time and bookkeeping"
     notes.append(
         "memory on the device: what the allocator holds (no runtime, CUDA context or fragmentation); offloaded "
         "state in host memory"
     )
-    if scale != 1.0 or cluster.host_us is None:
+    if not (step is not None and cluster.per_kernel):
         notes.append(
             "bookkeeping measured on this CPU (a strategy's 1-rank step less data and compute: copies, hooks, "
             "Python) carried over unchanged: a GPU runs its copies faster, so where it outweighs the compute the "
             "order between strategies is uncertain"
         )
+    stated_ranges = ", ".join(ranges(doc)) or "none (every number is stated without a range)"
+    interval = (
+        f"interval: the predicted rate with every input at its pessimistic end and at its optimistic end; "
+        f"ranges stated in {file}: {stated_ranges}; measured here ({measured}): +-{spread:.0%}, the 1-rank "
+        "probes' spread between timing windows"
+    )
     return Target(
         name=str(doc.get("name", file.stem)),
         nodes=nodes or 1,
         ranks_per_node=ranks_per_node or cluster.ranks_per_node,
         memory_per_rank=cluster.memory_per_rank,
         network=cluster.network,
-        compute_scale=scale,
+        compute_scale=scales["value"],
         offload_on_device=False,
+        slow=End(cluster.networks["slow"], scales["slow"]),
+        fast=End(cluster.networks["fast"], scales["fast"]),
+        compute_bounds=bounds,
+        interval=interval,
         notes=tuple(notes),
     )
 
 
 def device_profile(
-    cluster: ClusterFile, step: StepOps, profile: pj.ComputeProfile, precision: str
+    cluster: ClusterFile, step: StepOps, profile: pj.ComputeProfile, precision: str, end: str = "value"
 ) -> pj.ComputeProfile:
     """The compute of one rank's step on the cluster's device, from the counted ops
-    (analysis/projection/device_time.py); of the profile measured here only the data time, host
-    work a GPU rank does too, is kept; a strategy's bookkeeping measured on this CPU is not."""
-    device = cluster.device(precision)
+    (analysis/projection/device_time.py), every stated number at ``end`` of ENDS; of the profile
+    measured here only the data time, host work a GPU rank does too, is kept; a strategy's
+    bookkeeping measured on this CPU is not."""
+    device = cluster.device(precision, end)
     t = device_time(step.ops, device)
     work = t.phase_s("forward", "backward")
     return pj.ComputeProfile(
@@ -176,44 +197,40 @@ def device_profile(
 
 
 def device_notes(cluster: ClusterFile, step: StepOps, precision: str) -> list[str]:
-    """What the per-op step time assumes, and the step at the low and high per-kernel cost."""
-    assert cluster.host_us is not None
-    file = cluster.path
-    value, low, high = cluster.host_us
+    """What the per-op step time assumes, and the step with every number at either end of its range."""
+    file, n = cluster.path, cluster.numbers
     device = cluster.device(precision)
     t = device_time(step.ops, device)
     share = t.by_bound[t.bound] / t.step_s
-    rate = "device_tflops_bf16" if device.flops_per_s != float(cluster.doc["device_tflops"]) * 1e12 else "device_tflops"
-    span = " to ".join(f"{device_time(step.ops, cluster.device(precision, h)).step_s * 1e3:.3g}" for h in (low, high))
+    rate = cluster.rate_key(precision)
+    span = " to ".join(
+        f"{device_time(step.ops, cluster.device(precision, end)).step_s * 1e3:.3g}" for end in ("fast", "slow")
+    )
     return [
         f"compute on the device: {step.kernels} kernels per step of {step.micro_batch} samples (aten ops counted here, "
-        f"views left out), each max({value:g} us host dispatch and launch (host_us_per_kernel in {file}), FLOPs at "
-        f"{device.flops_per_s / 1e12:g} TFLOP/s ({rate} in {file}), bytes at {device.bytes_per_s / 1e9:g} GB/s "
-        f"(memory_bandwidth_GBps)); estimated",
-        f"bound of the compute: {t.bound} ({share:.0%} of {t.step_s * 1e3:.3g} ms per step); at {low:g} to {high:g} us "
-        f"per kernel the step takes {span} ms (estimated)",
+        f"views left out), each max({n['host_us_per_kernel'].value:g} us host dispatch and launch (host_us_per_kernel "
+        f"in {file}), FLOPs at {device.flops_per_s / 1e12:g} TFLOP/s ({rate} in {file}), bytes at "
+        f"{device.bytes_per_s / 1e9:g} GB/s (memory_bandwidth_GBps)); estimated",
+        f"bound of the compute: {t.bound} ({share:.0%} of {t.step_s * 1e3:.3g} ms per step); with "
+        + ", ".join(n[k].words() for k in ("host_us_per_kernel", rate, "memory_bandwidth_GBps"))
+        + f" the step takes {span} ms (estimated)",
         "bookkeeping measured on this CPU (a strategy's 1-rank step less data and compute) not carried over: on a GPU "
         "its copies are kernels this count does not hold (DDP's bucket copies); the data time measured here is kept "
         "(host work a GPU rank does too)",
     ]
 
 
-def stated(doc: dict[str, Any], key: str, file: Path, what: str) -> float:
-    value = doc.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ConfigError(
-            f"--cluster: {file} has no {key} ({what}); add it to the file"
-            if value is None
-            else f"--cluster: {file}: {key} must be a positive number, got {value!r}"
-        )
-    return float(value)
-
-
 def this_machine(
-    ranks_per_node: int, memory: float | None, networks: list[str] | None, out: Path, contention: float
+    ranks_per_node: int,
+    memory: float | None,
+    networks: list[str] | None,
+    out: Path,
+    contention: float,
+    spread: float = 0.0,
 ) -> Target:
     """This machine at ``ranks_per_node`` ranks: its memory shared by the ranks (or
-    ``--memory-per-device``), and its links from commbench files or measured now."""
+    ``--memory-per-device``), and its links from commbench files or measured now, each link's
+    cost within the fits' error at the pessimistic and optimistic ends."""
     ram = ram_bytes()
     per_rank = memory_here(ranks_per_node, memory)
     files = networks or [str(measure_links(ranks_per_node, out))]
@@ -236,9 +253,20 @@ def this_machine(
         network=network,
         contention=contention,
         offload_on_device=True,
-        comm_spread=MEASURED_LINK_SPREAD,
+        slow=End(scaled_links(network, 1 + MEASURED_LINK_SPREAD)),
+        fast=End(scaled_links(network, 1 - MEASURED_LINK_SPREAD)),
+        interval=f"interval: the predicted rate with every input at its pessimistic end and at its optimistic end, "
+        f"all measured here: compute, data time and bookkeeping +-{spread:.0%} (the 1-rank probes' spread between "
+        f"timing windows), every link's cost +-{MEASURED_LINK_SPREAD:.0%} (how far commbench's fits miss its own "
+        "measurements)",
         notes=tuple(notes),
     )
+
+
+def scaled_links(network: pj.Network, factor: float) -> pj.Network:
+    """The network with every link's latency and time per byte times ``factor``."""
+    links = {k: pj.LinkCost(v.alpha_s * factor, v.beta_s_per_byte * factor) for k, v in network.links.items()}
+    return replace(network, links=links)
 
 
 def ram_bytes() -> int:
