@@ -41,7 +41,8 @@ import functools
 import math
 import operator
 import warnings
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -318,7 +319,23 @@ class FastBSplineKANLayer(BSplineKANLayer):
         return uniform_knots(self.grid, self.k, low, low + span, self.in_features)
 
 
-@torch.compiler.disable  # CSR products do not compile: under torch.compile a sparse layer runs eagerly
+def uncompiled(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``fn`` run eagerly under torch.compile (torch.compiler.disable), applied at its first call:
+    the decorator imports TorchDynamo, which at import time would add a second to the start of
+    every process that imports the models, compiled or not."""
+    disabled: Callable[..., torch.Tensor] | None = None
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> torch.Tensor:
+        nonlocal disabled
+        if disabled is None:
+            disabled = torch.compiler.disable(fn)
+        return disabled(*args)
+
+    return wrapper
+
+
+@uncompiled  # CSR products do not compile: under torch.compile a sparse layer runs eagerly
 def eager_layer(
     x: torch.Tensor,
     knots: torch.Tensor,
