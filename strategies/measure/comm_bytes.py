@@ -15,9 +15,10 @@ trace the mode, not run under it)."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,8 +59,26 @@ def sent_bytes(kind: str, nbytes: int, ranks: int) -> float:
     return (ranks - 1) / ranks * nbytes
 
 
-def _bytes(value: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective call: ``elements`` is the whole buffer S (an all-gather's output, a
+    reduce-scatter's input), counted by elements, not storage, which a list all-gather's views share."""
+
+    kind: str
+    ranks: int
+    link: str
+    elements: int
+    dtype: str
+    nbytes: int
+
+    @property
+    def sent(self) -> float:
+        """What this rank sends for one such call."""
+        return sent_bytes(self.kind, self.nbytes, self.ranks)
 
 
 class CollectiveBytes(TorchDispatchMode):
@@ -72,6 +91,7 @@ class CollectiveBytes(TorchDispatchMode):
         self.sent: dict[str, float] = defaultdict(float)
         self.count: dict[str, int] = defaultdict(int)
         self._links: dict[int, tuple[str, int]] = {}
+        self.calls: Counter[Collective] = Counter()
 
     def link(self, group: Any) -> tuple[str, int]:
         """``(intra|inter, ranks)`` of a process group, by the nodes its ranks lie on."""
@@ -89,9 +109,24 @@ class CollectiveBytes(TorchDispatchMode):
         if boxed is not None:
             kind, buffer = found
             link, ranks = self.link(dist.ProcessGroup.unbox(boxed))
-            self.sent[link] += sent_bytes(kind, _bytes(args[buffer]), ranks)
+            tensors = _tensors(args[buffer])
+            dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else "none"
+            nbytes = sum(t.numel() * t.element_size() for t in tensors)
+            call = Collective(kind, ranks, link, sum(t.numel() for t in tensors), dtype, nbytes)
+            self.sent[link] += call.sent
             self.count[link] += 1
+            self.calls[call] += 1
         return func(*args, **(kwargs or {}))
+
+    def record(self, step: int) -> CommBytes:
+        """What this rank counted, as a run's record gives it for ``step`` (1-based)."""
+        return CommBytes(
+            step=step,
+            intra_node_bytes=self.sent["intra"],
+            inter_node_bytes=self.sent["inter"],
+            intra_node_collectives=self.count["intra"],
+            inter_node_collectives=self.count["inter"],
+        )
 
 
 class StepCommBytes:
