@@ -54,3 +54,12 @@ def project_wheel(tmp_path_factory) -> tuple[Path, str]:
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = work.glob("kanscale-*.whl")
     return wheel, build.stdout + build.stderr
+
+
+@pytest.fixture(scope="session")
+def state_runs(tmp_path_factory) -> dict[tuple[str, str], dict]:
+    """The records of short real runs of every CPU strategy under fp32 and bf16
+    (tests/helpers/state_runs.py), shared by the projection's and the rehearsal's tests."""
+    from tests.helpers.state_runs import run_state_runs
+
+    return run_state_runs(tmp_path_factory.mktemp("state"))

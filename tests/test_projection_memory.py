@@ -8,45 +8,23 @@ from dataclasses import replace
 import pytest
 
 from analysis import projection as pj
-from analysis.records import SUMMARY_FILE, read_summary
 from launchers.cli import main
 from launchers.project import cost_models
 from launchers.zoo import model_shape
-from tests.helpers.launch import ROOT, run_here, run_jobs
-from tests.helpers.parity import FAMILIES, STRATEGIES, experiment
+from tests.helpers.launch import ROOT
+from tests.helpers.parity import FAMILIES
 from tests.helpers.records import make_record, write_record
-
-PRECISIONS = ("fp32", "bf16")
-DISTRIBUTED = ["ddp", "fsdp1", "fsdp2", "zero0", "zero1", "zero2", "zero3", "zero3_offload"]
-SHORT = {"steps": 2, "warmup_steps": 1}
-
-
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory) -> dict[tuple[str, str], dict[str, int]]:
-    """The model state each run recorded, by (precision, strategy): one 2-rank launch for every
-    distributed strategy, single in this process."""
-    tmp = tmp_path_factory.mktemp("state")
-    jobs = [
-        {"id": f"{p}/{k}", "config": experiment("bspline", STRATEGIES[k], 1, str(tmp / "r"), precision=p, **SHORT)}
-        for p in PRECISIONS
-        for k in DISTRIBUTED
-    ]
-    results = run_jobs(jobs, tmp)
-    states = {(p, k): results[f"{p}/{k}"]["model_state"] for p in PRECISIONS for k in DISTRIBUTED}
-    for p in PRECISIONS:
-        trainer = run_here(experiment("bspline", {"name": "single"}, 1, str(tmp / "s"), precision=p, **SHORT))
-        states[p, "single"] = read_summary(trainer.run_dir / SUMMARY_FILE).memory.model_state.model_dump()
-    return states
+from tests.helpers.state_runs import DISTRIBUTED, PRECISIONS
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("strategy", ["single", *DISTRIBUTED])
-def test_model_state_equals_the_runs_record_per_category(recorded, strategy, precision):
+def test_model_state_equals_the_runs_record_per_category(state_runs, strategy, precision):
     (m,) = cost_models([strategy], FAMILIES["bspline"])
     shape = replace(model_shape(FAMILIES["bspline"]), precision=precision)
     ranks = 2 if m.multi_rank else 1
     predicted = pj.model_state(m, shape, ranks)
-    record = recorded[precision, strategy]
+    record = state_runs[precision, strategy]["model_state"]
     # Adam's step counters are left to a measured one-rank run (StepMemory.counters): a 4-byte
     # count per tensor torch's Adam updates, one per flat partition under ZeRO 1-3
     counters = 4 * (1 if m.master else len(shape.tensors))

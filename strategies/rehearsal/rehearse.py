@@ -1,0 +1,164 @@
+"""Rehearse one strategy: its own ``apply`` and engine, at the target's world size and mesh, as one
+of the target's ranks, with real tensors on this CPU and a fake process group (fake_world.py).
+
+The collectives are counted on the step a run counts them on (its last warm-up step); the model
+state, the tensor memory, FLOPs and kernels on a step after the first (DDP rebuilds its buckets
+after the first, DeepSpeed makes its buffers in it, the optimizer its state)."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from kanscale.errors import ConfigError
+from strategies.batch_plan import BatchPlan
+from strategies.distributed import DistEnv
+from strategies.engine import Engine
+from strategies.experiment import ExperimentConfig
+from strategies.lifecycle.preflight import Machines, preflight
+from strategies.loop.loader import MemoryBatches
+from strategies.loop.model_setup import build_rank_model
+from strategies.measure.comm_bytes import CollectiveBytes
+from strategies.measure.kernels import KernelRecorder
+from strategies.native_training import with_native_training
+from strategies.rehearsal.fake_world import answer_ddp_buckets, fake_world
+from strategies.rehearsal.result import CollectiveCalls, Refusal, Rehearsal, TensorMemory
+from strategies.schedule import innermost
+
+# MemTracker's categories, as the record names them
+CATEGORIES = {
+    "Parameter": "parameters",
+    "Buffer": "buffers",
+    "Gradient": "gradients",
+    "Optstate": "optimizer",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "Other": "other",
+    "Total": "peak",
+}
+
+
+def rehearse(cfg: ExperimentConfig, world_size: int, ranks_per_node: int, rank: int = 0) -> Rehearsal:
+    """Rehearse ``cfg``'s strategy at ``world_size`` ranks, ``ranks_per_node`` to a node, as
+    ``rank``. Raises ConfigError for what a launch at that layout would refuse before starting."""
+    started = time.perf_counter()
+    cfg = with_native_training(cfg)
+    nodes = Machines(count=max(1, world_size // ranks_per_node), ranks_here=ranks_per_node, like_this_one=False)
+    plan = preflight(cfg, "cpu", world_size, nodes, ranks_per_node)
+    with fake_world(world_size, ranks_per_node, rank) as env:
+        return measure_step(cfg, env, plan, started)
+
+
+def measure_step(cfg: ExperimentConfig, env: DistEnv, plan: BatchPlan, started: float | None = None) -> Rehearsal:
+    """This rank's step of ``cfg`` in the process group ``env`` is in, fake or real (a real one
+    checks the fake one), measured as :func:`rehearse` reports it."""
+    started = time.perf_counter() if started is None else started
+    t = cfg.training
+    env = env.on_mesh(cfg.strategy.mesh_shape(env.world_size, env.local_world_size))
+    dtype = getattr(torch, t.dtype)
+    data = cfg.task.generate(t.seed).to(env.device, dtype)
+    model = build_rank_model(cfg, env, dtype)
+    parameters = sum(p.numel() for p in model.parameters())
+    engine = cfg.strategy.apply(model, t, env)
+    answer_ddp_buckets(engine.model)
+    batches = MemoryBatches(data.x_train, data.y_train, plan, t, env.mesh.dp_size, env.mesh.dp_rank)
+    micro_batch = len(batches.batches(0)[0][0][0])
+    comm_step = t.warmup_steps - 1 if t.warmup_steps else 1
+    last = max(1, comm_step)
+    comm = CollectiveBytes(env.local_world_size)
+    for step in range(last):
+        with comm if step == comm_step else nullcontext():
+            _step(engine, batches, step, cfg)
+    tracker, kernels = _MemTracker(), KernelRecorder()
+    tracker.track_external(_held_tensors(engine.model), innermost(engine.optimizer))  # DeepSpeed's wraps torch's
+    with tracker, kernels, comm if last == comm_step else nullcontext(), warnings.catch_warnings():
+        # MemTracker reads .grad of FSDP1's parameter views, which autograd warns is never set
+        warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
+        _step(engine, batches, last, cfg, count_state=True)
+    assert engine.counted_state is not None  # step(count_state=True) counted it
+    peak = tracker.get_tracker_snapshot("peak")[env.device]
+    return Rehearsal(
+        strategy=cfg.strategy.label(),
+        world_size=env.world_size,
+        ranks_per_node=env.local_world_size,
+        rank=env.rank,
+        mesh=env.mesh.shape.sizes(),
+        micro_batch=micro_batch,
+        parameters=parameters,
+        step=last + 1,
+        model_state=engine.counted_state,
+        memory=TensorMemory(**{field: peak.get(key, 0) for key, field in CATEGORIES.items()}),
+        comm=comm.record(comm_step + 1) if env.world_size > 1 else None,
+        collectives=[
+            CollectiveCalls(
+                kind=c.kind,
+                group_ranks=c.ranks,
+                link=c.link,
+                elements=c.elements,
+                dtype=c.dtype,
+                calls=n,
+                sent_bytes=c.sent * n,
+            )
+            for c, n in comm.calls.items()
+        ],
+        flops=sum(op.flops for op in kernels.ops),
+        kernels=len(kernels.ops),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def rehearse_or_refusal(
+    cfg: ExperimentConfig, world_size: int, ranks_per_node: int, rank: int = 0
+) -> Rehearsal | Refusal:
+    """The rehearsal, or what refused it: the suite's own checks, or the backend at that layout
+    (what a real launch would meet only once its ranks started)."""
+    try:
+        return rehearse(cfg, world_size, ranks_per_node, rank)
+    except ValidationError:
+        raise  # the rehearsal's own record: a bug here, not a refusal
+    except ConfigError as e:
+        reason = str(e)
+    except (RuntimeError, ValueError, AssertionError, NotImplementedError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        reason = f"the backend refused this layout: {type(e).__name__}: {first[:300]}"
+        if rank != 0:
+            # A fake group delivers no rank's values to another: a backend that checks what rank 0
+            # broadcast (ZeRO-3 compares list lengths) fails on every other rank, whatever the layout.
+            reason = (
+                f"could not be rehearsed as rank {rank} ({type(e).__name__}: {first[:200]}): backends that check "
+                "values rank 0 broadcasts cannot be rehearsed as another rank; rehearse as rank 0"
+            )
+    return Refusal(strategy=cfg.strategy.label(), world_size=world_size, reason=reason)
+
+
+class _MemTracker(MemTracker):
+    """torch's MemTracker, setting no gradient hook on a module whose parameters are views (FSDP1
+    shows slices of its flat parameters so, and autograd refuses hooks on them): their gradients
+    are the flat parameters', which are tracked. (A private method: tests/test_rehearsal.py runs
+    FSDP1 under it.)"""
+
+    def _track_module_params_and_buffers(self, module: torch.nn.Module, install_grad_hooks: bool = True) -> Any:
+        leaves = all(p.is_leaf for p in module.parameters())
+        return super()._track_module_params_and_buffers(module, install_grad_hooks and leaves)
+
+
+def _held_tensors(model: torch.nn.Module) -> torch.nn.Module:
+    """A module holding ``model``'s leaf parameters and its buffers, for MemTracker: FSDP1 shows
+    views of its flat parameters as the module's parameters, on which no gradient hook can be set."""
+    holder = torch.nn.Module()
+    holder.leaves = torch.nn.ParameterList([p for p in model.parameters() if p.is_leaf])
+    for i, buffer in enumerate(model.buffers()):
+        holder.register_buffer(f"buffer{i}", buffer)
+    return holder
+
+
+def _step(engine: Engine, batches: MemoryBatches, step: int, cfg: ExperimentConfig, count_state: bool = False) -> None:
+    micro_batches, n_global = batches.batches(step)
+    engine.forward_backward(micro_batches, cfg.task.loss_sum, n_global=n_global, count_state=count_state)
+    engine.step(count_state=count_state)
