@@ -97,7 +97,7 @@ def main() -> None:
     if even is None:
         print(f"sparse never won up to grid {max(args.grids)}: nothing to store; try larger --grids")
         sys.exit(1 if args.save else 0)
-    print(f"dense and sparse break even at {even:.1f} bases per non-zero (interpolated) on {machine_key()}")
+    print(f"dense and sparse break even at {even:.2f} bases per non-zero (interpolated) on {machine_key()}")
     if args.save:
         path = save_crossover(even, datetime.date.today().isoformat(), table)
         print(f"stored in {path}: product auto multiplies sparsely from there on this CPU")
