@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ def check(r: RehearsalRequest) -> list[str]:
 
 def _rehearse_into(r: RehearsalRequest, strategy: str, out: str) -> None:
     """In the child: one rehearsal, written as JSON to ``out``."""
+    # DeepSpeed calls the collectives torch 2.13 renamed: its notice, nothing a user can act on,
+    # would repeat for every ZeRO preset of the table
+    warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     cfg = load_experiment(r.config, r.overrides, strategy=strategy)
     result = rehearse_or_refusal(cfg, r.nnodes * r.nproc_per_node, r.nproc_per_node, r.rank)
     kind = "rehearsal" if isinstance(result, Rehearsal) else "refusal"

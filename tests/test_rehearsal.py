@@ -151,3 +151,17 @@ def test_what_a_launch_would_refuse_is_named_per_strategy_and_bad_options_before
         assert main(["rehearse", str(exp), *argv]) == 2, argv
         err = capsys.readouterr().err
         assert named in err and "rehearsing" not in err, (argv, err)
+
+
+def test_a_model_with_frozen_parameters_rehearses_under_every_kind_of_backend(tmp_path):
+    # pykan holds masks and grids as parameters without gradients, which take no gradient hook
+    experiment = {
+        "name": "pykan-frozen",
+        "model": {"family": "pykan", "widths": [2, 4, 1], "grid": 5},
+        "task": {"name": "quadratic", "n_train": 256, "n_test": 64},
+        "training": {"micro_batch": 16, "steps": 4, "warmup_steps": 2},
+    }
+    done = rehearse(tmp_path, experiment, ["ddp", "fsdp1", "fsdp2", "zero3"], 1, 4)
+    for name, x in done.items():
+        assert x["memory"]["parameters"] > 0 and x["kernels"] > 500, (name, x["memory"], x["kernels"])
+    assert done["ddp"]["memory"]["gradients"] > 0

@@ -137,15 +137,23 @@ def rehearse_or_refusal(
     return Refusal(strategy=cfg.strategy.label(), world_size=world_size, reason=reason)
 
 
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
 class _MemTracker(MemTracker):
-    """torch's MemTracker, setting no gradient hook on a module whose parameters are views (FSDP1
-    shows slices of its flat parameters so, and autograd refuses hooks on them): their gradients
-    are the flat parameters', which are tracked. (A private method: tests/test_rehearsal.py runs
-    FSDP1 under it.)"""
+    """torch's MemTracker, setting no gradient hook where autograd refuses one: on FSDP1's
+    parameters, views of its flat parameters (whose gradients are the flat parameters', tracked),
+    and on frozen parameters (pykan's masks and grids), which get no gradient. Such a parameter is
+    marked as hooked already. (A private method: tests/test_rehearsal.py runs FSDP1 and pykan
+    under it.)"""
 
     def _track_module_params_and_buffers(self, module: torch.nn.Module, install_grad_hooks: bool = True) -> Any:
-        leaves = all(p.is_leaf for p in module.parameters())
-        return super()._track_module_params_and_buffers(module, install_grad_hooks and leaves)
+        for p in module.parameters():
+            if not (p.is_leaf and p.requires_grad):
+                self._param_to_grad_hook_handles.setdefault(p, (_NoHook(), _NoHook()))
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
 
 def _held_tensors(model: torch.nn.Module) -> torch.nn.Module:
