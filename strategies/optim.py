@@ -16,3 +16,11 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], training: TrainingConf
     if t.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=t.lr, betas=t.betas, eps=t.eps, weight_decay=t.weight_decay)
     return torch.optim.SGD(params, lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+
+
+def launch_as_on_gpu(optimizer: torch.optim.Optimizer) -> None:
+    """Step ``optimizer`` with the multi-tensor (``foreach``) kernels torch picks on CUDA: on a CPU
+    it loops over the tensors, launching a GPU's kernel count many times over."""
+    for group in optimizer.param_groups:
+        if "foreach" in group:
+            group["foreach"] = True

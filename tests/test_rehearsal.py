@@ -71,6 +71,10 @@ def assert_every_rank_as_recorded(tmp: Path, state_runs: dict, precision: str) -
     (single,) = rehearse(tmp, state_experiment("single", tmp / "o", precision), ["single"], 1, 1).values()
     assert_as_recorded(single, state_runs[precision, "single"], "single")
     assert single["memory"]["activations"] > 0 and single["flops"] > 0 and single["kernels"] > 0
+    # the kernels grouped by phase, as the device-time model costs them: every one, each phase seen
+    assert sum(k["count"] for k in single["ops"]) == single["kernels"]
+    assert {k["phase"] for k in single["ops"]} == {"forward", "backward", "optimizer"}
+    assert sum(k["flops"] * k["count"] for k in single["ops"]) == pytest.approx(single["flops"])
 
 
 def test_every_strategy_rehearses_as_its_two_rank_run_records_at_one_and_two_ranks(state_runs, tmp_path):

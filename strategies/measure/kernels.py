@@ -44,8 +44,9 @@ def nbytes(tree: Any) -> int:
 
 
 class KernelRecorder(TorchDispatchMode):
-    """Each kernel-launching aten op of the phase now running, as an Op. Collectives are ops too
-    (``c10d`` ones launch a kernel on the device's stream)."""
+    """Each kernel-launching aten op of the phase now running, as an Op: the ops autograd runs
+    while a "forward" phase is set are taken as the backward's. Collectives are ops too (``c10d``
+    ones launch a kernel on the device's stream)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -59,7 +60,9 @@ class KernelRecorder(TorchDispatchMode):
         if isinstance(func, torch._ops.OpOverload) and launches_kernel(func):
             formula: Callable[..., int] | None = self.flops.get(func._overloadpacket)
             flops = formula(*args, **kwargs, out_val=out) if formula else 0
-            self.ops.append(Op(str(func.overloadpacket), self.phase, float(flops), float(nbytes((args, kwargs, out)))))
+            # what autograd's engine runs inside a forward phase is the backward (a backend's hooks too)
+            phase = "backward" if self.phase == "forward" and torch._C._current_graph_task_id() != -1 else self.phase
+            self.ops.append(Op(str(func.overloadpacket), phase, float(flops), float(nbytes((args, kwargs, out)))))
         return out
 
     @contextlib.contextmanager

@@ -27,8 +27,9 @@ from strategies.loop.model_setup import build_rank_model
 from strategies.measure.comm_bytes import CollectiveBytes
 from strategies.measure.kernels import KernelRecorder
 from strategies.native_training import with_native_training
+from strategies.optim import launch_as_on_gpu
 from strategies.rehearsal.fake_world import answer_ddp_buckets, fake_world
-from strategies.rehearsal.result import CollectiveCalls, Refusal, Rehearsal, TensorMemory
+from strategies.rehearsal.result import CollectiveCalls, Kernels, Refusal, Rehearsal, TensorMemory
 from strategies.schedule import innermost
 
 # MemTracker's categories, as the record names them
@@ -67,6 +68,7 @@ def measure_step(cfg: ExperimentConfig, env: DistEnv, plan: BatchPlan, started: 
     parameters = sum(p.numel() for p in model.parameters())
     engine = cfg.strategy.apply(model, t, env)
     answer_ddp_buckets(engine.model)
+    launch_as_on_gpu(innermost(engine.optimizer))  # the kernels counted are a GPU's
     batches = MemoryBatches(data.x_train, data.y_train, plan, t, env.mesh.dp_size, env.mesh.dp_rank)
     micro_batch = len(batches.batches(0)[0][0][0])
     comm_step = t.warmup_steps - 1 if t.warmup_steps else 1
@@ -77,10 +79,14 @@ def measure_step(cfg: ExperimentConfig, env: DistEnv, plan: BatchPlan, started: 
             _step(engine, batches, step, cfg)
     tracker, kernels = _MemTracker(), KernelRecorder()
     tracker.track_external(_held_tensors(engine.model), innermost(engine.optimizer))  # DeepSpeed's wraps torch's
-    with tracker, kernels, comm if last == comm_step else nullcontext(), warnings.catch_warnings():
+    with tracker, comm if last == comm_step else nullcontext(), warnings.catch_warnings():
         # MemTracker reads .grad of FSDP1's parameter views, which autograd warns is never set
         warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
-        _step(engine, batches, last, cfg, count_state=True)
+        with kernels.phase_of_step("forward"):  # the batch's gather too: a GPU rank's data is on its device
+            micro_batches, n_global = batches.batches(last)
+            engine.forward_backward(micro_batches, cfg.task.loss_sum, n_global=n_global, count_state=True)
+        with kernels.phase_of_step("optimizer"):
+            engine.step(count_state=True)
     assert engine.counted_state is not None  # step(count_state=True) counted it
     peak = tracker.get_tracker_snapshot("peak")[env.device]
     return Rehearsal(
@@ -109,6 +115,7 @@ def measure_step(cfg: ExperimentConfig, env: DistEnv, plan: BatchPlan, started: 
         ],
         flops=sum(op.flops for op in kernels.ops),
         kernels=len(kernels.ops),
+        ops=Kernels.grouped(kernels.ops),
         seconds=time.perf_counter() - started,
     )
 
@@ -166,7 +173,7 @@ def _held_tensors(model: torch.nn.Module) -> torch.nn.Module:
     return holder
 
 
-def _step(engine: Engine, batches: MemoryBatches, step: int, cfg: ExperimentConfig, count_state: bool = False) -> None:
+def _step(engine: Engine, batches: MemoryBatches, step: int, cfg: ExperimentConfig) -> None:
     micro_batches, n_global = batches.batches(step)
-    engine.forward_backward(micro_batches, cfg.task.loss_sum, n_global=n_global, count_state=count_state)
-    engine.step(count_state=count_state)
+    engine.forward_backward(micro_batches, cfg.task.loss_sum, n_global=n_global)
+    engine.step()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
+
 from pydantic import Field
 
+from analysis.projection.device_time import Op, StepOps
 from analysis.schema_sections import CommBytes, ModelStateBytes, Record
 
 
@@ -17,6 +21,21 @@ class CollectiveCalls(Record):
     dtype: str
     calls: int = Field(ge=1, description="calls of this kind in the step")
     sent_bytes: float = Field(ge=0.0, description="what this rank sends over all the calls (ring count)")
+
+
+class Kernels(Record):
+    """Kernels of the counted step alike in op, phase, FLOPs and bytes, and how many there were."""
+
+    op: str = Field(description="the aten op, e.g. aten.mm")
+    phase: str = Field(description="forward, backward or optimizer")
+    flops: float = Field(ge=0.0, description="of one of them")
+    bytes: float = Field(ge=0.0, description="read and written by one of them")
+    count: int = Field(ge=1)
+
+    @staticmethod
+    def grouped(ops: Iterable[Op]) -> list[Kernels]:
+        counts = Counter((o.name, o.phase, o.flops, o.bytes) for o in ops)
+        return [Kernels(op=k[0], phase=k[1], flops=k[2], bytes=k[3], count=n) for k, n in counts.items()]
 
 
 class TensorMemory(Record):
@@ -50,7 +69,15 @@ class Rehearsal(Record):
     collectives: list[CollectiveCalls]
     flops: float = Field(ge=0.0, description="FLOPs of the counted step on this rank (FlopCounterMode)")
     kernels: int = Field(ge=0, description="kernel-launching ops of the counted step on this rank")
+    ops: list[Kernels] = Field(
+        default_factory=list, description="those kernels, grouped, for a device's time per op (docs/recommend.md)"
+    )
     seconds: float = Field(ge=0.0, description="what the rehearsal took here")
+
+    def step_ops(self) -> StepOps:
+        """The counted step's kernels, one Op each, as the device-time model costs them."""
+        ops = tuple(Op(k.op, k.phase, k.flops, k.bytes) for k in self.ops for _ in range(k.count))
+        return StepOps(self.strategy, self.micro_batch, ops)
 
     def gathered_per_parameter(self) -> float | None:
         """All-gathered elements per model parameter: 1 where a backend gathers each parameter
