@@ -90,13 +90,13 @@ def make_plan(models: str | None, impls: str | None, threads: int, repeats: int 
 def saved_bytes(model: nn.Module, step_loss: Callable[[], torch.Tensor]) -> int:
     """Bytes of the storages autograd keeps for backward in one forward, each storage once,
     parameters and buffers excluded."""
-    live_state = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    live_state = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
     packed: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        if storage.data_ptr() not in live_state:
-            packed[storage.data_ptr()] = storage.nbytes()
+        if storage._cdata not in live_state:
+            packed[storage._cdata] = storage.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

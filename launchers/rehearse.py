@@ -63,10 +63,14 @@ def _rehearse_into(r: RehearsalRequest, strategy: str, out: str) -> None:
 
 def rehearse_in_child(r: RehearsalRequest, strategy: str, out: Path) -> Rehearsal | Refusal:
     """One strategy's rehearsal in a child process: backends keep process-wide state (DeepSpeed's
-    groups) that a second world in one process would trip over. Forked where the system can,
-    so that the child starts with the modules this process has loaded."""
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    context: Any = multiprocessing.get_context(method)  # typeshed's BaseContext lacks Process
+    groups) that a second world in one process would trip over. Forked, where the system can,
+    from a fork server that has imported the rehearsal's modules once: never from this process,
+    whose torch may have started threads a forked child would wait on forever (OpenMP's pool)."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context: Any = multiprocessing.get_context("forkserver")  # typeshed's BaseContext lacks Process
+        context.set_forkserver_preload([__name__])
+    else:
+        context = multiprocessing.get_context("spawn")
     child = context.Process(target=_rehearse_into, args=(r, strategy, str(out)))
     child.start()
     child.join()

@@ -38,6 +38,7 @@ from launchers.recommend.probe import (
     probe_study,
     read_probe,
 )
+from launchers.recommend.rehearsed import rehearsal_probe, rehearse_candidates
 from launchers.recommend.step_ops import count_step_ops
 from launchers.recommend.target import ClusterFile, cluster_target, memory_here, read_cluster, this_machine
 from launchers.recommend.widths import largest_widths
@@ -240,10 +241,33 @@ def recommend(r: RecommendRequest) -> Recommendation:
     capacity = cluster.memory_per_rank if cluster else memory_here(per_node, r.memory_per_device)
     check_state_fits(models, shape, ranks, per_node, capacity, offload_on_device=cluster is None)
     global_batch = global_batch_of(r, cfg, ranks)
-    probe = run_probe(
-        r, cfg, probe_names(models, cfg), probe_micro_batch(shape.trainable, max(1, global_batch // ranks))
-    )
+    micro_batch = probe_micro_batch(shape.trainable, max(1, global_batch // ranks))
+    if cluster and cluster.per_kernel:  # a GPU's step is its kernels: rehearsed, nothing timed here
+        data = device_step_memory(cfg, micro_batch)
+        rehearsed = rehearse_candidates(
+            r.config, r.overrides, models, shape, r.nnodes or 1, per_node, global_batch, data
+        )
+        models = without_refused(models, rehearsed.refusals, ranks)
+        excluded = {**excluded, **rehearsed.refusals}
+        step = count_step_ops(cfg.model, cfg.training, max(1, global_batch // ranks))
+        probe = rehearsal_probe(rehearsed, step, data, Path(r.out))
+    else:
+        probe = run_probe(r, cfg, probe_names(models, cfg), micro_batch)
     return advise(r, cfg, shape, models, excluded, probe, cluster)
+
+
+def without_refused(
+    models: dict[str, pj.StrategyModel], refused: dict[str, str], ranks: int
+) -> dict[str, pj.StrategyModel]:
+    """The candidates less those whose rehearsal refused the layout (each with why), or the
+    refusals as one error where none is left."""
+    kept = {name: m for name, m in models.items() if name not in refused}
+    if not kept:
+        raise ConfigError(
+            f"every candidate's rehearsal at {ranks} ranks refused the layout: "
+            + "; ".join(f"{name}: {why}" for name, why in refused.items())
+        )
+    return kept
 
 
 def advise(
@@ -266,16 +290,23 @@ def advise(
     step = None
     if cluster:
         # a GPU's step is its kernels: counted here at the target's per-rank micro-batch, each at its cost there
-        step = count_step_ops(cfg.model, cfg.training, max(1, global_batch // ranks)) if cluster.per_kernel else None
+        step = None
+        if cluster.per_kernel:
+            step = probe.steps.get("*") or count_step_ops(cfg.model, cfg.training, max(1, global_batch // ranks))
         target = cluster_target(cluster, r.nnodes, per_node, 6 * shape.trainable, compute["*"], step, precision, spread)
-        if step is not None:
-            compute = {label: on_device(cluster, step, ends, precision) for label, ends in compute.items()}
+        if step is not None:  # each strategy's own kernels where rehearsed, else the model's
+            compute = {
+                label: on_device(cluster, probe.steps.get(label, step), ends, precision)
+                for label, ends in compute.items()
+            }
     else:
         target = this_machine(per_node, r.memory_per_device, r.network, Path(r.out), r.contention, spread)
 
     def beside(m: pj.StrategyModel) -> StepMemory:  # a GPU's allocator holds no process, a CPU rank's RSS does
         own = stand_in(m, probe, models)
         memory = probe.beside[own] if target.offload_on_device else probe.device
+        if own in probe.counters:  # rehearsed at the target's layout
+            return replace(memory, counters=probe.counters[own])
         measured = probe.optimizer_bytes.get(own)
         counters = measured - pj.model_state(m, shape, 1)["optimizer"] if measured is not None else 0.0
         return replace(memory, counters=max(0.0, counters))
@@ -287,9 +318,12 @@ def advise(
         laid_out.append(replace(c, largest_widths=widest, widths_beyond=beyond))
     candidates = ranked(laid_out)
     one = one_device(cfg, shape, compute["*"], beside, target, global_batch, cluster, step, r.memory_per_device)
+    rehearsals = [f"{label}: {source}" for label, source in probe.sources.items()]
+    # where rehearsed, each strategy's own kernels are named below, with where they came from
+    profiles = {k: v["value"] for k, v in compute.items() if k == "*" or not probe.steps}
     notes = pj.assumptions(
         shape,
-        {k: v["value"] for k, v in compute.items()},
+        profiles,
         target.network,
         target.compute_scale,
         target.contention,
@@ -297,7 +331,16 @@ def advise(
         memory="memory below",
     )
     recommendation = Recommendation(
-        target, cfg, shape, global_batch, candidates, excluded, probe, notes + assumption_lines(target), None, one
+        target,
+        cfg,
+        shape,
+        global_batch,
+        candidates,
+        excluded,
+        probe,
+        notes + assumption_lines(target) + rehearsals,
+        None,
+        one,
     )
     return Recommendation(**{**recommendation.__dict__, "command": run_command(r, recommendation)})
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from analysis import projection as pj
+from analysis.projection.device_time import StepOps
 from analysis.projection.memory import StepMemory
 from analysis.records import SUMMARY_FILE, read_summary
 from strategies.experiment import ExperimentConfig
@@ -58,6 +59,12 @@ class Probe:
     device: StepMemory  # what the allocator holds (a GPU rank's device memory)
     micro_batch: int
     runs: Path
+    # where rehearsed instead (a GPU target, launchers/recommend/rehearsed.py), per label ("*": the
+    # model's own step): the rank's kernels, the optimizer bytes beyond the formula at the target's
+    # layout, and where each came from
+    steps: dict[str, StepOps] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
 
 
 def keyed_dir(base: Path, identity: Any) -> Path:
@@ -90,7 +97,14 @@ def probe_study(
 def device_step_memory(cfg: ExperimentConfig, micro_batch: int) -> StepMemory:
     """What a rank's device holds beside the model state, by the allocator's count: the task's
     data (every rank holds it) and the bytes autograd saves per sample, from two micro-batches of
-    the task's own data through the model as the experiment builds it (a forward each)."""
+    the task's own data through the model as the experiment builds it (a forward each), on fake
+    tensors where the model allows (launchers/recommend/step_ops.py)."""
+    from launchers.recommend.step_ops import on_shapes_where_possible
+
+    return on_shapes_where_possible(cfg.model, lambda: _step_memory(cfg, micro_batch))
+
+
+def _step_memory(cfg: ExperimentConfig, micro_batch: int) -> StepMemory:
     import torch
 
     from kan_models import build_model
@@ -147,6 +161,15 @@ def read_probe(runs: Path, device: StepMemory, micro_batch: int) -> Probe:
 
 def probe_summary(probe: Probe) -> dict[str, Any]:
     """The probe as the JSON document records it."""
+    if probe.steps:
+        return {
+            "rehearsed": probe.sources,
+            "micro_batch": probe.micro_batch,
+            "saved_bytes_per_sample": probe.device.per_sample,
+            "data_bytes": probe.device.fixed,
+            "kernels": {label: step.kernels for label, step in probe.steps.items()},
+            "optimizer_bytes_beyond_formula": probe.counters,
+        }
     return {
         "runs": str(probe.runs),
         "micro_batch": probe.micro_batch,

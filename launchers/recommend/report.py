@@ -160,5 +160,6 @@ def run_recommend(r: RecommendRequest) -> int:
     if r.json:
         twin = write_json_and_markdown(r.json, doc, text, "--json")
         logger.info(f"wrote {r.json} and {twin}")
+    Path(r.out).mkdir(parents=True, exist_ok=True)
     (Path(r.out) / "recommendation.json").write_text(json.dumps(doc, indent=2) + "\n")
     return 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 
@@ -15,36 +17,41 @@ from kan_models.base import ModelConfig
 from strategies.measure.kernels import KernelRecorder
 from strategies.sections import TrainingConfig
 
+T = TypeVar("T")
+
 
 def count_step_ops(model: ModelConfig, training: TrainingConfig, micro_batch: int, seed: int = 0) -> StepOps:
     """The ops of one training step (forward, MSE loss, backward, the experiment's optimizer as a
-    GPU runs it: ``foreach``) at ``micro_batch`` samples: on fake tensors (shapes, no storage: a
-    model of any size in seconds) where the family can be built without computing, else on real
-    ones (pykan fits its splines while it builds), and on real ones where a step reads a tensor's
-    values (a data-dependent op, which fake tensors cannot run)."""
+    GPU runs it: ``foreach``) at ``micro_batch`` samples, counted :func:`on_shapes_where_possible`."""
+    return on_shapes_where_possible(model, lambda: _count(model, training, micro_batch, seed))
+
+
+def on_shapes_where_possible(model: ModelConfig, work: Callable[[], T]) -> T:
+    """``work``, which builds ``model`` and runs it, on fake tensors (shapes, no storage: a model of
+    any size in seconds and no memory) where the family can be built without computing, else on
+    real ones (pykan fits its splines while it builds), and on real ones where a step reads a
+    tensor's values (a data-dependent op, which fake tensors cannot run)."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
     from launchers.zoo import meta_sketch
 
     if meta_sketch(model) is not None:
         try:
-            with FakeTensorMode():
-                return _count(model, training, micro_batch, seed)
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                return work()
         except DataDependentOutputException:
             pass
-    return _count(model, training, micro_batch, seed)
+    return work()
 
 
 def _count(model: ModelConfig, training: TrainingConfig, micro_batch: int, seed: int) -> StepOps:
-    from strategies.optim import build_optimizer
+    from strategies.optim import build_optimizer, launch_as_on_gpu
 
     with contextlib.redirect_stdout(io.StringIO()):  # pykan prints its checkpoints
         net = build_model(model, seed)
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, training)
-    for group in optimizer.param_groups:
-        if "foreach" in group:  # what torch picks on CUDA; on this CPU it would loop over the tensors
-            group["foreach"] = True
+    launch_as_on_gpu(optimizer)
     generator = torch.Generator().manual_seed(seed)
     x = torch.rand(micro_batch, model.widths[0], generator=generator)
     y = torch.rand(micro_batch, model.widths[-1], generator=generator)

@@ -126,7 +126,7 @@ def cluster_target(
     notes = [f"device memory: {cluster.memory_per_rank / GiB:.1f} GiB per rank ({cluster.memory_source})"]
     scales = dict.fromkeys(ENDS, 1.0)
     bounds = {"compute": 1.0}
-    measured = "data time"
+    measured = ""
     if step is not None and cluster.per_kernel:
         notes += device_notes(cluster, step, precision)
         bounds = device_time(step.ops, cluster.device(precision)).shares
@@ -153,10 +153,14 @@ def cluster_target(
             "order between strategies is uncertain"
         )
     stated_ranges = ", ".join(ranges(doc)) or "none (every number is stated without a range)"
+    here = (
+        f"measured here ({measured}): +-{spread:.0%}, the 1-rank probes' spread between timing windows"
+        if measured
+        else "nothing timed here"
+    )
     interval = (
         f"interval: the predicted rate with every input at its pessimistic end and at its optimistic end; "
-        f"ranges stated in {file}: {stated_ranges}; measured here ({measured}): +-{spread:.0%}, the 1-rank "
-        "probes' spread between timing windows"
+        f"ranges stated in {file}: {stated_ranges}; {here}"
     )
     return Target(
         name=str(doc.get("name", file.stem)),
@@ -178,9 +182,9 @@ def device_profile(
     cluster: ClusterFile, step: StepOps, profile: pj.ComputeProfile, precision: str, end: str = "value"
 ) -> pj.ComputeProfile:
     """The compute of one rank's step on the cluster's device, from the counted ops
-    (analysis/projection/device_time.py), every stated number at ``end`` of ENDS; of the profile
-    measured here only the data time, host work a GPU rank does too, is kept; a strategy's
-    bookkeeping measured on this CPU is not."""
+    (analysis/projection/device_time.py), every stated number at ``end`` of ENDS; of ``profile``
+    only its data time, host work a GPU rank does too, is kept (none where rehearsed: the batch's
+    gather is among the kernels); a strategy's bookkeeping timed on this CPU is not."""
     device = cluster.device(precision, end)
     t = device_time(step.ops, device)
     work = t.phase_s("forward", "backward")
@@ -214,9 +218,9 @@ def device_notes(cluster: ClusterFile, step: StepOps, precision: str) -> list[st
         f"bound of the compute: {t.bound} ({share:.0%} of {t.step_s * 1e3:.3g} ms per step); with "
         + ", ".join(n[k].words() for k in ("host_us_per_kernel", rate, "memory_bandwidth_GBps"))
         + f" the step takes {span} ms (estimated)",
-        "bookkeeping measured on this CPU (a strategy's 1-rank step less data and compute) not carried over: on a GPU "
-        "its copies are kernels this count does not hold (DDP's bucket copies); the data time measured here is kept "
-        "(host work a GPU rank does too)",
+        "each strategy's rank: its own step rehearsed at the target's layout (strategies/rehearsal/), the backend's "
+        "kernels (DDP's bucket copies, FSDP's flattening, the batch's gather) counted with the model's, each costed "
+        "the same way; nothing timed on this CPU is carried over",
     ]
 
 

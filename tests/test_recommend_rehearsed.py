@@ -1,0 +1,98 @@
+"""kanscale recommend on a GPU cluster: each candidate's own step rehearsed at the target's layout
+(strategies/rehearsal/) instead of 1-rank probes timed on this CPU; its kernels, the backend's
+own among them, costed on the device; the optimizer state its backend keeps, at that layout; a
+layout the rehearsal refuses left out with why; a rank too large to hold here derived, and said so."""
+
+from dataclasses import replace
+
+import pytest
+
+from analysis import projection as pj
+from analysis.projection.device_time import device_time
+from kanscale.errors import ConfigError
+from launchers.recommend.advise import RecommendRequest, recommend
+from launchers.recommend.rehearsed import REHEARSAL_LIMIT
+from launchers.recommend.step_ops import count_step_ops
+from launchers.recommend.target import read_cluster
+from launchers.zoo import model_shape
+from strategies.experiment import load_experiment
+from tests.helpers.launch import ROOT
+
+CLUSTER = str(ROOT / "configs/clusters/a100_ib.yaml")
+QUICKSTART = str(ROOT / "configs/experiments/quickstart.yaml")
+SMALL = ["model.widths=[8,64,64,1]", "model.grid_range=[-1,1]", "task.name=high_dim", "task.dim=8"]
+
+
+def test_each_candidate_is_rehearsed_at_the_target_layout_and_nothing_is_trained(tmp_path):
+    out = tmp_path / "rec"
+    r = RecommendRequest(
+        QUICKSTART, SMALL, cluster=CLUSTER, nnodes=2, nproc_per_node=1, strategies="ddp,fsdp2", global_batch=256
+    )
+    rec = recommend(replace(r, out=str(out)))
+    probe = rec.probe
+    assert set(probe.sources) == {"ddp", "fsdp2"}
+    assert all(source.startswith("rehearsed at 2 ranks") for source in probe.sources.values())
+    model = probe.steps["*"]  # the model's own step at the rank's micro-batch
+    assert model.micro_batch == probe.steps["ddp"].micro_batch == 128
+    # the backend's own kernels are counted beside the model's, and differ between backends
+    assert probe.steps["ddp"].kernels > model.kernels and probe.steps["fsdp2"].kernels > probe.steps["ddp"].kernels
+    cluster = read_cluster(CLUSTER, None)
+    device = cluster.device("fp32")
+    assert device_time(probe.steps["fsdp2"].ops, device).step_s > device_time(model.ops, device).step_s
+    # torch's Adam keeps a 4-byte step counter per tensor it updates, beyond the per-parameter formula
+    shape = model_shape(load_experiment(QUICKSTART, SMALL).model.model_dump())
+    assert probe.counters["ddp"] == 4 * len(shape.tensors)
+    by_name = {c.strategy: c for c in rec.candidates}
+    ddp = load_experiment(QUICKSTART, SMALL, strategy="ddp").strategy.cost_model()
+    assert ddp is not None
+    state = pj.model_state(ddp, shape, 2)
+    assert by_name["ddp"].peak.model_state == sum(state.values()) + 4 * len(shape.tensors)
+    assert not (out / "probe").exists()  # nothing trained: no 1-rank probe runs
+    assert any(line.startswith("fsdp2: rehearsed at 2 ranks") for line in rec.assumptions)
+
+
+def test_a_layout_every_rehearsal_refuses_is_an_error_naming_each_reason(tmp_path):
+    r = RecommendRequest(
+        QUICKSTART,
+        SMALL,
+        cluster=CLUSTER,
+        nnodes=1,
+        nproc_per_node=2,
+        strategies="ddp,zero2",
+        global_batch=3,
+        out=str(tmp_path / "rec"),
+    )
+    with pytest.raises(ConfigError) as refused:
+        recommend(r)
+    message = str(refused.value)
+    assert "every candidate's rehearsal at 2 ranks refused the layout" in message
+    assert "ddp: " in message and "zero2: " in message and "global_batch" in message
+
+
+@pytest.mark.slow  # a step of 358M parameters counted on fake tensors, three times: under a minute
+def test_a_rank_too_large_to_hold_here_is_derived_and_labelled_so(tmp_path):
+    # about 358M parameters: a rank of ddp would hold several GiB here, so nothing is rehearsed
+    large = ["model.widths=[64,4096,4096,1]", "model.grid=16", "task.name=high_dim", "task.dim=64"]
+    large.append("model.grid_range=[-1,1]")
+    r = RecommendRequest(
+        QUICKSTART,
+        large,
+        cluster=CLUSTER,
+        nnodes=4,
+        nproc_per_node=2,
+        strategies="ddp,zero3",
+        global_batch=512,
+        out=str(tmp_path / "rec"),
+    )
+    rec = recommend(r)
+    assert rec.shape.trainable > 300e6
+    derived = "derived, not rehearsed: a rank would hold"
+    assert all(source.startswith(derived) for source in rec.probe.sources.values()), rec.probe.sources
+    assert set(rec.probe.steps) == {"*"} and not rec.probe.counters
+    assert 4 * rec.shape.params > REHEARSAL_LIMIT
+    cfg = load_experiment(QUICKSTART, large)
+    assert rec.probe.steps["*"].kernels == count_step_ops(cfg.model, cfg.training, 64).kernels
+    for c in rec.candidates:  # the state by the strategy's formula, nothing added for a rehearsed backend
+        m = load_experiment(QUICKSTART, large, strategy=c.strategy).strategy.cost_model()
+        assert m is not None and c.fits
+        assert c.peak.model_state == sum(pj.model_state(m, rec.shape, 8, 2).values())
