@@ -10,7 +10,8 @@
 # are under OUT_DIR/runs, the kernel benchmark table is OUT_DIR/bench.md, NCCL's collective
 # latency and bandwidth OUT_DIR/commbench.md, the timing overhead OUT_DIR/bench_timing.md, the
 # sparse product's crossover OUT_DIR/sparse_crossover.md, the fused layer's Triton kernels against the
-# fast layer OUT_DIR/bench_fused.md.
+# fast layer OUT_DIR/bench_fused.md, each run beside the rehearsal's prediction for it OUT_DIR/predicted.md
+# (CLUSTER_FILE: the cluster file of the GPU, default configs/clusters/h100_one_node.yaml).
 set -u
 OUT=${1:-${OUT:-gpu_checks}}
 mkdir -p "$OUT/runs"
@@ -98,6 +99,15 @@ for summary in sorted(Path(sys.argv[1]).glob("*/*/summary.json")):
           f"computed in {r.precision.compute_dtype}")
 sys.exit(1 if bad else 0)
 PYEOF
+
+# What kanscale recommend predicts for each run above (its strategy rehearsed at the run's layout, its
+# kernels costed on the GPU of CLUSTER_FILE), beside what the run measured: OUT_DIR/predicted.md
+CLUSTER_FILE=${CLUSTER_FILE:-configs/clusters/h100_one_node.yaml}
+predicted_beside_measured() {
+  $PY scripts/predicted_beside_measured.py "$OUT/runs" --cluster "$CLUSTER_FILE" --out "$OUT/predicted" > "$OUT/predicted.md" \
+    && cat "$OUT/predicted.md"
+}
+check predicted_beside_measured predicted_beside_measured
 
 check commbench_nccl $PY -m launchers.cli commbench --device cuda --nproc-per-node "$NPROC" --out "$OUT/commbench.json"
 # Kernel speed: the study's, the wide and the fine-grid workloads, with the whole step compiled and

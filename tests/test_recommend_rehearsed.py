@@ -3,6 +3,8 @@
 own among them, costed on the device; the optimizer state its backend keeps, at that layout; a
 layout the rehearsal refuses left out with why; a rank too large to hold here derived, and said so."""
 
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -16,7 +18,8 @@ from launchers.recommend.step_ops import count_step_ops
 from launchers.recommend.target import read_cluster
 from launchers.zoo import model_shape
 from strategies.experiment import load_experiment
-from tests.helpers.launch import ROOT
+from tests.helpers.launch import ROOT, child_env, run_here
+from tests.helpers.state_runs import state_experiment
 
 CLUSTER = str(ROOT / "configs/clusters/a100_ib.yaml")
 QUICKSTART = str(ROOT / "configs/experiments/quickstart.yaml")
@@ -96,3 +99,19 @@ def test_a_rank_too_large_to_hold_here_is_derived_and_labelled_so(tmp_path):
         m = load_experiment(QUICKSTART, large, strategy=c.strategy).strategy.cost_model()
         assert m is not None and c.fits
         assert c.peak.model_state == sum(pj.model_state(m, rec.shape, 8, 2).values())
+
+
+def test_a_finished_run_is_printed_beside_its_prediction(tmp_path):
+    """scripts/predicted_beside_measured.py, which scripts/gpu_checks.sh runs on its GPU runs: one
+    row per run, the model state rehearsed at the run's layout equal to the recorded one."""
+    trainer = run_here(state_experiment("single", tmp_path / "runs", "fp32"))
+    script = ROOT / "scripts/predicted_beside_measured.py"
+    gpu = str(ROOT / "configs/clusters/h100_one_node.yaml")  # the file gpu_checks.sh gives it
+    command = [sys.executable, str(script), str(tmp_path / "runs"), "--cluster", gpu, "--out", str(tmp_path / "p")]
+    proc = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=child_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (line,) = [r for r in proc.stdout.splitlines() if r.startswith(f"| runs/{trainer.run_dir.name} ")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[1] == "single" and cells[2] == "1"
+    assert float(cells[4].split()[0].replace(",", "")) > 0  # a predicted rate, with its interval
+    assert cells[-2] == cells[-1]  # model state per rank: measured, predicted
