@@ -221,6 +221,8 @@ def test_validate_trains_the_picks_and_sets_the_prediction_beside_the_measuremen
         assert r["measured_samples_per_s"] > 0
     assert "## Validation: predicted against measured on this machine" in proc.stdout
     assert "Order predicted:" in proc.stdout
+    # what it assumes of other work on this machine: the load its probes were timed under
+    assert "- outside load: other processes kept " in proc.stdout and "assumes the same load" in proc.stdout
     (runs,) = [d for d in (out / "validate").iterdir() if d.is_dir()]  # one experiment validated
     assert f"kanscale analyze {runs}" in proc.stdout
     # the peak compared is the strategy's own: no compute baseline's working memory in it

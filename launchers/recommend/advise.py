@@ -38,7 +38,7 @@ from launchers.recommend.probe import (
     probe_study,
     read_probe,
 )
-from launchers.recommend.rehearsed import rehearsal_probe, rehearse_candidates
+from launchers.recommend.rehearsed import rehearsed_probe
 from launchers.recommend.step_ops import count_step_ops
 from launchers.recommend.target import ClusterFile, cluster_target, memory_here, read_cluster, this_machine
 from launchers.recommend.widths import largest_widths
@@ -243,31 +243,13 @@ def recommend(r: RecommendRequest) -> Recommendation:
     global_batch = global_batch_of(r, cfg, ranks)
     micro_batch = probe_micro_batch(shape.trainable, max(1, global_batch // ranks))
     if cluster and cluster.per_kernel:  # a GPU's step is its kernels: rehearsed, nothing timed here
-        data = device_step_memory(cfg, micro_batch)
-        rehearsed = rehearse_candidates(
-            r.config, r.overrides, models, shape, r.nnodes or 1, per_node, global_batch, data
+        probe, models, refused = rehearsed_probe(
+            r.config, r.overrides, cfg, shape, models, (r.nnodes or 1, per_node), global_batch, micro_batch, Path(r.out)
         )
-        models = without_refused(models, rehearsed.refusals, ranks)
-        excluded = {**excluded, **rehearsed.refusals}
-        step = count_step_ops(cfg.model, cfg.training, max(1, global_batch // ranks))
-        probe = rehearsal_probe(rehearsed, step, data, Path(r.out))
+        excluded = {**excluded, **refused}
     else:
         probe = run_probe(r, cfg, probe_names(models, cfg), micro_batch)
     return advise(r, cfg, shape, models, excluded, probe, cluster)
-
-
-def without_refused(
-    models: dict[str, pj.StrategyModel], refused: dict[str, str], ranks: int
-) -> dict[str, pj.StrategyModel]:
-    """The candidates less those whose rehearsal refused the layout (each with why), or the
-    refusals as one error where none is left."""
-    kept = {name: m for name, m in models.items() if name not in refused}
-    if not kept:
-        raise ConfigError(
-            f"every candidate's rehearsal at {ranks} ranks refused the layout: "
-            + "; ".join(f"{name}: {why}" for name, why in refused.items())
-        )
-    return kept
 
 
 def advise(
@@ -319,6 +301,7 @@ def advise(
     candidates = ranked(laid_out)
     one = one_device(cfg, shape, compute["*"], beside, target, global_batch, cluster, step, r.memory_per_device)
     rehearsals = [f"{label}: {source}" for label, source in probe.sources.items()]
+    load = probe.outside_load_words() if cluster is None else None  # a cluster's ranks are not this machine's
     # where rehearsed, each strategy's own kernels are named below, with where they came from
     profiles = {k: v["value"] for k, v in compute.items() if k == "*" or not probe.steps}
     notes = pj.assumptions(
@@ -338,7 +321,7 @@ def advise(
         candidates,
         excluded,
         probe,
-        notes + assumption_lines(target) + rehearsals,
+        notes + assumption_lines(target) + rehearsals + ([load] if load else []),
         None,
         one,
     )

@@ -65,6 +65,18 @@ class Probe:
     steps: dict[str, StepOps] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    # cores other processes kept busy while the probes were timed (median), and the cores there were
+    outside_load: tuple[float, int] | None = None
+
+    def outside_load_words(self) -> str | None:
+        """What the prediction assumes of other work on this machine: the load the probes met."""
+        if self.outside_load is None:
+            return None
+        busy, cores = self.outside_load
+        return (
+            f"outside load: other processes kept {busy:.2f} of {cores} cores busy while the probes were timed "
+            "(median); the prediction assumes the same load while the training runs (more slows it, less speeds it)"
+        )
 
 
 def keyed_dir(base: Path, identity: Any) -> Path:
@@ -133,11 +145,15 @@ def read_probe(runs: Path, device: StepMemory, micro_batch: int) -> Probe:
     beside: dict[str, list[float]] = {}
     optimizer: dict[str, float] = {}
     references = []
+    loads: list[tuple[float, int]] = []
     for summary in runs.rglob(SUMMARY_FILE):
         record = read_summary(summary)
         held = record.memory  # a finished record has it (RunRecord's validator)
         if record.status != "ok" or record.topology.world_size != 1 or held is None:
             continue
+        load = record.measurement.outside_load if record.measurement else None
+        if load is not None:
+            loads.append((load.cores_busy, load.cores))
         peak = held.peak_device_bytes or held.peak_rss_bytes
         state = sum(held.model_state.model_dump().values())
         beside.setdefault(record.strategy.label, []).append(peak - state - device.per_sample * micro_batch)
@@ -156,7 +172,8 @@ def read_probe(runs: Path, device: StepMemory, micro_batch: int) -> Probe:
         f"{reference}'s {where}, for strategies without their own", memory[reference].fixed, device.per_sample
     )
     optimizer["*"] = optimizer[reference]
-    return Probe(compute, memory, optimizer, device, micro_batch, runs)
+    outside = sorted(loads)[len(loads) // 2] if loads else None
+    return Probe(compute, memory, optimizer, device, micro_batch, runs, outside_load=outside)
 
 
 def probe_summary(probe: Probe) -> dict[str, Any]:
@@ -186,4 +203,5 @@ def probe_summary(probe: Probe) -> dict[str, Any]:
             for label, p in probe.compute.items()
         },
         "beside_state_bytes": {label: m.fixed for label, m in probe.beside.items()},
+        "outside_cores_busy": probe.outside_load[0] if probe.outside_load else None,
     }

@@ -25,8 +25,11 @@ from analysis.format import human_bytes
 from analysis.projection.device_time import StepOps
 from analysis.projection.memory import StepMemory, peak_memory
 from kanscale import log
-from launchers.recommend.probe import Probe
+from kanscale.errors import ConfigError
+from launchers.recommend.probe import Probe, device_step_memory
+from launchers.recommend.step_ops import count_step_ops
 from launchers.rehearse import RehearsalRequest, rehearse_in_child
+from strategies.experiment import ExperimentConfig
 from strategies.rehearsal.result import Rehearsal
 
 logger = log.get(__name__)
@@ -114,3 +117,31 @@ def rehearsal_probe(rehearsed: Rehearsed, reference: StepOps, data: StepMemory, 
         counters=rehearsed.counters,
         sources=rehearsed.sources,
     )
+
+
+def rehearsed_probe(
+    config: str,
+    overrides: list[str],
+    cfg: ExperimentConfig,
+    shape: pj.ModelShape,
+    models: dict[str, pj.StrategyModel],
+    layout: tuple[int, int],
+    global_batch: int,
+    micro_batch: int,
+    out: Path,
+) -> tuple[Probe, dict[str, pj.StrategyModel], dict[str, str]]:
+    """Every candidate rehearsed on ``layout`` (nodes, ranks per node): what the prediction starts
+    from, the candidates whose layout no rehearsal refused, and each refusal (preset name -> why);
+    a ConfigError naming each where every one is refused. ``micro_batch``: the samples the bytes
+    autograd saves per sample are counted at."""
+    nodes, per_node = layout
+    data = device_step_memory(cfg, micro_batch)
+    rehearsed = rehearse_candidates(config, overrides, models, shape, nodes, per_node, global_batch, data)
+    kept = {name: m for name, m in models.items() if name not in rehearsed.refusals}
+    if not kept:
+        raise ConfigError(
+            f"every candidate's rehearsal at {nodes * per_node} ranks refused the layout: "
+            + "; ".join(f"{name}: {why}" for name, why in rehearsed.refusals.items())
+        )
+    step = count_step_ops(cfg.model, cfg.training, max(1, global_batch // (nodes * per_node)))
+    return rehearsal_probe(rehearsed, step, data, out), kept, rehearsed.refusals

@@ -51,7 +51,8 @@ COVERED = {
     "option": "one training option under one strategy: the option's own tests train it under every strategy "
     "(tests/test_compile_training.py, test_data_loader.py, test_precision.py)",
     "reads": "it reads what a study or a benchmark wrote (not run here, above)",
-    "script": "a benchmark script: tests/test_bench.py and tests/test_measurement_honesty.py run the benchmarks",
+    "script": "a benchmark script: tests/test_bench.py, tests/test_measurement_honesty.py and "
+    "tests/test_recommend_rehearsed.py run the benchmarks",
 }
 
 
