@@ -1,8 +1,9 @@
 """The bytes one training step moves, by the links they cross: inside a node or across nodes.
 
-Every collective a backend issues (DDP's reducer, FSDP1 and FSDP2, DeepSpeed, DTensor's tensor
-parallelism) reaches torch's dispatcher as a ``c10d`` op with its process group, so one
-TorchDispatchMode over a step sees them all, whichever library called. Each is counted as the
+Every collective a backend issues reaches torch's dispatcher, so one TorchDispatchMode over a
+step sees them all, whichever library called: DDP's reducer, FSDP1 and FSDP2 and DeepSpeed as
+``c10d`` ops with their process group, DTensor's (tensor parallelism) as functional ops
+(``_c10d_functional``) naming theirs. Each is counted as the
 bytes a rank sends by the ring algorithm nccl-tests assumes (the projection's cost model,
 analysis/projection/collectives.py): an all-reduce of S bytes over P ranks sends 2 (P - 1) / P x S,
 an all-gather (S its output) and a reduce-scatter (S its input) (P - 1) / P x S, a broadcast or a
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -45,6 +47,21 @@ COLLECTIVES: dict[Any, tuple[str, int]] = {
     _c10d.reduce_.default: ("reduce", 0),
     _c10d.alltoall_base_.default: ("all_to_all", 1),
     _c10d.alltoall_.default: ("all_to_all", 1),
+}
+
+_functional = torch.ops._c10d_functional
+# DTensor's collectives (tensor parallelism, FSDP2's DTensor ops): functional ops on a group named by
+# their last argument; op -> (kind, whether the whole buffer S is the input times the group's size)
+FUNCTIONAL: dict[Any, tuple[str, bool]] = {
+    _functional.all_reduce.default: ("all_reduce", False),
+    _functional.all_reduce_.default: ("all_reduce", False),
+    _functional.all_reduce_coalesced.default: ("all_reduce", False),
+    _functional.all_gather_into_tensor.default: ("all_gather", True),
+    _functional.all_gather_into_tensor_coalesced.default: ("all_gather", True),
+    _functional.reduce_scatter_tensor.default: ("reduce_scatter", False),
+    _functional.reduce_scatter_tensor_coalesced.default: ("reduce_scatter", False),
+    _functional.all_to_all_single.default: ("all_to_all", False),
+    _functional.broadcast.default: ("broadcast", False),
 }
 
 
@@ -106,17 +123,29 @@ class CollectiveBytes(TorchDispatchMode):
         found = COLLECTIVES.get(func)
         # the op's process group, boxed for the dispatcher: every c10d op's first script object
         boxed = next((a for a in args if isinstance(a, torch.ScriptObject)), None) if found else None
-        if boxed is not None:
+        if found is not None and boxed is not None:
             kind, buffer = found
-            link, ranks = self.link(dist.ProcessGroup.unbox(boxed))
-            tensors = _tensors(args[buffer])
-            dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else "none"
-            nbytes = sum(t.numel() * t.element_size() for t in tensors)
-            call = Collective(kind, ranks, link, sum(t.numel() for t in tensors), dtype, nbytes)
-            self.sent[link] += call.sent
-            self.count[link] += 1
-            self.calls[call] += 1
+            self.count_call(kind, dist.ProcessGroup.unbox(boxed), _tensors(args[buffer]), 1)
+        elif func in FUNCTIONAL:
+            kind, gathered = FUNCTIONAL[func]
+            named = args[-1]
+            group = (
+                dist.ProcessGroup.unbox(named)
+                if isinstance(named, torch.ScriptObject)
+                else _resolve_process_group(named)
+            )
+            self.count_call(kind, group, _tensors(args[0]), group.size() if gathered else 1)
         return func(*args, **(kwargs or {}))
+
+    def count_call(self, kind: str, group: Any, tensors: list[torch.Tensor], times: int) -> None:
+        """One collective of ``kind`` on ``group`` whose whole buffer is ``tensors``, ``times`` over."""
+        link, ranks = self.link(group)
+        dtype = str(tensors[0].dtype).removeprefix("torch.") if tensors else "none"
+        nbytes = times * sum(t.numel() * t.element_size() for t in tensors)
+        call = Collective(kind, ranks, link, times * sum(t.numel() for t in tensors), dtype, nbytes)
+        self.sent[link] += call.sent
+        self.count[link] += 1
+        self.calls[call] += 1
 
     def record(self, step: int) -> CommBytes:
         """What this rank counted, as a run's record gives it for ``step`` (1-based)."""
