@@ -1,4 +1,5 @@
-"""``kanscale``: one module per subcommand, each with ``register`` (its parser) and ``main``."""
+"""``kanscale``: one module per subcommand, each with ``register`` (its parser) and ``main``,
+grouped by what they do: training, measuring, predicting, reading."""
 
 from __future__ import annotations
 
@@ -6,23 +7,11 @@ import argparse
 import sys
 
 from kanscale import __version__, log
-from launchers.cli import (
-    analyze,
-    bench,
-    build_ops,
-    commbench,
-    compare_paper,
-    export,
-    models,
-    project,
-    recommend,
-    rehearse,
-    run,
-    schema,
-    sweep,
-    train,
-)
 from launchers.cli.common import add_verbosity_options, exit_code
+from launchers.cli.measuring import bench, build_ops, commbench
+from launchers.cli.predicting import project, recommend, rehearse
+from launchers.cli.reading import analyze, compare_paper, models, schema
+from launchers.cli.training import export, run, sweep, train
 
 SUBCOMMANDS = (
     train,

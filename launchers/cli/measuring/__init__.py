@@ -1,0 +1,1 @@
+"""Subcommands that measure this machine: kernels, links, and the fused op's build."""

@@ -1,0 +1,1 @@
+"""Subcommands that predict before training: projection, recommendation, rehearsal."""
