@@ -99,3 +99,22 @@ def test_a_finished_run_is_printed_beside_its_prediction(tmp_path):
     assert cells[1] == "single" and cells[2] == "1"
     assert float(cells[4].split()[0].replace(",", "")) > 0  # a predicted rate, with its interval
     assert cells[-2] == cells[-1]  # model state per rank: measured, predicted
+
+
+@pytest.mark.parametrize("preset", ["tp", "zero2"])
+def test_a_ranks_own_step_is_not_shared_out_again(preset):
+    """A whole model's step is divided among the ranks that cut it (TP) or shard its optimizer;
+    a rehearsed rank's step is its share already, so the projection takes it as it is."""
+    cfg = load_experiment(QUICKSTART, SMALL, strategy=preset)
+    m = cfg.strategy.cost_model()
+    assert m is not None
+    shape = model_shape(cfg.model.model_dump())
+    network = read_cluster(CLUSTER, None).network
+    whole = pj.ComputeProfile("a whole model's step", samples=64, compute_s=0.01, optimizer_s=0.004)
+    own = replace(whole, per_rank=True)
+    scenario = pj.Scenario(ranks=2, nodes=1, samples_per_rank=64)
+    shared, kept = (pj.project_step(m, shape, p, network, scenario).compute_s for p in (whole, own))
+    if preset == "tp":  # forward, backward and optimizer each halved for the whole model
+        assert kept == pytest.approx(2 * shared)
+    else:  # ZeRO-2 divides the optimizer's part only
+        assert kept == pytest.approx(shared + 0.004 / 2)

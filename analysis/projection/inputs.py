@@ -31,6 +31,9 @@ class ComputeProfile:
     forward_fraction: float = 1 / 3  # forward's share of compute_s
     forward_source: str = "assumed"  # measured | given | assumed
     precision: str = "fp32"  # training.precision of the measured step (the model state follows it)
+    # the step of one rank at the target's layout (a rehearsal's): its TP cut and its optimizer shard
+    # are in it already; else a whole model's step, which the projection divides among those ranks
+    per_rank: bool = False
 
 
 @dataclass(frozen=True)

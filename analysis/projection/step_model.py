@@ -122,9 +122,12 @@ def project_step(
     replicas = dp // group
     group_nodes = min(sc.nodes, dp) if replicas == 1 else nodes_for(group, per_node)
     speed = sc.compute_scale * (sc.contention if P > 1 else 1.0)
-    work = profile.compute_s * sc.samples_per_rank / profile.samples * speed / tp
+    # a whole model's step is shared out among the ranks that cut (TP) or shard (the optimizer's) it;
+    # a rank's own step, rehearsed at the layout, is that share already
+    cut, sharded = (1, 1) if profile.per_rank else (tp, group if m.sharded_state else 1)
+    work = profile.compute_s * sc.samples_per_rank / profile.samples * speed / cut
     forward, backward = profile.forward_fraction * work, (1 - profile.forward_fraction) * work
-    optimizer = profile.optimizer_s * speed / tp / (group if m.sharded_state else 1)
+    optimizer = profile.optimizer_s * speed / cut / sharded
     if m.offload:
         optimizer *= net.host_optimizer_slowdown
 

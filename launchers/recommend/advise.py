@@ -269,16 +269,19 @@ def advise(
     # what is measured here, at every end of ENDS: its times within the probes' spread
     compute = {label: measured_ends(p, spread) for label, p in probe.compute.items()}
     precision = cfg.training.precision
+
+    def rehearsed(label: str) -> bool:  # its own rank's step, not the whole model's
+        return label != "*" and label in probe.steps
+
     step = None
     if cluster:
         # a GPU's step is its kernels: counted here at the target's per-rank micro-batch, each at its cost there
-        step = None
         if cluster.per_kernel:
             step = probe.steps.get("*") or count_step_ops(cfg.model, cfg.training, max(1, global_batch // ranks))
         target = cluster_target(cluster, r.nnodes, per_node, 6 * shape.trainable, compute["*"], step, precision, spread)
         if step is not None:  # each strategy's own kernels where rehearsed, else the model's
             compute = {
-                label: on_device(cluster, probe.steps.get(label, step), ends, precision)
+                label: on_device(cluster, probe.steps.get(label, step), ends, precision, per_rank=rehearsed(label))
                 for label, ends in compute.items()
             }
     else:

@@ -20,11 +20,11 @@ from strategies.experiment import ExperimentConfig, load_strategy
 
 
 def on_device(
-    cluster: ClusterFile, step: StepOps, measured: dict[str, pj.ComputeProfile], precision: str
+    cluster: ClusterFile, step: StepOps, measured: dict[str, pj.ComputeProfile], precision: str, per_rank: bool = False
 ) -> dict[str, pj.ComputeProfile]:
     """A rank's compute on the cluster's device at every end of ENDS, from the counted kernels
-    and what is measured here at that end (its data time)."""
-    return {end: device_profile(cluster, step, measured[end], precision, end) for end in ENDS}
+    (``per_rank``: one rank's, rehearsed) and what is measured here at that end (its data time)."""
+    return {end: device_profile(cluster, step, measured[end], precision, end, per_rank) for end in ENDS}
 
 
 def one_device(

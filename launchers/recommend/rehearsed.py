@@ -94,7 +94,8 @@ def rehearse_candidates(
             out.steps[m.label] = result.step_ops()
             out.counters[m.label] = max(0.0, result.model_state.optimizer - formula)
             out.sources[m.label] = (
-                f"rehearsed at {ranks} ranks as rank 0 in {time.perf_counter() - started:.1f} s: "
+                f"rehearsed at {ranks} rank{'s' if ranks > 1 else ''} as rank 0 "
+                f"in {time.perf_counter() - started:.1f} s: "
                 f"{result.kernels} kernels per step of {result.micro_batch} samples"
             )
     return out

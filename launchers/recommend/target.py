@@ -179,12 +179,18 @@ def cluster_target(
 
 
 def device_profile(
-    cluster: ClusterFile, step: StepOps, profile: pj.ComputeProfile, precision: str, end: str = "value"
+    cluster: ClusterFile,
+    step: StepOps,
+    profile: pj.ComputeProfile,
+    precision: str,
+    end: str = "value",
+    per_rank: bool = False,
 ) -> pj.ComputeProfile:
     """The compute of one rank's step on the cluster's device, from the counted ops
     (analysis/projection/device_time.py), every stated number at ``end`` of ENDS; of ``profile``
     only its data time, host work a GPU rank does too, is kept (none where rehearsed: the batch's
-    gather is among the kernels); a strategy's bookkeeping timed on this CPU is not."""
+    gather is among the kernels); a strategy's bookkeeping timed on this CPU is not. ``per_rank``:
+    ``step`` is one rank's at the target's layout (rehearsed), not the whole model's."""
     device = cluster.device(precision, end)
     t = device_time(step.ops, device)
     work = t.phase_s("forward", "backward")
@@ -197,6 +203,7 @@ def device_profile(
         data_s=profile.data_s,
         forward_fraction=t.phase_s("forward") / work if work else 1 / 3,
         forward_source="counted",
+        per_rank=per_rank,
     )
 
 
