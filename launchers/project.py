@@ -12,6 +12,7 @@ from typing import Any
 
 from analysis import projection as pj
 from analysis.documents import json_out, write_json_and_markdown
+from analysis.projection.cluster_file import check_cluster
 from kan_models import parse_model_config
 from kanscale import log
 from kanscale.errors import ConfigError
@@ -50,7 +51,9 @@ def checked(flag: str, load: Callable, *inputs: Any, **options: Any) -> Any:
 def network(request: ProjectionRequest) -> pj.Network:
     if request.cluster:
         path = find_file(request.cluster, "--cluster", "cluster file")
-        return checked("--cluster", pj.network_from_cluster, read_mapping(path, "--cluster"), str(path))
+        doc = read_mapping(path, "--cluster")
+        check_cluster(doc, path)  # every layout it projects comes from the file itself
+        return checked("--cluster", pj.network_from_cluster, doc, str(path))
     files = request.network or []  # the command line asks for --cluster or --network
     docs = [read_json(p, "--network") for p in files]
     return checked("--network", pj.network_from_commbench, docs, ", ".join(files))

@@ -232,8 +232,9 @@ def layout(r: RecommendRequest, cluster: ClusterFile | None) -> tuple[int, int]:
 
 def recommend(r: RecommendRequest) -> Recommendation:
     check_request(r)
+    # the cluster file first: a mistake in it is found before anything else is read or measured
+    cluster = read_cluster(r.cluster, r.memory_per_device, r.nnodes or 1, r.nproc_per_node) if r.cluster else None
     cfg = load_experiment(r.config, r.overrides)
-    cluster = read_cluster(r.cluster, r.memory_per_device) if r.cluster else None
     # the precision decides what a backend that casts the module holds (StrategyModel.casts_module)
     shape = replace(model_shape(cfg.model.model_dump()), precision=cfg.training.precision)
     per_node, ranks = layout(r, cluster)

@@ -14,6 +14,7 @@ from typing import Any
 
 from analysis import projection as pj
 from analysis.projection.advice import End, Target
+from analysis.projection.cluster_file import check_cluster, layout_needs
 from analysis.projection.device_time import Device, StepOps, device_time
 from analysis.projection.uncertainty import ENDS, Stated, ranges, stated
 from kanscale import log
@@ -68,12 +69,16 @@ class ClusterFile:
         return self.network.ranks_per_node
 
 
-def read_cluster(path: str, memory: float | None) -> ClusterFile:
+def read_cluster(path: str, memory: float | None, nodes: int = 1, ranks_per_node: int | None = None) -> ClusterFile:
     """The cluster file's links and its device memory (``device_memory_GiB``, required unless
-    ``--memory-per-device`` gives it), each number checked (a positive number, or ``{value, low,
-    high}``) and each problem named with its key and fix."""
+    ``--memory-per-device`` gives it), the whole file checked first (every problem in one
+    refusal, each with its fix: analysis/projection/cluster_file.py) for ``nodes`` nodes of
+    ``ranks_per_node`` ranks (default: the file's)."""
     file = find_file(path, "--cluster", "cluster file")
     doc = read_mapping(file, "--cluster")
+    per_node = ranks_per_node or doc.get("ranks_per_node")
+    needs = layout_needs(nodes, per_node if isinstance(per_node, int) else 1, False, memory is not None)
+    check_cluster(doc, file, needs)
     try:
         networks = {end: pj.network_from_cluster(doc, str(file), end) for end in ENDS}
     except ValueError as err:
