@@ -64,6 +64,16 @@ class ScheduleConfig(Section):
         description="warmup_decay, warmup_cosine: the step the decay ends at; default: the run's optimizer steps",
     )
 
+    @model_validator(mode="after")
+    def _warmup_before_the_end(self) -> ScheduleConfig:
+        if self.total_steps is not None and self.warmup_steps is not None and self.total_steps < self.warmup_steps:
+            raise ValueError(
+                f"total_steps {self.total_steps} is fewer than warmup_steps {self.warmup_steps}: the decay would end "
+                f"before the warm-up does; raise training.schedule.total_steps to at least {self.warmup_steps} or "
+                f"lower training.schedule.warmup_steps"
+            )
+        return self
+
 
 class TrainingConfig(Section):
     """Every hyperparameter, passed explicitly to whichever backend trains the model."""
@@ -152,6 +162,22 @@ class TrainingConfig(Section):
         if self.compile_mode != "default" and self.compile == "none":
             raise ValueError(
                 f"compile_mode {self.compile_mode} needs something compiled; set training.compile to model or step"
+            )
+        if self.schedule.name in ("warmup", "warmup_decay") and self.schedule.warmup_min_lr >= self.lr:
+            raise ValueError(
+                f"schedule.warmup_min_lr {self.schedule.warmup_min_lr:g} is not below lr {self.lr:g}: the warm-up "
+                "would not rise to training.lr; lower training.schedule.warmup_min_lr (0 by default) or raise "
+                "training.lr"
+            )
+        if (
+            self.grid_update_every
+            and self.grid_update_until is not None
+            and self.grid_update_until < self.grid_update_every
+        ):
+            raise ValueError(
+                f"grid_update_until {self.grid_update_until} comes before the first refit at step "
+                f"{self.grid_update_every} (grid_update_every): no grid would be refitted; raise "
+                "training.grid_update_until or set training.grid_update_every=0"
             )
         if (self.micro_batch is None) == (self.global_batch is None):
             raise ValueError(

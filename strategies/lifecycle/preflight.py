@@ -70,6 +70,7 @@ def preflight(
             f"training.warmup_steps: {t.warmup_steps} warm-up steps leave none of the {plan.total_steps} steps to "
             "time; lower warmup_steps or train longer (training.epochs / training.steps)"
         )
+    check_schedule_fits_run(t, plan.total_steps)
     probe = cfg.measurement.comm_probe
     if probe != "none" and probe not in cfg.strategy.probes:
         supporting = ", ".join(name for name, cls in STRATEGIES.items() if probe in cls.probes)
@@ -221,3 +222,26 @@ def check_threads(threads: int | None, ranks_here: int) -> None:
         ThreadsBeyondCores,
         stacklevel=2,
     )
+
+
+def check_schedule_fits_run(t: TrainingConfig, steps: int) -> None:
+    """Refuse settings the run's length contradicts: a learning-rate warm-up the run ends before,
+    a linear decay that reaches 0 before the run's last steps, checkpoints the run never reaches."""
+    schedule = t.schedule
+    if schedule.name != "constant" and schedule.warmup_steps is not None and schedule.warmup_steps >= steps:
+        raise ConfigError(
+            f"training.schedule.warmup_steps: {schedule.warmup_steps} warm-up steps, but the run trains {steps} "
+            f"optimizer steps: it ends before the learning rate reaches training.lr; lower warmup_steps below "
+            f"{steps} (null: a tenth of the run) or train longer (training.steps / training.epochs)"
+        )
+    if schedule.name == "warmup_decay" and schedule.total_steps is not None and schedule.total_steps < steps:
+        raise ConfigError(
+            f"training.schedule.total_steps: the decay reaches a learning rate of 0 at step {schedule.total_steps}, "
+            f"but the run trains {steps} steps: its last {steps - schedule.total_steps} would change nothing; "
+            f"set training.schedule.total_steps={steps} (or null: the run's steps)"
+        )
+    if t.checkpoint_every > steps:
+        raise ConfigError(
+            f"training.checkpoint_every: every {t.checkpoint_every} steps, but the run trains {steps}: it would "
+            f"write no checkpoint; set training.checkpoint_every={steps} (or lower) or 0 for none"
+        )
