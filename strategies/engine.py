@@ -33,6 +33,7 @@ from strategies.compiled_step import StepCompilation
 from strategies.precision import Amp, dtype_name
 from strategies.schedule import innermost
 from strategies.sections import TrainingConfig
+from strategies.torch_files import load_plain, load_weights_only
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs and targets of one micro-batch
 # A task's loss summed over a batch's samples, or its additive test statistics.
@@ -276,10 +277,10 @@ class Engine:
     def consolidate(directory: Path) -> dict[str, torch.Tensor]:
         """The whole model's state dict from a checkpoint this class wrote, in one process
         without a process group (``kanscale export``)."""
-        return torch.load(directory / "state.pt", map_location="cpu")["model"]
+        return load_weights_only(directory / "state.pt", "cpu")["model"]  # export names what it refuses
 
     def load(self, directory: Path) -> None:
-        state = torch.load(directory / "state.pt", map_location=next(self.model.parameters()).device)
+        state = load_plain(directory / "state.pt", next(self.model.parameters()).device, "checkpoint file")
         self.load_full_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
 

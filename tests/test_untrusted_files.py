@@ -9,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from launchers.cli import main
+from strategies.lifecycle.checkpoint import META_FILE, file_digests
 
 ROOT = Path(__file__).resolve().parents[1]
 VALID = ROOT / "tests/bad_inputs/valid_experiment.yaml"
@@ -157,3 +159,26 @@ def test_an_alias_bomb_in_a_study_gets_a_short_message_quickly(tmp_path):
     )
     done = kanscale("sweep", str(study), "--dry-run", "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.startswith("kanscale: error: ") and len(done.stderr) < 2000
+
+
+@pytest.mark.parametrize("crafted_file", ["state.pt", "rng-rank0.pt"])
+def test_a_resume_never_unpickles_a_checkpoint_and_says_which_file_it_refused(tmp_path, capsys, crafted_file):
+    """A checkpoint file that holds anything but tensors and plain containers is named with what
+    it held, and torch's advice to load it with weights_only=False is not relayed."""
+    marker = tmp_path / "PWNED"
+    common = [str(VALID), "--strategy", "single", "--set", "training.steps=6", "--no-progress"]
+    common += ["--set", "training.checkpoint_every=2"]
+    cut = ["--set", "fault.rank=0", "--set", "fault.step=3", "--set", "fault.kind=exception"]
+    assert main(["train", *common, *cut, "--out", str(tmp_path / "a")]) == 1  # stopped after step 2's checkpoint
+    (run_dir,) = (tmp_path / "a").iterdir()
+    (checkpoint,) = (run_dir / "checkpoints").iterdir()
+    torch.save({"model": {"w": Payload(marker)}, "optimizer": {}}, checkpoint / crafted_file)
+    meta = json.loads((checkpoint / META_FILE).read_text())  # the crafter rewrites the checksums too
+    meta["files"] = file_digests(checkpoint)
+    (checkpoint / META_FILE).write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert main(["train", *common, "--resume", str(run_dir), "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint file {checkpoint / crafted_file} was not loaded: " in err and "never unpickles" in err
+    assert "weights_only=False" not in err and len(err) < 1000
+    assert not marker.exists()

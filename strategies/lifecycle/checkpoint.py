@@ -34,6 +34,7 @@ import torch
 
 from strategies.distributed import DistEnv
 from strategies.lifecycle.disk import disk_full
+from strategies.torch_files import load_plain
 
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
 META_FILE = "meta.json"
@@ -239,4 +240,4 @@ def load_checkpoint(engine: Any, env: DistEnv, checkpoint: Checkpoint) -> None:
     engine.load(checkpoint.path)
     rng = checkpoint.path / f"rng-rank{env.rank}.pt"
     if rng.exists():
-        torch.set_rng_state(torch.load(rng))
+        torch.set_rng_state(load_plain(rng, "cpu", "checkpoint file"))

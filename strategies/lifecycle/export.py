@@ -27,16 +27,15 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from analysis.records import new_temp_file
 from kan_models import build_model, parse_model_config
 from kanscale import log
 from kanscale.errors import ConfigError
+from kanscale.files import new_temp_file
 from strategies.lifecycle.checkpoint import (
     META_FILE,
     PARTIAL,
@@ -47,10 +46,9 @@ from strategies.lifecycle.checkpoint import (
     verified,
 )
 from strategies.registry import CHECKPOINT_FORMATS
+from strategies.torch_files import NOT_PLAIN, load_weights_only, why_not_loaded
 
 logger = log.get(__name__)
-
-NOT_PLAIN = "kanscale loads such files with torch.load(weights_only=True) and never unpickles them"
 
 
 def checkpoint_to_export(path: Path) -> Checkpoint:
@@ -194,9 +192,7 @@ def read_export(path: str | Path, field: str) -> dict[str, Any]:
         )
 
     try:
-        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": the refusal below says what matters
-            warnings.simplefilter("ignore")
-            exported = torch.load(path, map_location="cpu", weights_only=True)
+        exported = load_weights_only(path, "cpu")
     except Exception as err:
         raise refused(why_not_loaded(err)) from None
     state = exported.get("model_state") if isinstance(exported, dict) else None
@@ -207,17 +203,3 @@ def read_export(path: str | Path, field: str) -> dict[str, Any]:
     ):
         raise refused("it loads, but holds no model_state of tensors beside a model config")
     return exported
-
-
-def why_not_loaded(err: Exception, limit: int = 300) -> str:
-    """The line of torch.load's error that says what was refused (its weights-only refusal runs
-    to a page of advice, including to load with weights_only=False), cut to ``limit`` characters."""
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    if isinstance(err, pickle.UnpicklingError) and lines and lines[0].startswith("Weights only load failed"):
-        details = [
-            line for line in lines[1:] if not line.startswith(("Check the documentation", "Please file an issue"))
-        ]
-        text = details[0] if details else "it holds Python objects"
-    else:
-        text = f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
-    return text if len(text) <= limit else text[:limit] + "..."
