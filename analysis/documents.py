@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kanscale.errors import ConfigError
+from kanscale.files import atomic_write_text
 
 
 def json_out(out: str | Path, flag: str = "--out") -> Path:
@@ -25,7 +26,7 @@ def write_json_and_markdown(out: str | Path, doc: dict[str, Any], markdown: str,
     directory; returns the Markdown's path."""
     path = json_out(out, flag)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    atomic_write_text(path, json.dumps(doc, indent=2) + "\n")
     twin = path.with_suffix(".md")
-    twin.write_text(markdown)
+    atomic_write_text(twin, markdown)
     return twin

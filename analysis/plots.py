@@ -13,6 +13,7 @@ Figures are made without pyplot: no display, and no global registry holding ever
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ from matplotlib.figure import Figure
 
 from analysis.derive import summarize
 from analysis.tables import hardware
+from kanscale.files import atomic_write_bytes
 
 # The marker for a baseline that is another run, not a point of the strategy's line.
 BASELINE_LABEL = "1-process baseline (another run: single)"
@@ -63,7 +65,9 @@ def share_text(part: float, whole: float) -> str:
 
 def save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    atomic_write_bytes(path, png.getvalue())
     return path
 
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from analysis.migrate import migrate
 from analysis.schema import RunRecord, StepRecord
-from kanscale.files import not_utf8
+from kanscale.files import atomic_write_text, not_utf8, open_to_append
 
 SUMMARY_FILE = "summary.json"
 STEPS_FILE = "steps.jsonl"
@@ -29,35 +28,6 @@ CONFIG_FILE = "config.yaml"
 
 class RecordError(ValueError):
     """A run record that cannot be read or does not follow the schema."""
-
-
-def new_temp_file(path: Path) -> tuple[int, Path]:
-    """A new, empty temporary file beside ``path``. Created with mode 0666 like every other file a
-    run writes (``open``, ``torch.save``), so the umask (or the directory's default ACL) sets its
-    permissions: a group sharing a results directory reads all of it. ``tempfile.mkstemp`` would
-    make it 0600, whatever the umask."""
-    while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
-        except FileExistsError:
-            continue  # 48 random bits taken: draw again
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically: a reader sees the old file or the new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = new_temp_file(path)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class RunWriter:
@@ -85,7 +55,7 @@ class RunWriter:
 
     def append_steps(self, steps: list[StepRecord]) -> None:
         lines = "".join(StepRecord.model_validate(s.model_dump()).model_dump_json() + "\n" for s in steps)
-        with open(self.run_dir / STEPS_FILE, "ab", buffering=0) as f:  # unbuffered: nothing left to flush at close
+        with open_to_append(self.run_dir / STEPS_FILE, binary=True) as f:  # unbuffered: nothing left to flush at close
             start = f.seek(0, os.SEEK_END)
             try:
                 data = memoryview(lines.encode())

@@ -21,6 +21,7 @@ from analysis.prediction import prediction_table
 from analysis.records import SUMMARY_FILE
 from analysis.tables import Table, study_table
 from analysis.verdict import Verdict, verdict
+from kanscale.files import atomic_write_text
 
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1200px;
@@ -66,8 +67,8 @@ def analyze(runs_dir: str | Path, out: str | Path | None = None) -> Report:
     report.finished = len(derived)
     if not derived.empty:
         report.verdict = verdict(derived, report.unfinished)
-        report.verdict.data.to_csv(out / "verdict.csv", index=False)
-        (out / "verdict.md").write_text(report.verdict.markdown(), encoding="utf-8")
+        atomic_write_text(out / "verdict.csv", report.verdict.data.to_csv(index=False))
+        atomic_write_text(out / "verdict.md", report.verdict.markdown())
         for study in sorted(derived["study"].unique()):
             report.tables.append(study_table(derived, study))
             report.plots[study] = study_plots(derived[derived["study"] == study], study, out / "plots")
@@ -79,8 +80,8 @@ def analyze(runs_dir: str | Path, out: str | Path | None = None) -> Report:
         if predicted is not None:
             report.tables.append(predicted)
     for table in report.tables:
-        table.data.to_csv(out / f"{table.name}.csv", index=False)
-        (out / f"{table.name}.md").write_text(table.markdown(), encoding="utf-8")
+        atomic_write_text(out / f"{table.name}.csv", table.data.to_csv(index=False))
+        atomic_write_text(out / f"{table.name}.md", table.markdown())
     report.html = write_html(report, runs_dir)
     return report
 
@@ -164,5 +165,5 @@ def write_html(report: Report, runs_dir: Path) -> Path:
         f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>\n"
     )
     path = report.out / "report.html"
-    path.write_text(page, encoding="utf-8")  # what the meta tag declares, whatever the locale
+    atomic_write_text(path, page)  # UTF-8, what the meta tag declares, whatever the locale
     return path

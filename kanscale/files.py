@@ -13,10 +13,14 @@ would otherwise silently replace the first) as in JSON.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
+import secrets
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -37,9 +41,17 @@ def find_file(path: str, field: str, what: str) -> Path:
     ``configs/`` is optional there)."""
     shipped = configs_dir() / Path(path).as_posix().removeprefix("configs/")
     for candidate in (Path(path), shipped):
-        if candidate.is_file():
+        if is_file(candidate):
             return candidate
     raise ConfigError(f"{field}: {what} {path} does not exist (looked in the working directory and in {configs_dir()})")
+
+
+def is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; False for a path no file could have (a name too long)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def preset_names(kind: str) -> list[str]:
@@ -57,7 +69,7 @@ def find_preset(name: str, kind: str, field: str) -> Path:
     if name.endswith((".yaml", ".yml")):
         return find_file(name, field, f"{PRESET_KINDS.get(kind, kind)} file")
     path = configs_dir() / kind / f"{name}.yaml"
-    if not path.is_file():
+    if not is_file(path):
         raise ConfigError(
             f"{field}: no preset named {name!r}; presets: {', '.join(preset_names(kind))} "
             f"(the shipped configs/{kind}/), or give a YAML file"
@@ -97,6 +109,47 @@ def expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
             break
     sizes[id(node)] = min(size, MAX_YAML_VALUES + 1)
     return sizes[id(node)]
+
+
+# Lists and mappings inside each other: a config nests a few levels; PyYAML and json recurse once
+# per level and give up near Python's recursion limit with a RecursionError.
+MAX_NESTING = 64
+
+
+class TooDeepError(yaml.composer.ComposerError):
+    """A YAML document nested deeper than any config is."""
+
+
+def check_nesting(text: str) -> None:
+    """Refuse YAML (JSON is YAML too) nested deeper than MAX_NESTING, from its events: PyYAML's
+    parser does not recurse, its composer does."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_NESTING:
+                raise TooDeepError(
+                    None,
+                    None,
+                    f"it nests lists and mappings more than {MAX_NESTING} deep (a config needs a few levels); "
+                    "flatten it",
+                )
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
+def json_nesting(text: str) -> int:
+    """How deep JSON text nests arrays and objects (brackets inside strings not counted), without
+    recursing: json's decoder recurses once per level."""
+    depth = deepest = 0
+    # drop the strings (escapes included), then count the brackets left
+    for bracket in re.findall(r"[][{}]", re.sub(r'"(?:[^"\\]|\\.)*"', "", text)):
+        if bracket in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        else:
+            depth -= 1
+    return deepest
 
 
 class _StrictLoader(yaml.SafeLoader):
@@ -148,7 +201,8 @@ def _places(first: yaml.Mark, second: yaml.Mark) -> str:
 
 def parse_yaml_text(text: str) -> Any:
     """YAML text as the suite reads every YAML: safe types only, duplicate keys refused
-    (:class:`DuplicateKeyError`, a ``yaml.YAMLError``)."""
+    (:class:`DuplicateKeyError`, a ``yaml.YAMLError``), nesting bounded (:class:`TooDeepError`)."""
+    check_nesting(text)
     return yaml.load(text, Loader=_StrictLoader)
 
 
@@ -158,7 +212,7 @@ def parse_yaml_value(text: str, field: str) -> Any:
     duplicate key is refused as in a file."""
     try:
         return parse_yaml_text(text)
-    except (DuplicateKeyError, AliasBombError) as err:
+    except (DuplicateKeyError, AliasBombError, TooDeepError) as err:
         raise ConfigError(f"{field}: {err.problem}") from None
     except yaml.YAMLError:
         return text
@@ -169,7 +223,7 @@ def read_yaml(path: str | Path, field: str | None = None) -> Any:
     text = _read(path, field)
     try:
         return parse_yaml_text(text)
-    except (DuplicateKeyError, AliasBombError) as err:
+    except (DuplicateKeyError, AliasBombError, TooDeepError) as err:
         raise ConfigError(f"{_prefix(field)}{path}: {err.problem}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
@@ -196,6 +250,12 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def read_json(path: str | Path, field: str | None = None) -> Any:
     """Parse a JSON file, or raise a ConfigError naming the file (and ``field``) and the place."""
     text = _read(path, field)
+    depth = json_nesting(text)
+    if depth > MAX_NESTING:
+        raise ConfigError(
+            f"{_prefix(field)}{path}: it nests arrays and objects {depth:,} deep, more than {MAX_NESTING} (a config "
+            "needs a few levels); flatten it"
+        )
     try:
         return json.loads(text, object_pairs_hook=_unique_pairs)
     except json.JSONDecodeError as err:
@@ -247,3 +307,108 @@ def _read(path: str | Path, field: str | None) -> str:
 
 def _prefix(field: str | None) -> str:
     return f"{field}: " if field else ""
+
+
+def check_typed_path(text: str, field: str) -> None:
+    """A path as a user typed it, refused before anything is made where no file system could hold
+    it as typed: a NUL character, a name longer than the file system holds, a path longer than the
+    system resolves. (A newline or another control character is a legal name: it is kept as typed,
+    every command quoting it; only an sbatch directive cannot hold one, which the SLURM launch says.)"""
+    shown = short_text(text)
+    if "\x00" in text:
+        raise ConfigError(f"{field}: {shown} holds a NUL character, which no file name can: give the path without it")
+    name_max, path_max = os.pathconf("/", "PC_NAME_MAX"), os.pathconf("/", "PC_PATH_MAX")
+    longest = max(Path(text).parts, key=lambda part: len(os.fsencode(part)), default="")
+    if len(os.fsencode(longest)) > name_max:
+        raise ConfigError(
+            f"{field}: {shown} has a name of {len(os.fsencode(longest))} bytes; the file system holds at most "
+            f"{name_max} per name: give a shorter one"
+        )
+    if len(os.fsencode(text)) >= path_max:
+        raise ConfigError(
+            f"{field}: {shown} is {len(os.fsencode(text))} bytes; paths here are shorter than {path_max}: "
+            "give a shorter one"
+        )
+
+
+def short_text(text: str, limit: int = 120) -> str:
+    """``text`` quoted for a message, cut to ``limit`` characters with how much was left out."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+# Writing. Every file the suite writes where a user or another account may have put something
+# first is replaced (a new file beside it, renamed over it) or appended to without following a
+# link: a symbolic link planted at a report's, a record's or a log's name is never written through.
+
+
+def new_temp_file(path: Path) -> tuple[int, Path]:
+    """A new, empty temporary file beside ``path``. Created with mode 0666 like every other file a
+    run writes (``open``, ``torch.save``), so the umask (or the directory's default ACL) sets its
+    permissions: a group sharing a results directory reads all of it. ``tempfile.mkstemp`` would
+    make it 0600, whatever the umask. ``O_EXCL`` creates it or fails: never through a link."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue  # 48 random bits taken: draw again
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: a reader sees the old file or the new one, and a
+    link at ``path`` is replaced, not followed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = new_temp_file(path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """:func:`atomic_write_bytes` of ``text`` in UTF-8 (whatever the locale)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def open_to_append(path: str | Path, binary: bool = False) -> IO[Any]:
+    """``path`` opened to append (created where missing), refusing a symbolic link at it by name."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise ConfigError(
+                f"{path} is a symbolic link; kanscale does not write through a link it did not make: remove it "
+                "(or choose another output folder)"
+            ) from None
+        raise
+    return os.fdopen(fd, "ab" if binary else "a", **({"buffering": 0} if binary else {"encoding": "utf-8"}))
+
+
+MAX_ECHOED = 200  # the most characters of one thing a user typed that a message repeats
+
+
+def bounded(message: str, typed: Sequence[str]) -> str:
+    """``message`` with every long piece of what the user typed in ``typed`` (an argument, or the
+    value of a ``KEY=VALUE``, or an item of a comma-separated list) cut to its start and its
+    length, and the whole cut to a few thousand characters: a refusal names what it refuses
+    without repeating a multi-megabyte argument."""
+    pieces = {p for t in typed for p in (t, *t.split("=", 1)[1:], *t.split(",")) if len(p) > MAX_ECHOED}
+    for piece in sorted(pieces, key=len, reverse=True):
+        message = message.replace(piece, _cut(piece))
+    # and any long unbroken run, wherever it came from (a value read from a file, argparse's quote)
+    message = re.sub(rf"\S{{{MAX_ECHOED + 1},}}", lambda m: _cut(m.group()), message)
+    limit = 20 * MAX_ECHOED
+    return message if len(message) <= limit else f"{message[:limit]}... ({len(message) - limit:,} more characters)"
+
+
+def _cut(piece: str) -> str:
+    return f"{piece[: MAX_ECHOED // 2]}... ({len(piece):,} characters)"

@@ -35,7 +35,12 @@ logger = log.get(__name__)
 
 
 class ExperimentConfig(Section):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$", description="used in run ids")
+    name: str = Field(
+        min_length=1,
+        max_length=200,  # a run's folder is named by it, and a file system holds 255 bytes per name
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="used in run ids",
+    )
     study: str | None = Field(None, description="the study (sweep) this run belongs to")
     model: AnyModelConfig
     task: AnyTaskConfig
@@ -106,14 +111,20 @@ class ExperimentConfig(Section):
 STRATEGY_SECTION = TypeAdapter(AnyStrategyConfig)
 
 
-def load_experiment(path: str | Path, overrides: Sequence[str] = (), strategy: str | None = None) -> ExperimentConfig:
+def load_experiment(
+    path: str | Path,
+    overrides: Sequence[str] = (),
+    strategy: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+) -> ExperimentConfig:
     """Read a YAML experiment (a file, or the name of a shipped one such as ``quickstart``), swap
-    in a strategy preset if one is named, apply ``key.path=value`` overrides, validate."""
+    in a strategy preset if one is named, apply ``key.path=value`` overrides, then ``settings``
+    (``{"output.dir": "runs/a#b"}``: values taken as given, never read as YAML), validate."""
     path = experiment_path(path)
     data = read_sections(path)
     if strategy is not None:
         data["strategy"] = read_sections(find_preset(strategy, "strategies", "--strategy"))
-    return parse_experiment(data, overrides, source=str(path))
+    return parse_experiment(data, overrides, source=str(path), settings=settings)
 
 
 def load_strategy(preset: str, model: ModelConfig, field: str = "--strategy") -> StrategyConfig:
@@ -131,7 +142,11 @@ def load_strategy(preset: str, model: ModelConfig, field: str = "--strategy") ->
 def experiment_path(name: str | Path) -> Path:
     """An experiment file as given; a bare name that is no file is a shipped experiment preset."""
     path = Path(name)
-    if path.exists():
+    try:
+        given = path.exists()
+    except OSError:  # a name no file could have (too long): not given, so a preset's name to look up
+        given = False
+    if given:
         return path
     if path.suffix or len(path.parts) > 1:
         return find_file(str(name), "config", "experiment file")
@@ -150,10 +165,17 @@ SWITCHES: dict[str, tuple[str, Mapping[str, type[BaseModel]]]] = {
 }
 
 
-def parse_experiment(data: dict[str, Any], overrides: Sequence[str] = (), source: str = "config") -> ExperimentConfig:
+def parse_experiment(
+    data: dict[str, Any],
+    overrides: Sequence[str] = (),
+    source: str = "config",
+    settings: Mapping[str, Any] | None = None,
+) -> ExperimentConfig:
     written = copy.deepcopy(data)
     for override in overrides:
         apply_override(data, override)
+    for key, value in (settings or {}).items():
+        set_field(data, key, value, key)
     drop_switched_keys(written, data, overrides)
     try:
         return ExperimentConfig.model_validate(data)
@@ -199,13 +221,17 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     key, sep, raw = override.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"--set {override!r}: expected key.path=value, e.g. --set training.lr=0.01")
-    value = parse_yaml_value(raw, f"--set {override!r}")
+    set_field(data, key, parse_yaml_value(raw, f"--set {override!r}"), f"--set {override!r}")
+
+
+def set_field(data: dict[str, Any], key: str, value: Any, field: str) -> None:
+    """data[a][b] = value for ``key`` ``a.b``, the sections made where missing."""
     node = data
     parts = key.strip().split(".")
     for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {override!r}: {'.'.join(parts[: i + 1])} is not a section")
+            raise ConfigError(f"{field}: {'.'.join(parts[: i + 1])} is not a section")
         node = child
     node[parts[-1]] = value
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from kanscale import __version__, log
-from launchers.cli.common import add_verbosity_options, exit_code
+from launchers.cli.common import Parser, add_verbosity_options, check_paths, exit_code
 from launchers.cli.measuring import bench, build_ops, commbench
 from launchers.cli.predicting import project, recommend, rehearse
 from launchers.cli.reading import analyze, compare_paper, models, schema
@@ -46,7 +46,7 @@ EPILOG = """examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="kanscale",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -67,8 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.typed = list(sys.argv[1:] if argv is None else argv)  # what error messages may quote, bounded
     log.configure(args.verbosity)  # None: as the environment says (a rank: as its launcher was told)
     try:
+        check_paths(args)
         return args.func(args)
     except BaseException as err:
         return exit_code(err, args)

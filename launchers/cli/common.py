@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 
 from kanscale import log
 from kanscale.errors import ConfigError
+from kanscale.files import bounded, check_typed_path
 
 logger = log.get(__name__)
 
@@ -131,8 +132,9 @@ def exit_code(err: BaseException, args: argparse.Namespace) -> int:
     if isinstance(err, KeyboardInterrupt):
         logger.error("kanscale: interrupted")
         return 130
+    typed = getattr(args, "typed", sys.argv[1:])
     if not args.debug and isinstance(err, (ConfigError, RecordError)):
-        logger.error(f"kanscale: error: {err}")
+        logger.error(bounded(f"kanscale: error: {err}", typed))
         return 2
     # imported only here: it imports torch, seconds a refused input need not wait
     from strategies.lifecycle.failures import Terminated
@@ -140,7 +142,12 @@ def exit_code(err: BaseException, args: argparse.Namespace) -> int:
     if args.debug or not isinstance(err, (Exception, Terminated)):
         raise err
     # A run that failed: its record says why; the traceback is for --debug.
-    logger.error(f"kanscale: {args.command} failed: {type(err).__name__}: {err} (rerun with --debug for the traceback)")
+    logger.error(
+        bounded(
+            f"kanscale: {args.command} failed: {type(err).__name__}: {err} (rerun with --debug for the traceback)",
+            typed,
+        )
+    )
     return 1
 
 
@@ -168,3 +175,40 @@ def run_rank(env: Any, args: argparse.Namespace, work: Callable[[], int]) -> int
     if env.joined_process_group:
         exit_without_teardown(code)
     return code
+
+
+# Every argument that names a file or a folder, by its dest: each is taken as typed, and refused
+# before anything runs where it could not be (kanscale.files.check_typed_path).
+PATH_ARGUMENTS = (
+    "config",
+    "study",
+    "runs",
+    "checkpoint",
+    "out",
+    "json",
+    "hostfile",
+    "cluster",
+    "network",
+    "deepspeed_config",
+    "accelerate_config",
+    "resume",
+    "profile",
+)
+POSITIONAL = {"config", "study", "runs", "checkpoint"}
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Refuse, naming the flag, a path argument no file system or reader could take as typed."""
+    for dest in PATH_ARGUMENTS:
+        value = getattr(args, dest, None)
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str):
+                check_typed_path(text, dest if dest in POSITIONAL else f"--{dest.replace('_', '-')}")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, but its refusals (an invalid choice, a bad number) repeat no more than a
+    few hundred characters of what was typed."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(bounded(message, ()))

@@ -41,7 +41,7 @@ class RunRequest:
         return args + ["--out", self.out] + ([] if self.progress else ["--no-progress"])
 
     def load(self) -> ExperimentConfig:
-        return load_experiment(self.config, [*self.overrides, f"output.dir={self.out}"], strategy=self.strategy)
+        return load_experiment(self.config, self.overrides, strategy=self.strategy, settings={"output.dir": self.out})
 
     @property
     def starts_accelerate(self) -> bool:

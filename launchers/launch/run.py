@@ -22,7 +22,7 @@ import torch
 
 from kanscale import log
 from kanscale.errors import ConfigError
-from kanscale.files import read_mapping
+from kanscale.files import atomic_write_text, open_to_append, read_mapping
 from launchers.cli.common import PORTS
 from launchers.launch.commands import LAUNCHERS, Launch
 from launchers.launch.hostfile import Host, hostfile_text
@@ -235,11 +235,10 @@ def execute(launch: Launch, log: Path | None = None, runs: Path | None = None) -
     raise_on_sigterm()
     logger.debug(f"starting {len(launch.commands)} command(s):\n{launch.render()}")
     for path, text in launch.files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        atomic_write_text(path, text)
     env = {**os.environ, **launch.env}
     procs: list[subprocess.Popen] = []
-    with open(log, "a") if log else contextlib.nullcontext() as sink:
+    with open_to_append(log) if log else contextlib.nullcontext() as sink:
         try:
             for i, cmd in enumerate(launch.commands):
                 if i:

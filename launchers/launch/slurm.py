@@ -26,6 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from kanscale.errors import ConfigError
+from kanscale.files import atomic_write_text
 from launchers.launch.commands import LAUNCHERS, Device, Launch, LaunchSpec, ScriptVar, shell_join
 
 # The script's own variables, which each node's shell fills in.
@@ -186,7 +187,7 @@ def write_script(launch: Launch, submit_job: bool = False) -> tuple[Path, str | 
     how to submit it)."""
     ((script, text),) = launch.files.items()
     script.parent.mkdir(parents=True, exist_ok=True)
-    script.write_text(text)
+    atomic_write_text(script, text)
     return script, submit(script) if submit_job else None
 
 

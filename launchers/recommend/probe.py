@@ -22,6 +22,7 @@ from analysis import projection as pj
 from analysis.projection.device_time import StepOps
 from analysis.projection.memory import StepMemory
 from analysis.records import SUMMARY_FILE, read_summary
+from kanscale.files import atomic_write_text
 from strategies.experiment import ExperimentConfig
 
 # A probe run: one warm-up step, then two timing windows of two steps, each followed by one step
@@ -102,7 +103,7 @@ def probe_study(
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     path = out.with_suffix(".yaml")
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    atomic_write_text(path, yaml.safe_dump(study, sort_keys=False))
     return path, out
 
 

@@ -12,6 +12,7 @@ from analysis.documents import write_json_and_markdown
 from analysis.format import human_bytes
 from analysis.projection.advice import Candidate
 from kanscale import log
+from kanscale.files import atomic_write_text
 from launchers.recommend.advise import Recommendation, RecommendRequest, recommend
 from launchers.recommend.probe import probe_summary
 
@@ -161,5 +162,5 @@ def run_recommend(r: RecommendRequest) -> int:
         twin = write_json_and_markdown(r.json, doc, text, "--json")
         logger.info(f"wrote {r.json} and {twin}")
     Path(r.out).mkdir(parents=True, exist_ok=True)
-    (Path(r.out) / "recommendation.json").write_text(json.dumps(doc, indent=2) + "\n")
+    atomic_write_text(Path(r.out) / "recommendation.json", json.dumps(doc, indent=2) + "\n")
     return 0

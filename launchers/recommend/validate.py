@@ -16,6 +16,7 @@ from analysis.format import human_bytes
 from analysis.prediction import PREDICTION_FILE
 from analysis.records import SUMMARY_FILE, read_summary
 from kanscale import log
+from kanscale.files import atomic_write_text
 from launchers.recommend.probe import keyed_dir
 
 logger = log.get(__name__)
@@ -61,7 +62,7 @@ def validation_study(r: Any, rec: Any, picks: list[Any]) -> tuple[Path, Path]:
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     path = out.with_suffix(".yaml")
-    path.write_text(yaml.safe_dump(study, sort_keys=False))
+    atomic_write_text(path, yaml.safe_dump(study, sort_keys=False))
     return path, out
 
 
@@ -111,7 +112,9 @@ def validate(r: Any, rec: Any) -> tuple[str, list[dict[str, Any]]]:
             }
         )
     out.mkdir(parents=True, exist_ok=True)
-    (out / PREDICTION_FILE).write_text(json.dumps({"kind": "kanscale recommend", "validation": rows}, indent=2) + "\n")
+    atomic_write_text(
+        out / PREDICTION_FILE, json.dumps({"kind": "kanscale recommend", "validation": rows}, indent=2) + "\n"
+    )
     return markdown(rows) + f"\nThe runs: {out} (kanscale analyze {out} reports them with this prediction).\n", rows
 
 

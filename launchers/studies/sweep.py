@@ -34,6 +34,7 @@ from tqdm import tqdm
 from kanscale import log
 from kanscale.directories import check_output_dir
 from kanscale.errors import ConfigError
+from kanscale.files import open_to_append
 from launchers.launch.slurm_jobs import follow, is_active, job_state
 from launchers.studies.point import (
     EarlierRuns,
@@ -245,5 +246,5 @@ def log_result(out: Path, study: StudyConfig, result: PointResult) -> None:
         "study": study.study,
         **dataclasses.asdict(result),
     }
-    with open(out / "sweep.jsonl", "a") as f:
+    with open_to_append(out / "sweep.jsonl") as f:
         f.write(json.dumps(entry) + "\n")

@@ -28,9 +28,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from analysis.records import atomic_write_text
 from analysis.schema import RunError
 from kanscale import log
+from kanscale.files import atomic_write_text
 from strategies.sections import FaultConfig
 
 logger = log.get(__name__)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from analysis.schema import FROZEN_SCHEMAS, SCHEMA_VERSION
 from kanscale import log
+from kanscale.files import atomic_write_text
 from launchers.cli.common import common_options
 
 logger = log.get(__name__)
@@ -35,7 +35,7 @@ def main(args: argparse.Namespace) -> int:
 
     text = json.dumps(json_schema(args.schema_version), indent=2) + "\n"
     if args.out:
-        Path(args.out).write_text(text)
+        atomic_write_text(args.out, text)
         logger.info(f"wrote {args.out}")
     else:
         sys.stdout.write(text)

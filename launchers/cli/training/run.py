@@ -118,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
     # loaded once, as every rank will load it (``--out`` is its output.dir), and handed to plan()
     cfg = with_native_training(
         load_experiment(
-            args.config, [*overrides, *([f"output.dir={args.out}"] if args.out else [])], strategy=args.strategy
+            args.config, overrides, strategy=args.strategy, settings={"output.dir": args.out} if args.out else None
         )
     )  # as every rank will train it
     given = {name: getattr(args, name) for name in LAUNCH_OPTIONS if getattr(args, name) is not None}

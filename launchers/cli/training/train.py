@@ -42,8 +42,8 @@ def main(args: argparse.Namespace) -> int:
     from strategies.experiment import load_experiment
     from strategies.loop.trainer import train
 
-    overrides = experiment_overrides(args) + ([f"output.dir={args.out}"] if args.out else [])
-    cfg = load_experiment(args.config, overrides, strategy=args.strategy)
+    settings = {"output.dir": args.out} if args.out else None  # a path as typed, never read as YAML
+    cfg = load_experiment(args.config, experiment_overrides(args), strategy=args.strategy, settings=settings)
     env = DistEnv.from_environ(cfg.runtime.device)
 
     def work() -> int:
