@@ -276,3 +276,38 @@ def test_accelerates_deepspeed_config_file(tmp_path, name):
     run_dir = next((tmp_path / "runs").iterdir())
     assert_trained_as_the_file_says(run_dir, name)
     assert read_summary(run_dir).strategy.distributed_type == "DEEPSPEED"
+
+
+def test_whole_blocks_written_as_auto_train_from_the_experiment(tmp_path):
+    """Transformers' templates may write a whole block as "auto": ``"params": "auto"`` of the
+    optimizer and the scheduler, ``"fp16": "auto"``; each is read as the block with every key
+    "auto", filled from the experiment (the warm-up's steps and range, the precision)."""
+    native = json.loads((TEMPLATES / "ds_config_zero2.json").read_text())
+    native["optimizer"]["params"] = "auto"
+    native["scheduler"] = {"type": "WarmupDecayLR", "params": "auto"}
+    native["fp16"], native["bf16"] = "auto", "auto"
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(native))
+    proc = kanscale("train", str(experiment_file(tmp_path, lr=0.004)), "--deepspeed-config", str(path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = next((tmp_path / "runs").iterdir())
+    lrs = [s.lr for s in read_steps(run_dir)]
+    assert lrs[0] == 0.0 and max(lrs) <= 0.004 and read_summary(run_dir).precision.setting == "fp32"
+
+
+@pytest.mark.parametrize(
+    "blocks, says",
+    [
+        ({"zero_optimization": "auto"}, 'zero_optimization is "auto", not a block of keys; in '),
+        ({"zero_optimization": {"stage": 2, "offload_optimizer": "auto"}}, "zero_optimization.offload_optimizer is"),
+        ({"zero_optimization": {"stage": 2}, "fp16": 1, "optimizer": []}, "fp16 is 1, not a block of keys"),
+        ({"zero_optimization": {"stage": 2}, "scheduler": {"type": "WarmupLR", "params": 3}}, "scheduler.params is 3"),
+    ],
+)
+def test_a_block_that_is_not_one_is_named_with_what_to_write(tmp_path, capsys, blocks, says):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(blocks))
+    argv = ["run", str(experiment_file(tmp_path)), "--deepspeed-config", str(path), "--dry-run"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err and "Error:" not in err

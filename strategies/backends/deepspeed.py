@@ -25,6 +25,7 @@ from analysis.projection.strategy_model import StrategyModel
 from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
 from kanscale.files import find_file, read_mapping
+from strategies.backends.deepspeed_blocks import as_blocks
 from strategies.backends.deepspeed_config import (
     AUTO,
     EQUIVALENT_VALUES,
@@ -128,18 +129,14 @@ class DeepSpeedConfig(StrategyConfig):
     _resolutions: dict[tuple[str, int], Resolution] = PrivateAttr(default_factory=dict)
 
     def native(self) -> dict[str, Any]:
-        """The native file's contents (a copy to change freely); {} without one."""
-        if self._native is None:
-            self._native = (
-                {}
-                if self.config is None
-                else read_mapping(
-                    find_file(self.config, "strategy.config", "DeepSpeed config"),
-                    "strategy.config",
-                    what="a JSON object",
-                )
-            )
-        return copy.deepcopy(self._native)
+        """The native file's contents (a copy to change freely), every block a mapping (a whole
+        block written as "auto" read as one: strategies/backends/deepspeed_blocks.py); {} without one."""
+        if self._native is None and self.config is not None:
+            path = find_file(self.config, "strategy.config", "DeepSpeed config")
+            self._native, malformed = as_blocks(read_mapping(path, "strategy.config", what="a JSON object"), str(path))
+            if malformed:  # every later check reads these blocks as mappings
+                raise ConfigError(f"strategy.config: {path}: " + "; ".join(malformed))
+        return copy.deepcopy(self._native or {})
 
     def resolved(self, model: ModelConfig) -> DeepSpeedConfig:
         """These options with what the native file sets filled in, so that what the run records
