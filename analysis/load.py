@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.consistency import inconsistencies
 from analysis.labels import strategy_label, topology_label
 from analysis.records import CONFIG_FILE, STEPS_FILE, SUMMARY_FILE, RecordError, read_summary
 from analysis.schema import RunRecord
@@ -64,16 +65,23 @@ def record_row(record: RunRecord, run_dir: Path) -> dict:
 
 
 def load_runs(directory: str | Path) -> tuple[pd.DataFrame, list[Problem]]:
-    """Every run under ``directory``: one row per readable record, one problem per run directory
-    that has no readable record (corrupt JSON, bytes that are not UTF-8, an unreadable file, an
-    unknown schema version, a missing summary)."""
+    """Every run under ``directory``: one row per readable record that agrees with itself, one
+    problem per run directory that has none (corrupt JSON, bytes that are not UTF-8, an
+    unreadable file, an unknown schema version, a missing summary, a record that contradicts
+    itself: analysis/consistency.py)."""
     directory = runs_directory(directory)
     rows, problems = [], []
     for summary in sorted(directory.rglob(SUMMARY_FILE)):
         try:
-            rows.append(record_row(read_summary(summary), summary.parent))
+            record = read_summary(summary)
         except RecordError as err:  # every way a record can be unreadable (analysis/records.py)
             problems.append(Problem(summary, str(err)))
+            continue
+        contradictions = inconsistencies(record)
+        if contradictions:  # hand-edited, or wrong: kept out of every comparison
+            problems.append(Problem(summary, f"{summary}: the record contradicts itself: {'; '.join(contradictions)}"))
+            continue
+        rows.append(record_row(record, summary.parent))
     for leftover in sorted({p.parent for name in (STEPS_FILE, CONFIG_FILE) for p in directory.rglob(name)}):
         if not (leftover / SUMMARY_FILE).exists():
             problems.append(

@@ -229,3 +229,38 @@ def test_a_failed_launch_deletes_partial_saves_no_rank_holds_any_more(tmp_path):
         held.release()
     assert not (ended / "checkpoints/step-000009.tmp").exists() and (ended / "checkpoints/step-000006").is_dir()
     assert (running / "checkpoints/step-000009.tmp/rank1.pt").exists()
+
+
+@pytest.mark.slow  # a sweep of three points on a disk too small for any
+def test_a_full_disk_is_named_on_every_sweep_point_it_stops(tmp_path, small_disk):
+    """The first point fills the disk with its checkpoint; the next ones find it full when they
+    take their run's lock or write their output: each point's reason names the full disk."""
+    disk = small_disk(200 * 1024)
+    study = tmp_path / "study.yaml"
+    sets = {"model.widths": [2, 2048, 1], "model.grid": 3, "training.steps": 12, "training.warmup_steps": 1}
+    sets |= {"training.checkpoint_every": 3, "training.micro_batch": 32, "measurement.baseline_steps": 1}
+    sets |= {"task.n_train": 256, "task.n_test": 64}
+    study.write_text(
+        yaml.safe_dump(
+            {
+                "study": "full_disk",
+                "preset": "cpu",
+                "experiment": str(ROOT / "configs/experiments/quickstart.yaml"),
+                "set": sets,
+                "matrix": {"strategy": ["single"], "topology": ["1x1"], "training.lr": [0.01, 0.02, 0.03]},
+            }
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "launchers.cli", "sweep", str(study), "--out", str(disk / "runs")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=child_env(),
+        timeout=600,
+    )
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() + proc.stdout.splitlines() if line.startswith("  failed: ")]
+    assert len(lines) == 3, proc.stderr[-3000:]
+    for line in lines:
+        assert "DiskFull: the disk is full: writing " in line, line

@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 from kanscale import log
@@ -137,10 +138,14 @@ def exit_code(err: BaseException, args: argparse.Namespace) -> int:
         logger.error(bounded(f"kanscale: error: {err}", typed))
         return 2
     # imported only here: it imports torch, seconds a refused input need not wait
+    from strategies.lifecycle.disk import disk_full
     from strategies.lifecycle.failures import Terminated
 
     if args.debug or not isinstance(err, (Exception, Terminated)):
         raise err
+    # a write that found the disk full where no file was named (this process's own output to a
+    # log on that disk) says so, as every named write does
+    err = disk_full(err, Path(getattr(args, "out", None) or "."), "this command's output under")
     # A run that failed: its record says why; the traceback is for --debug.
     logger.error(
         bounded(

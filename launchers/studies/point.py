@@ -28,6 +28,7 @@ from launchers.launch.slurm_jobs import job_id
 from launchers.studies.leftovers import no_strays, set_aside_runs
 from launchers.studies.study import Point, StudyConfig, strategy_config
 from strategies.lifecycle.checkpoint import latest_checkpoint
+from strategies.lifecycle.disk import free_bytes
 from strategies.lifecycle.failures import STOPPED, Terminated
 
 # Two names for this machine: the deepspeed launcher needs one distinct host name per node.
@@ -240,7 +241,8 @@ def outcome(
     elif record is not None and record.error is not None and record.error.type == STOPPED:
         stopped_by, detail = signal.SIGTERM, one_line(f"{record.error.type}: {record.error.message}")
     else:
-        reason = f"{record.error.type}: {record.error.message}" if record and record.error else f"exit code {code}"
+        error = record.error if record else None
+        reason = f"{error.type}: {error.message}" if error else why_it_ended(code, log, out)
         return PointResult(
             point.key, "failed", seconds, run_id=run_id, detail=f"{one_line(reason)}; see {log}", set_aside=replaced
         )
@@ -253,6 +255,22 @@ def outcome(
         signal=stopped_by.name,
         set_aside=replaced,
     )
+
+
+def why_it_ended(code: int | None, log: Path, out: Path) -> str:
+    """A point that left no record of its failure: its exit code and the error its log ends with
+    (``kanscale: ...``), or, where the log says nothing (a disk too full for it), a full disk under
+    OUT named as the cause."""
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.startswith("kanscale: ")]
+    except OSError:
+        lines = []
+    if lines:
+        return f"exit code {code}: {lines[-1].removeprefix('kanscale: ')}"
+    free = free_bytes(out)
+    if free == 0:
+        return f"exit code {code}: DiskFull: the disk holding {out} is full (0 bytes free); make room there and rerun"
+    return f"exit code {code}"
 
 
 def one_line(message: str) -> str:

@@ -36,8 +36,8 @@ from strategies.lifecycle.checkpoint import (
     set_aside,
     usable_checkpoint,
 )
-from strategies.lifecycle.disk import free_space, reserve_space
-from strategies.lifecycle.run_lock import RunLock
+from strategies.lifecycle.disk import disk_full, free_space, reserve_space
+from strategies.lifecycle.run_lock import LOCK_FILE, RunLock
 from strategies.native_training import with_native_training
 
 logger = log.get(__name__)
@@ -106,7 +106,13 @@ class Attempt:
 
 def _take(run_dir: Path, world_size: int) -> RunLock:
     """Rank 0: lock a new run's directory and reserve the room to record a failure."""
-    lock = RunLock.acquire(run_dir)
+    try:
+        lock = RunLock.acquire(run_dir)
+    except OSError as err:  # a disk too full even for the lock's few bytes: named as the cause
+        full = disk_full(err, Path(run_dir) / LOCK_FILE, "the run's lock")
+        if full is err:
+            raise
+        raise full from err
     try:
         reserve_space(run_dir, world_size)
     except BaseException:
