@@ -37,16 +37,16 @@ def test_analyze_replaces_links_planted_in_its_report_folder(tmp_path):
         assert_replaced(runs / "report" / name, tmp_path / f"outside{i}")
 
 
-@pytest.mark.parametrize("command", ["schema", "rehearse"])
+@pytest.mark.parametrize("command", ["schema", "project"])
 def test_a_document_written_where_a_link_was_planted_replaces_the_link(tmp_path, command):
     out = tmp_path / "doc.json"
     plant(out, tmp_path / "outside.json")
     plant(out.with_suffix(".md"), tmp_path / "outside.md")
     if command == "schema":
         assert main(["schema", "--out", str(out)]) == 0
-    else:
-        argv = ["rehearse", "quickstart", "--nproc-per-node", "1", "--strategies", "single", "--json", str(out)]
-        assert main(argv) == 0
+    else:  # a JSON document and its Markdown twin, as recommend, rehearse and project write them
+        cluster = str(ROOT / "configs/clusters/a100_ib.yaml")
+        assert main(["project", "--profile", "paper", "--cluster", cluster, "--out", str(out)]) == 0
         assert_replaced(out.with_suffix(".md"), tmp_path / "outside.md")
     assert_replaced(out, tmp_path / "outside.json")
 

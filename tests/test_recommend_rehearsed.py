@@ -85,6 +85,7 @@ def test_the_large_model_benchmark_derives_what_it_cannot_hold_and_prints_its_ra
     assert lines[3].startswith("largest resident set: ") and "of the 2 GiB target" in lines[3]
 
 
+@pytest.mark.slow  # a run, then a rehearsal and a recommendation in a child process
 def test_a_finished_run_is_printed_beside_its_prediction(tmp_path):
     """scripts/predicted_beside_measured.py, which scripts/gpu_checks.sh runs on its GPU runs: one
     row per run, the model state rehearsed at the run's layout equal to the recorded one."""
