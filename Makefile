@@ -28,7 +28,7 @@ TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 export TORCH_EXTENSIONS_DIR
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test test-slow test-cluster check install clean
+.PHONY: test-both demo test test-slow test-cluster check install clean
 
 install: $(STAMP)
 
@@ -61,6 +61,10 @@ check: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PYTEST) -m slow tests --ignore=tests/cluster
+
+# Both tiers in one session, as .ci/run runs them: neither waits for the other's last file
+test-both: $(STAMP)
+	$(PYTEST) tests --ignore=tests/cluster
 
 test-cluster: $(STAMP)
 	bash scripts/cluster_packages.sh

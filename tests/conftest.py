@@ -17,6 +17,36 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["KANSCALE_CACHE_DIR"] = tempfile.mkdtemp(prefix="kanscale-test-cache-")
 
 
+# The files that take longest (the --durations of a fresh clone's .ci/run, slow and fast tier).
+# Under pytest-xdist's loadfile each file runs whole on one worker, in collection order: these go
+# first, so that no worker is left running one of them alone while the other has finished.
+LONGEST_FIRST = (
+    "test_docs_commands_run.py",
+    "test_rehearsal.py",
+    "test_baseline_memory.py",
+    "test_recommend.py",
+    "test_extras_install.py",
+    "test_full_disk.py",
+    "test_compile_training.py",
+    "test_parity.py",
+    "test_tensor_parallel.py",
+    "test_recommend_rehearsed.py",
+    "test_device_time.py",
+    "test_projection.py",
+    "test_run_lock.py",
+    "test_analysis.py",
+    "test_sweep.py",
+    "test_sweep_interrupts.py",
+    "test_hybrid_sharding.py",
+    "test_precision.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    order = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: a file's own order kept
+
+
 @pytest.fixture
 def in_tmp_cwd(tmp_path, monkeypatch):
     """Run a test inside an empty working directory (to catch stray files)."""

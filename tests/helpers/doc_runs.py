@@ -69,7 +69,7 @@ def not_run(command: DocCommand) -> str | None:
     if ranks > 2:
         return f"it starts {ranks} ranks per node, written for a GPU node (this machine has {os.cpu_count()} cores)"
     if command.program == "make":
-        return dict.fromkeys(("check", "test", "test-slow", "test-cluster"), ".ci/run runs it").get(
+        return dict.fromkeys(("check", "test", "test-slow", "test-both", "test-cluster"), ".ci/run runs it").get(
             command.argv[1],
             "minutes of training: the fast tier plans make demo's "
             "sweep point by point; tests/test_sweep.py runs sweeps",
