@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kanscale.errors import ConfigError
-from kanscale.files import atomic_write_text
+from kanscale.writes import atomic_write_text
 
 
 def json_out(out: str | Path, flag: str = "--out") -> Path:

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 
 from analysis.derive import summarize
 from analysis.tables import hardware
-from kanscale.files import atomic_write_bytes
+from kanscale.writes import atomic_write_bytes
 
 # The marker for a baseline that is another run, not a point of the strategy's line.
 BASELINE_LABEL = "1-process baseline (another run: single)"

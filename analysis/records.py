@@ -19,7 +19,8 @@ from pydantic import ValidationError
 
 from analysis.migrate import migrate
 from analysis.schema import RunRecord, StepRecord
-from kanscale.files import atomic_write_text, not_utf8, open_to_append
+from kanscale.files import not_utf8
+from kanscale.writes import atomic_write_text, open_to_append
 
 SUMMARY_FILE = "summary.json"
 STEPS_FILE = "steps.jsonl"

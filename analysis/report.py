@@ -21,7 +21,7 @@ from analysis.prediction import prediction_table
 from analysis.records import SUMMARY_FILE
 from analysis.tables import Table, study_table
 from analysis.verdict import Verdict, verdict
-from kanscale.files import atomic_write_text
+from kanscale.writes import atomic_write_text
 
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1200px;

@@ -22,7 +22,8 @@ import torch
 
 from kanscale import log
 from kanscale.errors import ConfigError
-from kanscale.files import atomic_write_text, open_to_append, read_mapping
+from kanscale.files import read_mapping
+from kanscale.writes import atomic_write_text, open_to_append
 from launchers.cli.common import PORTS
 from launchers.launch.commands import LAUNCHERS, Launch
 from launchers.launch.hostfile import Host, hostfile_text

@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from kanscale.errors import ConfigError
-from kanscale.files import atomic_write_text
+from kanscale.writes import atomic_write_text
 from launchers.launch.commands import LAUNCHERS, Device, Launch, LaunchSpec, ScriptVar, shell_join
 
 # The script's own variables, which each node's shell fills in.

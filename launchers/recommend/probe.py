@@ -22,7 +22,7 @@ from analysis import projection as pj
 from analysis.projection.device_time import StepOps
 from analysis.projection.memory import StepMemory
 from analysis.records import SUMMARY_FILE, read_summary
-from kanscale.files import atomic_write_text
+from kanscale.writes import atomic_write_text
 from strategies.experiment import ExperimentConfig
 
 # A probe run: one warm-up step, then two timing windows of two steps, each followed by one step

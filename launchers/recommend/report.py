@@ -12,7 +12,7 @@ from analysis.documents import write_json_and_markdown
 from analysis.format import human_bytes
 from analysis.projection.advice import Candidate
 from kanscale import log
-from kanscale.files import atomic_write_text
+from kanscale.writes import atomic_write_text
 from launchers.recommend.advise import Recommendation, RecommendRequest, recommend
 from launchers.recommend.probe import probe_summary
 

@@ -16,7 +16,7 @@ from analysis.format import human_bytes
 from analysis.prediction import PREDICTION_FILE
 from analysis.records import SUMMARY_FILE, read_summary
 from kanscale import log
-from kanscale.files import atomic_write_text
+from kanscale.writes import atomic_write_text
 from launchers.recommend.probe import keyed_dir
 
 logger = log.get(__name__)

@@ -34,7 +34,7 @@ from tqdm import tqdm
 from kanscale import log
 from kanscale.directories import check_output_dir
 from kanscale.errors import ConfigError
-from kanscale.files import open_to_append
+from kanscale.writes import open_to_append
 from launchers.launch.slurm_jobs import follow, is_active, job_state
 from launchers.studies.point import (
     EarlierRuns,

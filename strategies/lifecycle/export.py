@@ -35,7 +35,7 @@ import torch
 from kan_models import build_model, parse_model_config
 from kanscale import log
 from kanscale.errors import ConfigError
-from kanscale.files import new_temp_file
+from kanscale.writes import new_temp_file
 from strategies.lifecycle.checkpoint import (
     META_FILE,
     PARTIAL,

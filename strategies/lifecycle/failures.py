@@ -30,7 +30,7 @@ from pathlib import Path
 
 from analysis.schema import RunError
 from kanscale import log
-from kanscale.files import atomic_write_text
+from kanscale.writes import atomic_write_text
 from strategies.sections import FaultConfig
 
 logger = log.get(__name__)

@@ -8,7 +8,7 @@ import sys
 
 from analysis.schema import FROZEN_SCHEMAS, SCHEMA_VERSION
 from kanscale import log
-from kanscale.files import atomic_write_text
+from kanscale.writes import atomic_write_text
 from launchers.cli.common import common_options
 
 logger = log.get(__name__)
