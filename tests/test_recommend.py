@@ -107,7 +107,7 @@ def kanscale(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "args, says",
     [
-        (["--cluster", "NOMEM"], "has no device_memory_GiB (the memory of one device (GPU)"),
+        (["--cluster", "NOMEM"], "device_memory_GiB: missing; give the memory of one device (GPU)"),
         (["--cluster", str(CLUSTER), "--validate", "1"], "--validate trains the picks on this machine"),
         (["--json", "out.txt"], "--json: give a .json file"),
         (["--strategies", "ddp,zer02"], "zer02"),

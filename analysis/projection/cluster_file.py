@@ -10,11 +10,12 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
+from analysis.projection.collectives import nic_count
 from analysis.projection.uncertainty import stated
 from kanscale.errors import ConfigError
 
 DEVICE_NUMBERS = {
-    "device_memory_GiB": "the memory of one device (GPU), e.g. device_memory_GiB: 40",
+    "device_memory_GiB": "the memory of one device (GPU), e.g. device_memory_GiB: 40, or give --memory-per-device",
     "device_tflops": "the achieved rate per device in TFLOP/s",
     "device_tflops_bf16": "the achieved rate per device in bf16/fp16, TFLOP/s",
     "host_us_per_kernel": "what the host spends issuing one kernel, in microseconds",
@@ -87,6 +88,12 @@ def cluster_problems(doc: Any, needs: Iterable[str] = ()) -> list[str]:
             continue
         problems += _unknown([k for k in link if k not in LINK_KEYS], LINK_KEYS, where)
         per_nic = name == "inter" and ("nics_per_node" in link or "busbw_GBps_per_nic" in link)
+        if per_nic:
+            try:
+                nic_count(link)  # NICs per node with a bandwidth each, never beside the node's one
+            except ValueError as err:
+                problems.append(str(err))
+                continue
         for key in ("alpha_us", "busbw_GBps_per_nic" if per_nic else "busbw_GBps"):
             problems += _number(link, key, where) if key in link else [f"{where}{key}: missing; give it"]
     problems += [
