@@ -11,6 +11,7 @@ from launchers.cli import main
 from launchers.launch import run as run_module
 from launchers.launch.commands import LaunchSpec, deepspeed_launch, torchrun_launch
 from launchers.launch.hostfile import parse_hostfile
+from launchers.launch.ports import free_port
 from launchers.launch.request import RunRequest
 from launchers.launch.run import plan
 from launchers.launch.slurm import SlurmOptions, sbatch_script
@@ -181,7 +182,9 @@ def test_hostfile_sets_nodes_and_ranks(tmp_path):
         "localhost slots=1 max_slots=1\n\n127.0.0.1 slots=1\n"
     )
     assert [(h.name, h.slots) for h in parse_hostfile(path)] == [("localhost", 1), ("127.0.0.1", 1)]
-    _, resolved, launch = plan(request(tmp_path, launcher="deepspeed", hostfile=str(path), no_ssh=True, node_rank=1))
+    # a free port: the default one may be a concurrent test's rendezvous, which planning refuses
+    ask = request(tmp_path, launcher="deepspeed", hostfile=str(path), no_ssh=True, node_rank=1, master_port=free_port())
+    _, resolved, launch = plan(dataclasses.replace(ask, given=frozenset({"master_port"})))
     assert (resolved.spec.nnodes, resolved.spec.nproc_per_node, resolved.spec.world_size) == (2, 1, 2)
     assert {f"--hostfile={path}", "--no_ssh", "--node_rank=1"} <= set(launch.commands[0])
 
@@ -190,9 +193,9 @@ def test_hosts_write_a_hostfile(tmp_path):
     # --no-ssh: every node is started by hand, so they are told where node 0 is (--master-addr)
     _, resolved, launch = plan(
         dataclasses.replace(
-            request(tmp_path, launcher="deepspeed", no_ssh=True, master_addr="n1"),
+            request(tmp_path, launcher="deepspeed", no_ssh=True, master_addr="n1", master_port=free_port()),
             hosts=["n1", "n2"],
-            given=frozenset({"master_addr"}),
+            given=frozenset({"master_addr", "master_port"}),
         )
     )
     assert launch.files == {tmp_path / "hostfile": "n1 slots=1\nn2 slots=1\n"}

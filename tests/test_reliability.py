@@ -308,7 +308,7 @@ def test_a_second_sigterm_does_not_cut_the_failure_report_short(tmp_path):
     # that signal arrives while the report is being written.
     script = (
         "import sys, time\nfrom strategies.lifecycle.failures import Terminated, raise_on_sigterm\nraise_on_sigterm()\n"
-        "print('ready', flush=True)\ntry:\n    time.sleep(60)\nexcept Terminated:\n"
+        "try:\n    print('ready', flush=True)\n    time.sleep(60)\nexcept Terminated:\n"
         "    print('reporting', flush=True)\n    sys.stdin.readline()\n"
         f"    open({str(done)!r}, 'w').write('done')\n"
     )
