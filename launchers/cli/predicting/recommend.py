@@ -35,8 +35,10 @@ def register(subcommands: argparse._SubParsersAction) -> None:
         description="Rank every strategy for an experiment's model on a target (a cluster file, or this machine): "
         "which fit in each rank's memory at which micro-batch, their predicted samples/s with an interval, "
         "memory per rank and headroom, why each ranks where it does, and the kanscale run command for "
-        "the pick. It measures first, here: each candidate trains 5 steps on one rank (under OUT/probe), "
-        "and without --cluster or --network this machine's links are measured with kanscale commbench. "
+        "the pick. For a GPU cluster file each candidate's own step is rehearsed at the target's layout (nothing "
+        "trained; its kernels costed on the cluster's devices); for this machine it measures first: each "
+        "candidate trains 5 steps on one rank (under OUT/probe), and without --network this machine's links "
+        "are measured with kanscale commbench. "
         "Everything it predicts is labelled so, with its assumptions (docs/recommend.md).",
     )
     recommend.add_argument(
