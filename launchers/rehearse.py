@@ -3,11 +3,13 @@ per process here (strategies/rehearsal/), and what each rank would hold and issu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,22 @@ def _rehearse_into(r: RehearsalRequest, strategy: str, out: str) -> None:
     result = rehearse_or_refusal(cfg, r.nnodes * r.nproc_per_node, r.nproc_per_node, r.rank)
     kind = "rehearsal" if isinstance(result, Rehearsal) else "refusal"
     Path(out).write_text(json.dumps({kind: result.model_dump(mode="json")}))
+
+
+@contextlib.contextmanager
+def rehearsal_children() -> Iterator[None]:
+    """Around a command's rehearsals (:func:`rehearse_in_child`): afterwards the fork server and
+    multiprocessing's resource tracker it started are stopped, so that no process of theirs
+    outlives the rehearsals (a user's sweep or a test counting its children would meet them)."""
+    try:
+        yield
+    finally:
+        from multiprocessing import forkserver, resource_tracker
+
+        helpers: tuple[Any, ...] = (forkserver._forkserver, resource_tracker._resource_tracker)
+        for helper in helpers:  # their own stop, which typeshed does not declare
+            with contextlib.suppress(Exception):
+                helper._stop()
 
 
 def rehearse_in_child(r: RehearsalRequest, strategy: str, out: Path) -> Rehearsal | Refusal:
@@ -132,7 +150,7 @@ def run_rehearsal(r: RehearsalRequest) -> int:
     names = check(r)
     world = r.nnodes * r.nproc_per_node
     results: list[Rehearsal | Refusal] = []
-    with tempfile.TemporaryDirectory(prefix="kanscale-rehearse-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="kanscale-rehearse-") as scratch, rehearsal_children():
         for i, name in enumerate(names, 1):
             started = time.perf_counter()
             logger.info("rehearsing %s at %d ranks (%d/%d) ...", name, world, i, len(names))

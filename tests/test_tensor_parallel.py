@@ -240,7 +240,7 @@ def test_a_step_issues_the_collectives_the_projection_counts(tmp_path):
 def test_the_rehearsal_counts_the_collectives_each_run_records(tp_world2, fsdp2_tp_world4, tmp_path):
     """DTensor's collectives (functional ops) are counted like the other backends' c10d ones: the
     rehearsal at the run's layout issues, per step, the collectives and bytes the run recorded."""
-    from launchers.rehearse import RehearsalRequest, rehearse_in_child
+    from launchers.rehearse import RehearsalRequest, rehearsal_children, rehearse_in_child
     from strategies.rehearsal.result import Rehearsal
 
     fields = ("intra_node_bytes", "inter_node_bytes", "intra_node_collectives", "inter_node_collectives")
@@ -252,7 +252,8 @@ def test_the_rehearsal_counts_the_collectives_each_run_records(tp_world2, fsdp2_
         config = tmp_path / f"{strategy['name']}.yaml"
         config.write_text(json.dumps(experiment("bspline", strategy, tmp_path / "o")))
         request = RehearsalRequest(str(config), [], strategy["name"], 1, ranks, 0, None)
-        rehearsed = rehearse_in_child(request, strategy["name"], tmp_path / f"{strategy['name']}.json")
+        with rehearsal_children():
+            rehearsed = rehearse_in_child(request, strategy["name"], tmp_path / f"{strategy['name']}.json")
         assert isinstance(rehearsed, Rehearsal), rehearsed
         assert recorded is not None and recorded.intra_node_collectives > 0, strategy
         assert rehearsed.comm is not None

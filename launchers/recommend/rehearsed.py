@@ -28,7 +28,7 @@ from kanscale import log
 from kanscale.errors import ConfigError
 from launchers.recommend.probe import Probe, device_step_memory
 from launchers.recommend.step_ops import count_step_ops
-from launchers.rehearse import RehearsalRequest, rehearse_in_child
+from launchers.rehearse import RehearsalRequest, rehearsal_children, rehearse_in_child
 from strategies.experiment import ExperimentConfig
 from strategies.rehearsal.result import Rehearsal
 
@@ -70,7 +70,7 @@ def rehearse_candidates(
     beside the model state, per sample)."""
     ranks = nodes * per_node
     out = Rehearsed()
-    with tempfile.TemporaryDirectory(prefix="kanscale-recommend-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="kanscale-recommend-") as scratch, rehearsal_children():
         for i, (name, m) in enumerate(models.items(), 1):
             micro_batch = global_batch / (ranks // m.tp_ranks(ranks))
             # every rank builds the whole model (fp32) before its backend shards or casts it
