@@ -1,4 +1,3 @@
-"""WHAT the runs mean. At the ground floor, which every layer may import: the metrics schema,
-record I/O and the migration of older records. Above it: loading runs into pandas, derived
-metrics, tables, plots, the HTML report, the published study beside the user's runs, and the
-scaling projection."""
+"""WHAT the runs mean, in three groups: records/ (the schema and record I/O, which every layer may
+import), report/ (derived metrics, tables, the verdict, plots, the HTML report) and projection/
+(the step-time and memory model that recommend and project use)."""

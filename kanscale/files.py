@@ -312,7 +312,7 @@ def check_typed_path(text: str, field: str) -> None:
     it as typed: a NUL character, a name longer than the file system holds, a path longer than the
     system resolves. (A newline or another control character is a legal name: it is kept as typed,
     every command quoting it; only an sbatch directive cannot hold one, which the SLURM launch says.)"""
-    shown = short_text(text)
+    shown = repr(short_text(text))
     if "\x00" in text:
         raise ConfigError(f"{field}: {shown} holds a NUL character, which no file name can: give the path without it")
     name_max, path_max = os.pathconf("/", "PC_NAME_MAX"), os.pathconf("/", "PC_PATH_MAX")
@@ -329,14 +329,12 @@ def check_typed_path(text: str, field: str) -> None:
         )
 
 
-def short_text(text: str, limit: int = 120) -> str:
-    """``text`` quoted for a message, cut to ``limit`` characters with how much was left out."""
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}... ({len(text):,} characters)"
-
-
 MAX_ECHOED = 200  # the most characters of one thing a user typed that a message repeats
+
+
+def short_text(text: str, limit: int = MAX_ECHOED // 2) -> str:
+    """``text`` for a message: whole if short, else its first ``limit`` characters and its length."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def bounded(message: str, typed: Sequence[str]) -> str:
@@ -346,12 +344,8 @@ def bounded(message: str, typed: Sequence[str]) -> str:
     without repeating a multi-megabyte argument."""
     pieces = {p for t in typed for p in (t, *t.split("=", 1)[1:], *t.split(",")) if len(p) > MAX_ECHOED}
     for piece in sorted(pieces, key=len, reverse=True):
-        message = message.replace(piece, _cut(piece))
+        message = message.replace(piece, short_text(piece))
     # and any long unbroken run, wherever it came from (a value read from a file, argparse's quote)
-    message = re.sub(rf"\S{{{MAX_ECHOED + 1},}}", lambda m: _cut(m.group()), message)
+    message = re.sub(rf"\S{{{MAX_ECHOED + 1},}}", lambda m: short_text(m.group()), message)
     limit = 20 * MAX_ECHOED
     return message if len(message) <= limit else f"{message[:limit]}... ({len(message) - limit:,} more characters)"
-
-
-def _cut(piece: str) -> str:
-    return f"{piece[: MAX_ECHOED // 2]}... ({len(piece):,} characters)"

@@ -34,10 +34,10 @@ import pandas as pd
 import torch
 import torch.distributed as dist
 
-from analysis.documents import json_out, write_json_and_markdown
-from analysis.format import human_bytes
 from analysis.projection import DDP_BUCKET, HOST_COPY, OPS, LinkCost, MiB, busbw_factor, fit_alpha_beta
-from analysis.tables import markdown
+from analysis.report.documents import json_out, write_json_and_markdown
+from analysis.report.format import human_bytes
+from analysis.report.tables import markdown
 from kanscale import log
 from kanscale.errors import ConfigError
 from kanscale.extras import installed

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from analysis import projection as pj
-from analysis.documents import json_out, write_json_and_markdown
 from analysis.projection.cluster_file import check_cluster
+from analysis.report.documents import json_out, write_json_and_markdown
 from kan_models import parse_model_config
 from kanscale import log
 from kanscale.errors import ConfigError

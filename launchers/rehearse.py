@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.documents import json_out, write_json_and_markdown
-from analysis.format import human_bytes
+from analysis.report.documents import json_out, write_json_and_markdown
+from analysis.report.format import human_bytes
 from kanscale import log
 from kanscale.errors import ConfigError
 from kanscale.files import preset_names

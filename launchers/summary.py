@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.format import human_bytes
-from analysis.schema import RunRecord
+from analysis.records.schema import RunRecord
+from analysis.report.format import human_bytes
 
 
 def overhead(record: RunRecord) -> str:

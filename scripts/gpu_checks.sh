@@ -86,7 +86,7 @@ check accelerate_zero3  accelerate_train acc_zero3 configs/accelerate/deepspeed_
 check records $PY - "$OUT/runs" <<'PYEOF'
 import sys
 from pathlib import Path
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 bad = 0
 for summary in sorted(Path(sys.argv[1]).glob("*/*/summary.json")):
     r = read_summary(summary)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.format import human_bytes
-from analysis.records import CONFIG_FILE, SUMMARY_FILE, read_summary
-from analysis.schema import RunRecord
+from analysis.records.run_files import CONFIG_FILE, SUMMARY_FILE, read_summary
+from analysis.records.schema import RunRecord
+from analysis.report.format import human_bytes
 from kanscale.errors import ConfigError
 from launchers.recommend.advise import RecommendRequest, recommend
 

@@ -28,7 +28,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
 
-from analysis.schema import CompileInfo, ModelStateBytes, PrecisionInfo
+from analysis.records.schema import CompileInfo, ModelStateBytes, PrecisionInfo
 from strategies.compiled_step import StepCompilation
 from strategies.precision import Amp, dtype_name
 from strategies.schedule import innermost

@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from analysis.derive import derive, summarize, with_spread
-from analysis.load import load_runs
-from analysis.report import analyze
-from analysis.schema import RunError
-from analysis.tables import study_table
-from analysis.verdict import verdict
+from analysis.records.load import load_runs
+from analysis.records.schema import RunError
+from analysis.report.analyze import analyze
+from analysis.report.derive import derive, summarize, with_spread
+from analysis.report.tables import study_table
+from analysis.report.verdict import verdict
 from launchers.cli import main
 from tests.helpers.records import make_record, write_record
 
@@ -184,7 +184,7 @@ def test_memory_plots_from_records(tmp_path):
             for p in (1000, 100000)
         ],
     )
-    from analysis.plots import study_plots
+    from analysis.report.plots import study_plots
 
     plots = study_plots(d.reset_index(), "memory", tmp_path / "plots")
     assert [p.stem for p in plots] == ["memory_memory_vs_size", "memory_model_state"]
@@ -209,9 +209,9 @@ def test_the_published_study_beside_runs_of_its_configuration(tmp_path, capsys):
 
 
 def test_the_study_probes_cost_is_measured_within_each_run(tmp_path):
-    from analysis.paper import probe_costs, published_drop
-    from analysis.records import RunWriter
-    from analysis.schema import MeasurementInfo, StepRecord
+    from analysis.records.run_files import RunWriter
+    from analysis.records.schema import MeasurementInfo, StepRecord
+    from analysis.report.paper import probe_costs, published_drop
 
     record = make_record("probed", world=2, family="pykan", widths=(2, 64, 1), grid=10, micro_batch=512)
     record = record.model_copy(

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 from tests.helpers.launch import ROOT, run
 
 # The slow tier (make test-slow, run by .ci/run): torchrun, accelerate launch and the deepspeed

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.load import load_runs
+from analysis.records.load import load_runs
 from kan_models import FAMILIES, build_model, count_parameters, parse_model_config
 from kanscale.errors import ConfigError
 from kanscale.files import read_json, read_yaml

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.records import read_steps, read_summary
+from analysis.records.run_files import read_steps, read_summary
 from launchers.cli import main
 from tests.helpers.cli import refused
 

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from analysis.labels import strategy_label
+from analysis.records.labels import strategy_label
 from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment

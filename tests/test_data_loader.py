@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 from tests.helpers.doc_commands import DOCUMENTS, ROOT, DocCommand, documented_commands
 from tests.helpers.doc_runs import not_run, resumed_later, run, short
 from tests.helpers.doc_sandbox import make_sandbox, newest_run

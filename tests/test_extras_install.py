@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 
 # The slow tier (make test-slow, run by .ci/run): torch, DeepSpeed, Accelerate and the rest installed anew.
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.records import read_steps, read_summary
+from analysis.records.run_files import read_steps, read_summary
 from launchers.cli import main
 from strategies.lifecycle.checkpoint import complete_checkpoints, verify
 from tests.helpers.launch import ROOT, child_env

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.records import read_steps, read_summary
+from analysis.records.run_files import read_steps, read_summary
 from tests.helpers.launch import child_env
 
 # The slow tier (make test-slow, run by .ci/run): training under a deliberate load, timed window by window.

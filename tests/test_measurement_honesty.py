@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from analysis.derive import derive
-from analysis.load import load_runs
-from analysis.records import read_steps, read_summary
-from analysis.schema import OutsideLoad
-from analysis.verdict import verdict
+from analysis.records.load import load_runs
+from analysis.records.run_files import read_steps, read_summary
+from analysis.records.schema import OutsideLoad
+from analysis.report.derive import derive
+from analysis.report.verdict import verdict
 from kanscale.errors import ConfigError
 from launchers.cli import main
 from strategies.experiment import load_experiment

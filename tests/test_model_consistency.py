@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 from launchers.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from analysis.records import SUMMARY_FILE
+from analysis.records.run_files import SUMMARY_FILE
 from kanscale.errors import ConfigError
 from launchers.cli import main
 from strategies.experiment import parse_experiment

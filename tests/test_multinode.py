@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 from tests.helpers.launch import ROOT, child_env
 
 # The slow tier (make test-slow, run by .ci/run): two-node launches started as users start them.

@@ -18,7 +18,7 @@ from accelerate.commands.launch import _validate_launch_command, launch_command_
 from accelerate.utils import DeepSpeedPlugin
 from accelerate.utils.launch import prepare_deepspeed_cmd_env
 
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 from kan_models import build_model
 from kanscale.errors import ConfigError
 from launchers.cli import main

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from analysis.derive import derive
-from analysis.load import load_runs
+from analysis.records.load import load_runs
+from analysis.report.derive import derive
 from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
@@ -240,7 +240,7 @@ def test_precision_is_an_axis_the_analysis_keeps_apart(tmp_path):
 
 
 def test_the_verdict_measures_each_precision_against_one_process_of_the_same_precision(tmp_path):
-    from analysis.verdict import verdict
+    from analysis.report.verdict import verdict
 
     for record in (
         make_record("s32", strategy="single", samples_per_s=1000, window=(950, 1050)),

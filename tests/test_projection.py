@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from analysis import projection as pj
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 from kanscale.files import preset_names
 from launchers.cli import main
 from launchers.project import cost_models

@@ -14,7 +14,7 @@ import yaml
 from analysis import projection as pj
 from analysis.projection.advice import Target, lay_out, ranked
 from analysis.projection.memory import StepMemory, gathered_bytes, largest_micro_batch, peak_memory
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 from launchers.zoo import model_shape
 from tests.helpers.launch import ROOT, child_env
 

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from analysis.load import load_runs
+from analysis.records.load import load_runs
 from launchers.cli import main
 
 SHORT = ["--strategy", "single", "--set", "training.steps=3", "--set", "training.warmup_steps=1", "--no-progress"]

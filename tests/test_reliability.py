@@ -11,8 +11,8 @@ import pytest
 import torch
 import yaml
 
-from analysis.load import load_runs
-from analysis.records import read_steps, read_summary
+from analysis.records.load import load_runs
+from analysis.records.run_files import read_steps, read_summary
 from kan_models import build_model, parse_model_config
 from launchers.cli import main
 from strategies.distributed import DistEnv

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.derive import derive
-from analysis.load import load_runs
-from analysis.paper import paper_comparison
-from analysis.plots import BASELINE_LABEL, efficiency_plot, memory_vs_size_plot, speedup_plot, state_stack_plot
+from analysis.records.load import load_runs
+from analysis.report.derive import derive
+from analysis.report.paper import paper_comparison
+from analysis.report.plots import BASELINE_LABEL, efficiency_plot, memory_vs_size_plot, speedup_plot, state_stack_plot
 from launchers.cli import build_parser, main
 from launchers.studies.study import load_study
 from tests.helpers.cli import refused

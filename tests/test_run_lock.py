@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.records import read_steps, read_summary
+from analysis.records.run_files import read_steps, read_summary
 from kanscale.errors import ConfigError
 from strategies.lifecycle.checkpoint import complete_checkpoints
 from strategies.lifecycle.failures import FailureReport

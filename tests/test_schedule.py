@@ -10,7 +10,7 @@ import pytest
 import torch
 from deepspeed.runtime.lr_schedules import WarmupCosineLR, WarmupDecayLR, WarmupLR
 
-from analysis.records import read_steps
+from analysis.records.run_files import read_steps
 from kanscale.errors import ConfigError
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment

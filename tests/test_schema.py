@@ -7,8 +7,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from analysis.records import RecordError, RunWriter, read_steps, read_summary
-from analysis.schema import RunRecord, StepRecord, json_schema
+from analysis.records.run_files import RecordError, RunWriter, read_steps, read_summary
+from analysis.records.schema import RunRecord, StepRecord, json_schema
 from strategies.experiment import load_experiment
 from strategies.loop.trainer import train
 
@@ -37,8 +37,8 @@ def test_a_real_run_round_trips(finished_run):
 
 
 def test_the_shipped_json_schema_is_current_and_validates_real_records(finished_run):
-    shipped = json.loads((ROOT / "analysis/run_record.schema.json").read_text())
-    assert shipped == json_schema(), "regenerate with: kanscale schema --out analysis/run_record.schema.json"
+    shipped = json.loads((ROOT / "analysis/records/run_record.schema.json").read_text())
+    assert shipped == json_schema(), "regenerate with: kanscale schema --out analysis/records/run_record.schema.json"
     _, run_dir = finished_run
     summary = json.loads((run_dir / "summary.json").read_text())
     jsonschema.validate(summary, shipped)  # the root is the run record
@@ -51,7 +51,7 @@ def test_the_shipped_json_schema_is_current_and_validates_real_records(finished_
 @pytest.mark.parametrize("field", ["throughput", "comm", "timings", "final_loss"])
 def test_the_json_schema_refuses_a_finished_record_without_its_results(finished_run, field):
     """A finished run's results are required by the JSON Schema itself, as by the classes."""
-    shipped = json.loads((ROOT / "analysis/run_record.schema.json").read_text())
+    shipped = json.loads((ROOT / "analysis/records/run_record.schema.json").read_text())
     summary = json.loads((finished_run[1] / "summary.json").read_text())
     assert field in shipped["$defs"]["RunRecord"]["allOf"][0]["then"]["required"]
     missing = {k: v for k, v in summary.items() if k != field}
@@ -159,7 +159,7 @@ def test_an_early_v5_record_reads_with_the_new_fields_empty(finished_run, tmp_pa
 def test_v5_records_are_migrated_on_read(finished_run, tmp_path):
     record, _ = finished_run
     v5 = as_v5(record)
-    shipped_v5 = json.loads((ROOT / "analysis/run_record.v5.schema.json").read_text())
+    shipped_v5 = json.loads((ROOT / "analysis/records/run_record.v5.schema.json").read_text())
     jsonschema.validate(v5, shipped_v5)  # a genuine v5 record
     (tmp_path / "summary.json").write_text(json.dumps(v5))
     migrated = read_summary(tmp_path)
@@ -185,7 +185,7 @@ def test_a_v5_record_of_a_negative_reading_is_read_with_its_raw_figure(finished_
         }
     )
     v5 = as_v5(negative)
-    jsonschema.validate(v5, json.loads((ROOT / "analysis/run_record.v5.schema.json").read_text()))
+    jsonschema.validate(v5, json.loads((ROOT / "analysis/records/run_record.v5.schema.json").read_text()))
     (tmp_path / "summary.json").write_text(json.dumps(v5))
     migrated = read_summary(tmp_path)
     assert migrated.comm.trusted == "replica" and migrated.timings.comm_exposed_s == -below
@@ -198,7 +198,7 @@ def test_v4_records_are_migrated_on_read(finished_run, tmp_path, compile_s):
     v4["schema_version"] = 4
     v4.pop("compile")
     v4["timings"]["compile_s"] = compile_s
-    shipped_v4 = json.loads((ROOT / "analysis/run_record.v4.schema.json").read_text())
+    shipped_v4 = json.loads((ROOT / "analysis/records/run_record.v4.schema.json").read_text())
     jsonschema.validate(v4, shipped_v4)  # a genuine v4 record
     (tmp_path / "summary.json").write_text(json.dumps(v4))
     migrated = read_summary(tmp_path)
@@ -222,7 +222,7 @@ def as_v3(record: RunRecord) -> dict:
 def test_v3_records_are_migrated_on_read(finished_run, tmp_path):
     record, _ = finished_run
     v3 = as_v3(record)
-    shipped_v3 = json.loads((ROOT / "analysis/run_record.v3.schema.json").read_text())
+    shipped_v3 = json.loads((ROOT / "analysis/records/run_record.v3.schema.json").read_text())
     jsonschema.validate(v3, shipped_v3)  # a genuine v3 record
     (tmp_path / "summary.json").write_text(json.dumps(v3))
     migrated = read_summary(tmp_path)
@@ -266,7 +266,7 @@ def as_v1(record: RunRecord, backend_config: dict | None, name: str, options: di
 def test_v2_records_are_migrated_on_read(finished_run, tmp_path):
     record, _ = finished_run
     v2 = as_v2(record)
-    shipped_v2 = json.loads((ROOT / "analysis/run_record.v2.schema.json").read_text())
+    shipped_v2 = json.loads((ROOT / "analysis/records/run_record.v2.schema.json").read_text())
     jsonschema.validate(v2, {**shipped_v2, "$ref": "#/$defs/RunRecord"})  # a genuine v2 record
     (tmp_path / "summary.json").write_text(json.dumps(v2))
     migrated = read_summary(tmp_path)
@@ -292,7 +292,7 @@ def test_v2_records_are_migrated_on_read(finished_run, tmp_path):
 def test_v1_records_are_migrated_on_read(finished_run, tmp_path, name, options, backend_config, label):
     record, _ = finished_run
     v1 = as_v1(record, backend_config, name, options)
-    shipped_v1 = json.loads((ROOT / "analysis/run_record.v1.schema.json").read_text())
+    shipped_v1 = json.loads((ROOT / "analysis/records/run_record.v1.schema.json").read_text())
     jsonschema.validate(v1, {**shipped_v1, "$ref": "#/$defs/RunRecord"})  # a genuine v1 record
     (tmp_path / "summary.json").write_text(json.dumps(v1))
     migrated = read_summary(tmp_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 from kanscale.errors import ConfigError
 from launchers.cli import main
 from strategies.distributed import DistEnv

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.load import load_runs
-from analysis.records import read_steps, read_summary
+from analysis.records.load import load_runs
+from analysis.records.run_files import read_steps, read_summary
 from launchers.cli import main
 from strategies.lifecycle.checkpoint import latest_checkpoint
 from strategies.lifecycle.run_lock import RunLock

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from analysis.projection import tp_exchanges
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 from kan_models import build_model
 from launchers.summary import format_summary
 from launchers.zoo import model_shape

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.records import read_steps
+from analysis.records.run_files import read_steps
 from strategies.distributed import DistEnv
 from strategies.experiment import load_experiment
 from strategies.loop.trainer import train

@@ -6,7 +6,7 @@ import sys
 
 import yaml
 
-from analysis.records import read_summary
+from analysis.records.run_files import read_summary
 from launchers.cli import main
 from tests.helpers.launch import ROOT, run
 

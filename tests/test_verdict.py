@@ -4,12 +4,12 @@ memory, what does not scale or did not fit, and the caveats."""
 import pytest
 import yaml
 
-from analysis.derive import derive
-from analysis.load import load_runs
-from analysis.records import RunWriter
-from analysis.report import analyze
-from analysis.schema import RunError
-from analysis.verdict import verdict
+from analysis.records.load import load_runs
+from analysis.records.run_files import RunWriter
+from analysis.records.schema import RunError
+from analysis.report.analyze import analyze
+from analysis.report.derive import derive
+from analysis.report.verdict import verdict
 from tests.helpers.records import make_record, write_record
 
 
@@ -207,7 +207,7 @@ def test_every_scale_gets_its_own_verdict_at_the_top_of_the_report(tmp_path):
 
 
 def test_study_tables_show_a_single_runs_spread_over_its_windows(tmp_path):
-    from analysis.tables import study_table
+    from analysis.report.tables import study_table
 
     for record in [
         make_record("one", world=2, samples_per_s=1000, window=(950, 1050)),

@@ -216,7 +216,7 @@ def ranked(candidates: Sequence[Candidate]) -> list[Candidate]:
 
 def why(c: Candidate, best: Candidate | None, head: Candidate | None = None, group: Sequence[Candidate] = ()) -> str:
     """One line on why ``c`` ranks where it does."""
-    from analysis.format import human_bytes
+    from analysis.report.format import human_bytes
 
     if c.micro_batch == 0 and c.peak.total <= c.capacity:
         return f"the global batch does not split evenly over its {c.replicas} model replicas"

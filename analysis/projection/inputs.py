@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from analysis.load import load_runs
-from analysis.records import SUMMARY_FILE, read_summary
-from analysis.schema import RunRecord
+from analysis.records.load import load_runs
+from analysis.records.run_files import SUMMARY_FILE, read_summary
+from analysis.records.schema import RunRecord
 
 PAPER_BATCH = 512  # samples per GPU per step in the published study (reference/README.md)
 
@@ -165,7 +165,7 @@ def profile_from_bench(doc: dict[str, Any], row: str | None) -> tuple[ComputePro
 def paper_profile() -> tuple[ComputeProfile, dict[str, Any]]:
     """The published study's one-GPU run (strong scaling, 1 A100): its whole step, from its
     throughput at 512 samples per step; and the model it trained."""
-    from analysis.paper import paper_results
+    from analysis.report.paper import paper_results
 
     row = paper_results().set_index("run").loc["strong_scaling_n1g1"]
     profile = ComputeProfile(

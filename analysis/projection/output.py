@@ -10,11 +10,11 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.format import human_bytes
 from analysis.projection.collectives import Network
 from analysis.projection.inputs import ComputeProfile, ModelShape
 from analysis.projection.step_model import Projection
-from analysis.tables import count, fixed, percent
+from analysis.report.format import human_bytes
+from analysis.report.tables import count, fixed, percent
 
 
 def assumptions(

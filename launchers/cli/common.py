@@ -128,7 +128,7 @@ def experiment_overrides(args: argparse.Namespace) -> list[str]:
 def exit_code(err: BaseException, args: argparse.Namespace) -> int:
     """Print what went wrong in one line (re-raise under --debug) and return the exit code:
     2 for input the suite refuses, 130 for Ctrl-C, 1 for a run that failed."""
-    from analysis.records import RecordError
+    from analysis.records.run_files import RecordError
 
     if isinstance(err, KeyboardInterrupt):
         logger.error("kanscale: interrupted")

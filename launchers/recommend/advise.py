@@ -14,8 +14,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from analysis import projection as pj
-from analysis.documents import json_out
-from analysis.format import human_bytes
 from analysis.projection.advice import (
     Candidate,
     Target,
@@ -26,6 +24,8 @@ from analysis.projection.advice import (
     ranked,
 )
 from analysis.projection.memory import StepMemory, peak_memory
+from analysis.report.documents import json_out
+from analysis.report.format import human_bytes
 from kanscale import log
 from kanscale.errors import ConfigError
 from kanscale.files import preset_names
@@ -349,7 +349,7 @@ def stand_in(m: pj.StrategyModel, probe: Probe, models: dict[str, pj.StrategyMod
 def compute_spread(runs: Path) -> float:
     """The probes' relative spread between timing windows (median over runs): half the range of
     the windows' rates over their median."""
-    from analysis.records import SUMMARY_FILE, read_summary
+    from analysis.records.run_files import SUMMARY_FILE, read_summary
 
     spreads = []
     for summary in runs.rglob(SUMMARY_FILE):

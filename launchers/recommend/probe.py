@@ -21,7 +21,7 @@ import yaml
 from analysis import projection as pj
 from analysis.projection.device_time import StepOps
 from analysis.projection.memory import StepMemory
-from analysis.records import SUMMARY_FILE, read_summary
+from analysis.records.run_files import SUMMARY_FILE, read_summary
 from kanscale.writes import atomic_write_text
 from strategies.experiment import ExperimentConfig
 

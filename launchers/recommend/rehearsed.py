@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis import projection as pj
-from analysis.format import human_bytes
 from analysis.projection.device_time import StepOps
 from analysis.projection.memory import StepMemory, peak_memory
+from analysis.report.format import human_bytes
 from kanscale import log
 from kanscale.errors import ConfigError
 from launchers.recommend.probe import Probe, device_step_memory

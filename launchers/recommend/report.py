@@ -8,9 +8,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from analysis.documents import write_json_and_markdown
-from analysis.format import human_bytes
 from analysis.projection.advice import Candidate
+from analysis.report.documents import write_json_and_markdown
+from analysis.report.format import human_bytes
 from kanscale import log
 from kanscale.writes import atomic_write_text
 from launchers.recommend.advise import Recommendation, RecommendRequest, recommend

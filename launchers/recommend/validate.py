@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 
-from analysis.format import human_bytes
-from analysis.prediction import PREDICTION_FILE
-from analysis.records import SUMMARY_FILE, read_summary
+from analysis.records.run_files import SUMMARY_FILE, read_summary
+from analysis.report.format import human_bytes
+from analysis.report.prediction import PREDICTION_FILE
 from kanscale import log
 from kanscale.writes import atomic_write_text
 from launchers.recommend.probe import keyed_dir

@@ -30,7 +30,7 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from analysis.records import CONFIG_FILE, STEPS_FILE, SUMMARY_FILE
+from analysis.records.run_files import CONFIG_FILE, STEPS_FILE, SUMMARY_FILE
 from kanscale import log
 from kanscale.errors import ConfigError
 from strategies.lifecycle.checkpoint import checkpoints_dir

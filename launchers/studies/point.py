@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis.records import RecordError, read_summary
-from analysis.schema import RunRecord
+from analysis.records.run_files import RecordError, read_summary
+from analysis.records.schema import RunRecord
 from kanscale.errors import ConfigError
 from launchers.launch.commands import LauncherName, LaunchSpec, launcher_name
 from launchers.launch.request import RunRequest

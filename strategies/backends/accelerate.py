@@ -23,7 +23,7 @@ from pydantic import Field
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from analysis.schema import ModelStateBytes
+from analysis.records.schema import ModelStateBytes
 from kanscale.errors import ConfigError
 from kanscale.extras import require
 from kanscale.files import find_file, read_mapping

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from analysis.schema import ModelStateBytes
+from analysis.records.schema import ModelStateBytes
 from strategies.backends.deepspeed_config import OPTION_KEYS, get_path
 from strategies.engine import Engine, detached_copy, optimizer_state_tensors, tensor_bytes
 from strategies.precision import LOW_DTYPES

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from analysis.schema import RunError
+from analysis.records.schema import RunError
 from kanscale import log
 from kanscale.writes import atomic_write_text
 from strategies.sections import FaultConfig

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from analysis.records import CONFIG_FILE, SUMMARY_FILE, RecordError, read_steps, read_summary
-from analysis.schema import RunRecord, StepRecord
+from analysis.records.run_files import CONFIG_FILE, SUMMARY_FILE, RecordError, read_steps, read_summary
+from analysis.records.schema import RunRecord, StepRecord
 from kanscale import log
 from kanscale.errors import ConfigError
 from kanscale.files import read_mapping

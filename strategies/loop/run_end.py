@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from analysis.records import RunWriter
-from analysis.schema import BatchInfo, RunError, RunRecord
+from analysis.records.run_files import RunWriter
+from analysis.records.schema import BatchInfo, RunError, RunRecord
 from kan_models.tasks import TaskConfig, TaskData
 from strategies.distributed import DistEnv
 from strategies.engine import Engine

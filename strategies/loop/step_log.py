@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from analysis.records import RunWriter
-from analysis.schema import StepRecord
+from analysis.records.run_files import RunWriter
+from analysis.records.schema import StepRecord
 from strategies.lifecycle.failures import check_finite
 from strategies.loop.progress import Progress
 from strategies.measure.combine import Window

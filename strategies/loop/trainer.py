@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from analysis.records import RunWriter
-from analysis.schema import BatchInfo, CompileInfo, RunRecord, StepRecord
+from analysis.records.run_files import RunWriter
+from analysis.records.schema import BatchInfo, CompileInfo, RunRecord, StepRecord
 from kan_models import count_parameters
 from kan_models.compile import graph_break_counts, graph_breaks
 from strategies.distributed import DistEnv

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from analysis.schema import Memory, ModelStateBytes, StepRecord
+from analysis.records.schema import Memory, ModelStateBytes, StepRecord
 from strategies.distributed import DistEnv
 from strategies.measure.comm_exposure import WindowTimes
 from strategies.measure.memory import TrainingPeaks

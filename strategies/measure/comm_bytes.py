@@ -28,7 +28,7 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from analysis.schema import CommBytes
+from analysis.records.schema import CommBytes
 from strategies.distributed import DistEnv
 
 _c10d = torch.ops.c10d

@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from analysis.schema import CommExposure, Spread
+from analysis.records.schema import CommExposure, Spread
 
 # Below this share of the step a difference between the methods is not worth a word, however
 # steady: scheduler slices and timer reads are of that order.

@@ -8,7 +8,7 @@ from importlib import metadata
 
 import torch
 
-from analysis.schema import Environment
+from analysis.records.schema import Environment
 from strategies.distributed import DistEnv, hostname
 
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis.schema import OutsideLoad
+from analysis.records.schema import OutsideLoad
 from strategies.distributed import DistEnv, hostname
 
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

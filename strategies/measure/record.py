@@ -1,5 +1,5 @@
 """Turning one run's configuration and its measurements, combined across ranks
-(:mod:`strategies.measure.combine`), into its run record (the metrics schema in analysis/schema.py).
+(:mod:`strategies.measure.combine`), into its run record (the metrics schema in analysis/records/schema.py).
 Nothing here talks to the other ranks."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import numpy as np
 import torch
 
-from analysis.schema import (
+from analysis.records.schema import (
     BatchInfo,
     CompileInfo,
     MeasurementInfo,

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pydantic import Field
 
 from analysis.projection.device_time import Op, StepOps
-from analysis.schema_sections import CommBytes, ModelStateBytes, Record
+from analysis.records.schema_sections import CommBytes, ModelStateBytes, Record
 
 
 class CollectiveCalls(Record):

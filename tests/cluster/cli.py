@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from analysis.records import read_summary
-from analysis.schema import RunRecord
+from analysis.records.run_files import read_summary
+from analysis.records.schema import RunRecord
 from tests.cluster.daemons import ROOT, search_path
 
 # A few steps of the quickstart: seconds per rank once torch is imported.

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from analysis.records import RunWriter
-from analysis.schema import (
+from analysis.records.run_files import RunWriter
+from analysis.records.schema import (
     BatchInfo,
     CommExposure,
     CompileInfo,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.records import read_steps
+from analysis.records.run_files import read_steps
 from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer

@@ -4,7 +4,7 @@ bf16, single in the test's own process."""
 
 from pathlib import Path
 
-from analysis.records import SUMMARY_FILE, read_summary
+from analysis.records.run_files import SUMMARY_FILE, read_summary
 from tests.helpers.launch import run_here, run_jobs
 from tests.helpers.parity import STRATEGIES, experiment
 

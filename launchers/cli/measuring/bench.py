@@ -50,7 +50,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.documents import json_out, write_json_and_markdown
+    from analysis.report.documents import json_out, write_json_and_markdown
     from launchers import bench
 
     try:

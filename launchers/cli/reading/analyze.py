@@ -36,7 +36,7 @@ def main(args: argparse.Namespace) -> int:
         "--out" if args.out else "--out (not given: DIR/report)",
         "to write the report in (--out REPORT_DIR)",
     )
-    from analysis.report import analyze, summary_line
+    from analysis.report.analyze import analyze, summary_line
 
     report = analyze(args.runs, args.out)
     if report.verdict is not None:

@@ -19,9 +19,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.derive import derive
-    from analysis.load import load_runs
-    from analysis.paper import paper_comparison, probe_costs
+    from analysis.records.load import load_runs
+    from analysis.report.derive import derive
+    from analysis.report.paper import paper_comparison, probe_costs
 
     runs, problems = load_runs(args.runs)
     derived = derive(runs) if not runs.empty else runs

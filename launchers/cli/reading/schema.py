@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from analysis.schema import FROZEN_SCHEMAS, SCHEMA_VERSION
+from analysis.records.schema import FROZEN_SCHEMAS, SCHEMA_VERSION
 from kanscale import log
 from kanscale.writes import atomic_write_text
 from launchers.cli.common import common_options
@@ -31,7 +31,7 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.schema import json_schema
+    from analysis.records.schema import json_schema
 
     text = json.dumps(json_schema(args.schema_version), indent=2) + "\n"
     if args.out:

@@ -62,8 +62,8 @@ def main(args: argparse.Namespace) -> int:
     """Exit 0 when every point ran or was skipped, 1 when one failed or was stopped, 2 for a study
     refused before any point ran, 128 + the signal's number (143 for SIGTERM, 130 for Ctrl-C)
     when the sweep itself was stopped."""
-    from analysis.load import load_runs
-    from analysis.tables import markdown, quick_comparison
+    from analysis.records.load import load_runs
+    from analysis.report.tables import markdown, quick_comparison
     from launchers.studies.point import SweepStopped, stop_signal
     from launchers.studies.sweep import run_sweep
     from strategies.lifecycle.failures import Terminated

@@ -1,8 +1,8 @@
 """Metrics schema v6: the run record (one per run, ``summary.json``) and the step records (one
 per optimizer step, ``steps.jsonl``). Every strategy writes exactly these fields; analysis reads
 nothing else. Records are validated when written and when read; ``kanscale schema`` prints the
-JSON Schema generated from these classes (also shipped as ``analysis/run_record.schema.json``).
-Records of versions 1 to 5 are migrated when read (analysis/migrate.py); their JSON Schemas are
+JSON Schema generated from these classes (also shipped as ``analysis/records/run_record.schema.json``).
+Records of versions 1 to 5 are migrated when read (analysis/records/migrate.py); their JSON Schemas are
 shipped frozen as ``run_record.v<N>.schema.json``.
 
 Units: seconds, bytes, samples. Per-step times are means over the timed (post-warm-up) steps.
@@ -18,7 +18,7 @@ from typing import Any, Final, Literal
 from pydantic import ConfigDict, Field, model_validator
 from pydantic.json_schema import models_json_schema
 
-from analysis.schema_sections import (
+from analysis.records.schema_sections import (
     BatchInfo,
     CommBytes,
     CommExposure,

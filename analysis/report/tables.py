@@ -1,4 +1,4 @@
-"""Tables that compare strategies, built from the run table of :func:`analysis.load.load_runs`.
+"""Tables that compare strategies, built from the run table of :func:`analysis.records.load.load_runs`.
 
 Every table exists twice: numbers (CSV, for further work) and formatted text (Markdown/HTML).
 """
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from analysis.derive import summarize, with_spread
-from analysis.format import human_bytes
+from analysis.report.derive import summarize, with_spread
+from analysis.report.format import human_bytes
 
 Formatter = Callable[[float], str]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.consistency import inconsistencies
-from analysis.labels import strategy_label, topology_label
-from analysis.records import CONFIG_FILE, STEPS_FILE, SUMMARY_FILE, RecordError, read_summary
-from analysis.schema import RunRecord
+from analysis.records.consistency import inconsistencies
+from analysis.records.labels import strategy_label, topology_label
+from analysis.records.run_files import CONFIG_FILE, STEPS_FILE, SUMMARY_FILE, RecordError, read_summary
+from analysis.records.schema import RunRecord
 from kanscale.directories import runs_directory
 from kanscale.errors import ConfigError
 from kanscale.files import read_mapping
@@ -68,13 +68,13 @@ def load_runs(directory: str | Path) -> tuple[pd.DataFrame, list[Problem]]:
     """Every run under ``directory``: one row per readable record that agrees with itself, one
     problem per run directory that has none (corrupt JSON, bytes that are not UTF-8, an
     unreadable file, an unknown schema version, a missing summary, a record that contradicts
-    itself: analysis/consistency.py)."""
+    itself: analysis/records/consistency.py)."""
     directory = runs_directory(directory)
     rows, problems = [], []
     for summary in sorted(directory.rglob(SUMMARY_FILE)):
         try:
             record = read_summary(summary)
-        except RecordError as err:  # every way a record can be unreadable (analysis/records.py)
+        except RecordError as err:  # every way a record can be unreadable (analysis/records/run_files.py)
             problems.append(Problem(summary, str(err)))
             continue
         contradictions = inconsistencies(record)

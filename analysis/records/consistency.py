@@ -1,12 +1,12 @@
 """Whether a run record agrees with itself: a record edited by hand, or one whose figures contradict
-each other, is kept out of every comparison (analysis/load.py lists it, with the reason, among
+each other, is kept out of every comparison (analysis/records/load.py lists it, with the reason, among
 the report's problems) rather than skewing a speed-up or a ranking."""
 
 from __future__ import annotations
 
 import math
 
-from analysis.schema import RunRecord
+from analysis.records.schema import RunRecord
 
 REL = 1e-6  # what a figure the suite derives from another may differ by: rounding only
 

@@ -1,4 +1,4 @@
-"""The sections a run record (analysis/schema.py) is made of: what ran (the strategy, model, task,
+"""The sections a run record (analysis/records/schema.py) is made of: what ran (the strategy, model, task,
 topology, batch, precision, compilation and environment), what was measured (timings, throughput,
 exposed communication, bytes moved, memory, the measurement's own settings) and why a run failed.
 Every section refuses fields it does not declare, so a typo in a writer fails validation."""

@@ -44,7 +44,7 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
     ok["samples_per_s_per_rank"] = ok["throughput.samples_per_s_per_rank"]
     one_rank = ok[ok["world_size"] == 1]
     # The same experiment, not only the same strategy and batch: a 1-rank run with another learning
-    # rate or grid is another point, never this run's baseline (repeat_key: analysis/load.py).
+    # rate or grid is another point, never this run's baseline (repeat_key: analysis/records/load.py).
     group = GROUP + (["repeat_key"] if "repeat_key" in ok else [])
     own = one_rank.groupby(group, dropna=False)["samples_per_s"].median().rename("own_baseline")
     single = (

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.format import human_bytes
-from analysis.tables import Table
+from analysis.report.format import human_bytes
+from analysis.report.tables import Table
 
 PREDICTION_FILE = "recommendation.json"
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from analysis.schema import SCHEMA_VERSION
+from analysis.records.schema import SCHEMA_VERSION
 
 READABLE_VERSIONS = (1, 2, 3, 4, 5, SCHEMA_VERSION)
 V2_COMM_NOTE = (

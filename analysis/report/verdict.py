@@ -23,8 +23,8 @@ from typing import cast
 
 import pandas as pd
 
-from analysis.format import human_bytes
-from analysis.tables import count, fixed, hardware, percent
+from analysis.report.format import human_bytes
+from analysis.report.tables import count, fixed, hardware, percent
 from kanscale.identity import differences, dotted
 
 SCALE = ["study", "model_label", "task_label"]

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.derive import derive
-from analysis.load import Problem, load_runs
-from analysis.paper import paper_comparison, probe_costs
-from analysis.plots import study_plots
-from analysis.prediction import prediction_table
-from analysis.records import SUMMARY_FILE
-from analysis.tables import Table, study_table
-from analysis.verdict import Verdict, verdict
+from analysis.records.load import Problem, load_runs
+from analysis.records.run_files import SUMMARY_FILE
+from analysis.report.derive import derive
+from analysis.report.paper import paper_comparison, probe_costs
+from analysis.report.plots import study_plots
+from analysis.report.prediction import prediction_table
+from analysis.report.tables import Table, study_table
+from analysis.report.verdict import Verdict, verdict
 from kanscale.writes import atomic_write_text
 
 CSS = """

@@ -24,8 +24,8 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from analysis.derive import summarize
-from analysis.tables import hardware
+from analysis.report.derive import summarize
+from analysis.report.tables import hardware
 from kanscale.writes import atomic_write_bytes
 
 # The marker for a baseline that is another run, not a point of the strategy's line.

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.load import Problem
-from analysis.records import STEPS_FILE, RecordError, read_steps
-from analysis.tables import Table, count, fixed, general, hardware, percent
+from analysis.records.load import Problem
+from analysis.records.run_files import STEPS_FILE, RecordError, read_steps
+from analysis.report.tables import Table, count, fixed, general, hardware, percent
 from kanscale.files import configs_dir
 
 PAPER_CSV = Path(__file__).parent / "reference" / "paper_results.csv"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analysis.schema import RunRecord
+from analysis.records.schema import RunRecord
 
 
 def strategy_label(record: RunRecord) -> str:

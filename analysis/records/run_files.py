@@ -17,8 +17,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from analysis.migrate import migrate
-from analysis.schema import RunRecord, StepRecord
+from analysis.records.migrate import migrate
+from analysis.records.schema import RunRecord, StepRecord
 from kanscale.files import not_utf8
 from kanscale.writes import atomic_write_text, open_to_append
 
