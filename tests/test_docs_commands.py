@@ -212,3 +212,22 @@ def test_the_reader_sees_continued_lines_chains_and_output(tmp_path):
     ]
     assert found[-1].output == ("kanscale: error: x is invalid",)
     assert os.path.basename(found[0].where.split(":")[0]) == "doc.md"
+
+
+LAUNCH_LINES = [c for c in CONCRETE if c.program == "accelerate"]
+
+
+@pytest.mark.parametrize("command", LAUNCH_LINES, ids=ids)
+def test_every_accelerate_launch_line_passes_accelerates_own_checks(command, monkeypatch):
+    """accelerate launch checks its config file against the command before it starts anything:
+    the documented lines once stopped there (no process count in the shipped configs, none given)
+    while their kanscale part parsed. This runs accelerate's own check on each line as printed."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    monkeypatch.chdir(ROOT)
+    words = placeholders_filled(command.argv, ROOT)
+    args = launch_command_parser().parse_args(words[2:])
+    try:
+        _validate_launch_command(args)
+    except ValueError as err:
+        pytest.fail(f"{command.where}: accelerate launch refuses {command.text!r}: {err}")

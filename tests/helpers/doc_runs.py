@@ -46,8 +46,6 @@ COVERED = {
     "commbench": "a benchmark: tests/test_commbench.py runs kanscale commbench on one node and across two agents",
     "recommend": "a recommendation (probes of every strategy, minutes): tests/test_recommend.py runs kanscale "
     "recommend with a cluster file and with --validate here",
-    "launcher": "a launcher line: tests/test_backends_cli.py starts torchrun, deepspeed and accelerate launch as "
-    "users do",
     "option": "one training option under one strategy: the option's own tests train it under every strategy "
     "(tests/test_compile_training.py, test_data_loader.py, test_precision.py)",
     "reads": "it reads what a study or a benchmark wrote (not run here, above)",
@@ -83,8 +81,6 @@ def _kind(command: DocCommand) -> str | None:
     words, sub = list(command.argv), command.subcommand
     if sub in ("sweep", "bench", "commbench", "recommend"):
         return sub
-    if command.program in ("torchrun", "accelerate", "deepspeed") and sub is not None:
-        return "launcher" if "--resume" not in words else None  # a resume continues a run before it
     if command.program in ("python", "torchrun") and any(w.endswith(".py") for w in words[:3]):
         return "script"
     sets = [words[n + 1] for n, w in enumerate(words[:-1]) if w == "--set"]
