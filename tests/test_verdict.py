@@ -218,3 +218,37 @@ def test_study_tables_show_a_single_runs_spread_over_its_windows(tmp_path):
     cells = dict(zip(table.text["strategy"], table.text["samples/s"], strict=True))
     assert cells == {"ddp": "1,000 [950-1,050]", "fsdp2": "800"}
     assert "[slowest-fastest timing window]" in table.caption
+
+
+def test_a_chain_of_overlapping_intervals_shares_one_rank(tmp_path):
+    """The legend says overlapping intervals share a rank: c overlaps f, which overlaps d, so all
+    three share it although c's interval ends below d's; z overlaps none of them."""
+    (scale,) = verdict_of(
+        tmp_path,
+        [
+            make_record("d", world=2, samples_per_s=1800, window=(1750, 1900)),
+            make_record("f", strategy="fsdp2", world=2, samples_per_s=1700, window=(1600, 1760)),
+            make_record("c", strategy="fsdp1", world=2, samples_per_s=1550, window=(1500, 1620)),
+            make_record("z", strategy="deepspeed", label="zero3", world=2, samples_per_s=1000, window=(900, 1100)),
+        ],
+    ).scales
+    assert list(scale.points["rank"]) == ["=1", "=1", "=1", "2"]
+    for (_, upper), (_, lower) in zip(scale.points.iterrows(), scale.points.iloc[1:].iterrows(), strict=False):
+        if lower["high"] >= upper["low"]:  # overlapping neighbours never carry different marks
+            assert lower["rank"] == upper["rank"]
+
+
+def test_runs_of_different_global_batches_are_ranked_together_only_with_a_caveat(tmp_path):
+    (scale,) = verdict_of(
+        tmp_path,
+        [
+            make_record("b", world=2, micro_batch=256, samples_per_s=3000, window=(2900, 3100)),
+            make_record("s", strategy="fsdp2", world=2, samples_per_s=1000, window=(950, 1050)),
+        ],
+    ).scales
+    (said,) = [c for c in scale.caveats if "different global batches" in c]
+    assert "128 (fsdp2)" in said and "512 (ddp)" in said
+    (same,) = verdict_of(
+        tmp_path / "same", [make_record("d", world=2), make_record("f", strategy="fsdp2", world=2)]
+    ).scales
+    assert not any("different global batches" in c for c in same.caveats)

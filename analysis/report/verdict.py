@@ -9,8 +9,10 @@ Rules, so that a verdict is never stronger than its evidence:
   experiment, named by what differs.
 - A point's interval is the min-max of its repeated runs; a point run once has the spread of its
   rate over the run's timing windows instead (the caption says which).
-- Strategies are ranked by median throughput, but any whose interval overlaps the leader's is
-  tied with it ("=1"), and so on down.
+- Strategies are ranked by median throughput, but those whose intervals overlap, directly or
+  through another's, share a rank ("=1"), and so on down: the legend's rule, with no exception.
+- Runs of different global batches (a weak-scaling study's, or another experiment's) are ranked
+  together only with a caveat naming each batch and who ran it.
 - A strategy "does not scale" when its best interval at more than one rank lies wholly below the
   one-process run's.
 - Peak memory differences under MEMORY_NOISE of the peak are a tie.
@@ -106,6 +108,7 @@ def points(runs: pd.DataFrame) -> pd.DataFrame:
                 "strategy": names[point],
                 "world_size": world,
                 "topology": topology,
+                "global_batch": at["batch.global_batch"].iloc[0],
                 "runs": len(at),
                 "samples_per_s": at["samples_per_s"].median(),
                 "low": low,
@@ -137,16 +140,21 @@ def points(runs: pd.DataFrame) -> pd.DataFrame:
 
 def tie_ranks(table: pd.DataFrame) -> list[str]:
     """Rank labels by median throughput (``table`` sorted fastest first): a point whose interval
-    overlaps the interval of its group's leader shares the leader's rank, shown as ``=N``."""
-    labels: list[str] = [""] * len(table)
-    rank, leader, leader_at = 0, None, 0
+    overlaps the interval of any point of the group above it joins that group; a group of more
+    than one point shares its rank, shown as ``=N``."""
+    groups: list[list[int]] = []
+    lowest = float("inf")  # the lowest interval end of the group being built
     for i, (_, row) in enumerate(table.iterrows()):
-        if leader is None or row["high"] < leader["low"]:
-            rank, leader, leader_at = rank + 1, row, i
-            labels[i] = str(rank)
+        if groups and row["high"] >= lowest:
+            groups[-1].append(i)
+            lowest = min(lowest, row["low"])
         else:
-            labels[i] = f"={rank}"
-            labels[leader_at] = f"={rank}"
+            groups.append([i])
+            lowest = row["low"]
+    labels = [""] * len(table)
+    for rank, group in enumerate(groups, start=1):
+        for i in group:
+            labels[i] = f"={rank}" if len(group) > 1 else str(rank)
     return labels
 
 
@@ -289,6 +297,14 @@ def caveats(table: pd.DataFrame) -> list[str]:
                     f"machine and model its casts and kernels cost more than they save; the ranking of "
                     "precisions may differ on GPUs, whose low-precision arithmetic is several times faster"
                 )
+    batches = table.groupby("global_batch")["strategy"].unique()
+    if len(batches) > 1:
+        who = "; ".join(f"{count(batch)} ({', '.join(sorted(set(names)))})" for batch, names in batches.items())
+        notes.append(
+            f"these runs trained {len(batches)} different global batches, ranked together here: {who}. A larger "
+            "batch moves more samples per step for the same communication, so part of a difference in rate is "
+            "the batch's, not the strategy's; compare within one batch (a strong-scaling study keeps it fixed)"
+        )
     if (table["runs"] == 1).all():
         notes.append(
             "each point ran once: intervals are the spread of its rate over its timing windows, not over "
@@ -363,7 +379,8 @@ def verdict(derived: pd.DataFrame, unfinished_runs: pd.DataFrame | None = None) 
                 caveats=caveats(table),
                 points=table,
                 table=text_table(table),
-                spread=spread + "; strategies whose intervals overlap share a rank (=N).",
+                spread=spread
+                + "; strategies whose intervals overlap, directly or through another's, share a rank (=N).",
             )
         )
     return result
