@@ -299,7 +299,9 @@ def caveats(table: pd.DataFrame) -> list[str]:
                 )
     batches = table.groupby("global_batch")["strategy"].unique()
     if len(batches) > 1:
-        who = "; ".join(f"{count(float(cast(float, batch)))} ({', '.join(sorted(set(names)))})" for batch, names in batches.items())
+        who = "; ".join(
+            f"{count(cast(float, batch))} ({', '.join(sorted(set(names)))})" for batch, names in batches.items()
+        )
         notes.append(
             f"these runs trained {len(batches)} different global batches, ranked together here: {who}. A larger "
             "batch moves more samples per step for the same communication, so part of a difference in rate is "
