@@ -140,7 +140,7 @@ def test_presets_resolve_outside_a_checkout(installed, tmp_path):
         str(tmp_path / "runs"),
     )
     assert trained.returncode == 0, trained.stderr[-3000:]
-    assert "quickstart-single-p1" in trained.stdout
+    assert "quickstart-bspline-2x16x1-single-p1" in trained.stdout
     planned = kanscale(
         installed,
         tmp_path,

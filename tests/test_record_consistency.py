@@ -49,3 +49,18 @@ def test_a_record_that_contradicts_itself_is_kept_out_and_named(tmp_path, capsys
     capsys.readouterr()
     assert main(["analyze", str(runs)]) == 0
     assert "contradicts itself" in (runs / "report" / "report.html").read_text()
+
+
+def test_a_run_id_names_the_model_it_trained():
+    """One experiment file trains many models (``--set model...``): the run's name says which."""
+    from strategies.experiment import ExperimentConfig
+    from strategies.measure.record import NAME_BYTES, new_run_id
+
+    task = {"name": "high_dim", "dim": 64}
+    base = {"name": "quickstart", "task": task, "model": {"family": "chebyshev", "widths": [64, 128, 1], "degree": 8}}
+    assert new_run_id(ExperimentConfig.model_validate(base), 2).startswith("quickstart-chebyshev-64x128x1-single-p2-")
+    named = {**base, "name": "chebyshev-digits"}
+    assert new_run_id(ExperimentConfig.model_validate(named), 1).startswith("chebyshev-digits-64x128x1-single-p1-")
+    deep = {"name": "n" * 200, "task": task, "model": {"family": "bspline", "widths": [64] + [4096] * 9 + [1]}}
+    run_id = new_run_id(ExperimentConfig.model_validate(deep), 8)
+    assert len(run_id) <= NAME_BYTES and "-bspline-64x1-10layers-single-p8-" in run_id

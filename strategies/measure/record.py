@@ -41,9 +41,19 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+NAME_BYTES = 255  # what a file system holds per name: a run's folder is named by its id
+
+
 def new_run_id(cfg: ExperimentConfig, world_size: int) -> str:
+    """``NAME-FAMILY-WIDTHS-STRATEGY-pWORLD-STAMP-XXXX``: one experiment file trains many models
+    (``--set model...``), and its runs say which (the family is left out where the name says it)."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return f"{cfg.name}-{cfg.strategy.label()}-p{world_size}-{stamp}-{secrets.token_hex(2)}"
+    widths = "x".join(map(str, cfg.model.widths))
+    if len(widths) > 24:  # a deep model: its ends and depth
+        widths = f"{cfg.model.widths[0]}x{cfg.model.widths[-1]}-{len(cfg.model.widths) - 1}layers"
+    model = widths if cfg.model.family in cfg.name else f"{cfg.model.family}-{widths}"
+    tail = f"-{model}-{cfg.strategy.label()}-p{world_size}-{stamp}-{secrets.token_hex(2)}"
+    return cfg.name[: NAME_BYTES - len(tail)] + tail
 
 
 def batch_info(cfg: ExperimentConfig, plan: BatchPlan, micro_batch: int, steps_done: int) -> BatchInfo:
