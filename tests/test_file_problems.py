@@ -210,3 +210,20 @@ def test_several_label_columns_are_refused_whatever_the_options(tmp_path):
         ["task.missing=drop"],
     )
     assert "is not one column of labels (shape (6, 2)); a classification has one target" in line, line
+
+
+def test_a_step_larger_than_a_files_split_is_told_the_files_fix_and_following_it_fits(tmp_path):
+    """A file has the rows it has: the refusal offers a smaller test share (or a smaller batch),
+    never task.n_train, which a file task has no field for; following it, the step fits."""
+    from strategies.lifecycle.preflight import check_batch_fits_data
+
+    frame = survey().dropna()[["a", "b", "c", "y"]]
+    path = write(frame, tmp_path / "clean.csv")
+    cfg = parse_experiment(experiment({"path": path, "target": "y", "test_fraction": 0.5}, [3, 2, 1]))
+    step = cfg.task.n_train + 2
+    with pytest.raises(ConfigError) as err:
+        check_batch_fits_data(cfg.training, cfg.task, 1, step)
+    assert "n_train" not in str(err.value).replace("training split", "")
+    share = str(err.value).split("task.test_fraction to at most ")[1].split()[0]
+    fixed = parse_experiment(experiment({"path": path, "target": "y", "test_fraction": float(share)}, [3, 2, 1]))
+    check_batch_fits_data(fixed.training, fixed.task, 1, step)

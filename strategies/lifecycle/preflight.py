@@ -3,6 +3,7 @@ calls this for the world size it is about to launch; every rank calls it again a
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from kan_models.tasks.contract import TaskConfig
 from kanscale.directories import check_output_dir
 from kanscale.errors import ConfigError
 from strategies.batch_plan import BatchPlan
@@ -64,7 +66,7 @@ def preflight(
     t = cfg.training
     shares = mesh.dp  # the world size, but for tensor parallelism
     plan = BatchPlan(cfg.task.n_train, t.micro_batch_for(shares) * t.grad_accum * shares, t.seed, t.epochs, t.steps)
-    check_batch_fits_data(t, cfg.task.n_train, shares, plan.global_batch)
+    check_batch_fits_data(t, cfg.task, shares, plan.global_batch)
     if plan.total_steps <= t.warmup_steps:
         raise ConfigError(
             f"training.warmup_steps: {t.warmup_steps} warm-up steps leave none of the {plan.total_steps} steps to "
@@ -143,27 +145,36 @@ def check_compile(cfg: ExperimentConfig, device_type: str) -> None:
         )
 
 
-def check_batch_fits_data(t: TrainingConfig, n_train: int, shares: int, step: int) -> None:
+def check_batch_fits_data(t: TrainingConfig, task: TaskConfig, shares: int, step: int) -> None:
     """Refuse a step (``step`` samples over all ``shares`` data-parallel ranks) larger than the
     training set: it would train on the whole set while the record reported the larger batch."""
-    accum_x_ranks = t.grad_accum * shares
+    n_train, accum_x_ranks = task.n_train, t.grad_accum * shares
     if step <= n_train:
         return
     sizes = (
         f"a step takes {t.micro_batch_for(shares)} samples per rank x grad_accum {t.grad_accum} x {shares} "
-        f"data-parallel rank(s) = {step}, but task.n_train has {n_train}"
+        f"data-parallel rank(s) = {step}, but the task's training split has {n_train}"
     )
     if n_train < accum_x_ranks:
-        raise ConfigError(
-            f"task.n_train: {sizes}, fewer than one per rank and micro-step; raise task.n_train to at "
-            f"least {accum_x_ranks}"
-        )
+        raise ConfigError(f"task: {sizes}, fewer than one per rank and micro-step; {more_data(task, accum_x_ranks)}")
     field, most = (
         ("training.micro_batch", n_train // accum_x_ranks)
         if t.micro_batch is not None
         else ("training.global_batch", n_train // accum_x_ranks * accum_x_ranks)
     )
-    raise ConfigError(f"{field}: {sizes}; lower {field} to at most {most} or raise task.n_train")
+    raise ConfigError(f"{field}: {sizes}; lower {field} to at most {most}, or {more_data(task, step)}")
+
+
+def more_data(task: TaskConfig, samples: int) -> str:
+    """How to give ``task`` a training split of ``samples``: its own size field where it has one,
+    else a smaller test share of its table (a file or a bundled dataset has the rows it has)."""
+    if "n_train" in type(task).model_fields:
+        return f"raise task.n_train to at least {samples}"
+    rows = task.n_train + task.n_test
+    share = math.floor((rows - samples) / rows * 1000) / 1000  # rounded down: the split then holds them
+    if "test_fraction" in type(task).model_fields and share > 0:
+        return f"lower task.test_fraction to at most {share} (the table has {rows} rows)"
+    return f"give the task a table of more than {samples} rows (it has {rows})"
 
 
 def optimizer_state_tensors(t: TrainingConfig) -> int:
