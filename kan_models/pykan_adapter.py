@@ -99,6 +99,9 @@ class PyKANConfig(ModelConfig):
 
         return BSplineConfig(family="bspline", widths=self.widths, grid=self.grid, k=self.k).parameter_count()
 
+    def refits_grids(self) -> bool:
+        return True  # pykan's own update_grid (a sketch on the meta device cannot be built, above)
+
     def build(self) -> PyKANModel:
         seed = self.seed if self.seed is not None else torch.initial_seed()
         return PyKANModel(self.widths, self.grid, self.k, seed, self.grid_range, self.symbolic_enabled, self.save_act)

@@ -9,6 +9,11 @@ of them a path into the suite a user has no reason to open. Libraries' deprecati
 once the warnings registry is reset, which any ``warnings.catch_warnings()`` does, and tell a
 user of the suite nothing a run can act on.
 
+A third kind is a library's warning the suite can explain: DDP's "Grad strides do not match bucket
+view strides", which pykan's layers cause at every step of every rank (their gradients are laid
+out unlike their parameters in dimensions of size 1, where any stride addresses the same memory).
+It is shown once per launch, by the reporting rank, as what it means for the run.
+
 So each kind (category and text) goes through the suite's logger as a warning, once: a process
 records the kinds it has shown in ``KANSCALE_WARNINGS_SHOWN``, which the processes it starts
 inherit and do not repeat. Deprecations are shown by the rank that reports only (every rank holds
@@ -30,6 +35,13 @@ logger = log.get(__name__)
 SUITE_PACKAGES = frozenset({"kanscale", "kan_models", "strategies", "launchers", "analysis"})
 DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 SHOWN_VARIABLE = "KANSCALE_WARNINGS_SHOWN"
+EXPLAINED = {
+    "Grad strides do not match bucket view strides": (
+        "DDP: some gradients are laid out unlike their parameters (pykan's, in dimensions of size 1, where "
+        "any stride addresses the same memory); DDP copies each into its bucket, one copy per step that "
+        "changes no value (torch's warning for it, shown once here)"
+    ),
+}
 
 
 def is_suites(category: type[Warning]) -> bool:
@@ -68,8 +80,12 @@ class _ShowOnce:
         file: TextIO | None = None,
         line: str | None = None,
     ) -> None:
+        explained = next((words for start, words in EXPLAINED.items() if str(message).startswith(start)), None)
         if is_suites(category):
             show_once(category, message)
+        elif explained is not None:
+            if self.reports:
+                show_once(category, explained)
         elif not issubclass(category, DEPRECATIONS):
             self.shown_before(message, category, filename, lineno, file, line)
         elif self.reports:
