@@ -35,7 +35,6 @@ from torch import nn
 
 from kanscale.errors import ConfigError
 from strategies.engine import Batch, LossFn
-from strategies.measure.memory import rss_bytes
 from strategies.optim import build_optimizer
 from strategies.precision import Amp, low_dtype
 from strategies.sections import TrainingConfig
@@ -68,7 +67,6 @@ class LayerwiseBaseline:
         self.model: nn.Module | None = model
         self.units: list[nn.Module] | None = list(units)
         self.amp = Amp(device.type, low_dtype(training))
-        self._before = self._held()
         # The units as skeletons: parameters on the meta device (no memory), buffers kept.
         self.skeletons = [
             copy.deepcopy(
@@ -96,7 +94,13 @@ class LayerwiseBaseline:
         self.samples: list[float] = []
 
     def _held(self) -> int:
-        return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else rss_bytes()
+        """Bytes of the tensors kept between samples, counted from them (as the replica's are): a
+        difference of resident memory across the warm-up also counted what its steps had freed
+        and the allocator kept, which the training's own step reuses, and read peaks low."""
+        chunk = self.optimizer.param_groups[0]["params"][0]
+        kept = [*(x for xs in self.inputs for x in xs), *(b for s in self.skeletons for b in s.buffers())]
+        kept += [chunk, chunk.grad, *(v for v in self.optimizer.state[chunk].values() if isinstance(v, torch.Tensor))]
+        return sum(t.numel() * t.element_size() for t in kept if t is not None)
 
     def _capture(self, model: nn.Module, units: list[nn.Module], batches: Sequence[Batch]) -> None:
         """Each unit's input on each micro-batch, from one pass of the whole model (no gradients)."""
@@ -173,7 +177,7 @@ class LayerwiseBaseline:
         self.model = self.units = None
         for _ in range(max(1, steps)):
             self._step()
-        self.held_bytes = max(0, self._held() - self._before)
+        self.held_bytes = self._held()
 
     def sample(self, batches: Sequence[Batch], n_global: int, loss_sum: LossFn) -> float:
         """The median of ``steps`` timed steps (on the units' inputs captured at warm-up: the
