@@ -87,8 +87,9 @@ def test_deepspeed_plugin_gets_the_experiments_values(monkeypatch, stage):
     assert resolution.config["gradient_clipping"] == 0.5 and resolution.config["train_batch_size"] == 256
     plugin.deepspeed_config["gradient_clipping"] = 1.0
     assert resolve_native(plugin.deepspeed_config, training, 2, 16, "the plugin").problems == [
-        'gradient_clipping=1.0, but training.grad_clip implies 0.5: set it to 0.5 or "auto" in the plugin, or '
-        "--set training.grad_clip=1.0"
+        "gradient_clipping is 1.0, but the experiment sets training.grad_clip to 0.5",
+        "to train with the file's values: --set training.grad_clip=1.0; to keep the experiment's: set "
+        'gradient_clipping to "auto" in the plugin',
     ]
     followed = training.model_copy(update={"grad_clip": 1.0})  # what the --set line does
     assert resolve_native(plugin.deepspeed_config, followed, 2, 16, "the plugin").problems == []

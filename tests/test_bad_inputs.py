@@ -22,6 +22,7 @@ from strategies.backends.deepspeed_config import resolve_native
 from strategies.experiment import load_experiment
 from strategies.lifecycle.preflight import ThreadsBeyondCores, training_state_bytes
 from strategies.sections import TrainingConfig
+from tests.helpers.launch import free_port
 from tests.helpers.records import make_record, write_record
 
 BAD = Path(__file__).resolve().parent / "bad_inputs"
@@ -174,6 +175,7 @@ def test_a_batch_of_the_whole_training_set_is_still_accepted(tmp_path, capsys):
 
 def test_two_nodes_with_an_address_or_on_this_machine_are_accepted(tmp_path, capsys):
     base = ["run", VALID, "--nnodes", "2", "--dry-run", "--out", str(tmp_path / "out")]
+    base += ["--master-port", str(free_port())]
     assert main([*base, "--master-addr", "10.0.0.1"]) == 0
     assert "--rdzv_endpoint=10.0.0.1:" in capsys.readouterr().out
     # a host list of this machine's names: node 0 is 127.0.0.1 indeed
@@ -191,6 +193,8 @@ def test_two_nodes_with_an_address_or_on_this_machine_are_accepted(tmp_path, cap
                 "--dry-run",
                 "--out",
                 str(tmp_path / "out"),
+                "--master-port",
+                str(free_port()),
             ]
         )
         == 0

@@ -1,14 +1,13 @@
 """Two "nodes" on one machine, started the way users start real ones: one `kanscale run` per
 node. Each trains for real and the pair writes one run record with nodes = 2."""
 
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from analysis.records.run_files import read_summary
-from tests.helpers.launch import ROOT, child_env
+from tests.helpers.launch import ROOT, child_env, free_port
 
 # The slow tier (make test-slow, run by .ci/run): two-node launches started as users start them.
 pytestmark = pytest.mark.slow
@@ -26,12 +25,6 @@ RUN = [
     "--set",
     "training.micro_batch=64",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def two_nodes(args_for_node, timeout=240):

@@ -40,7 +40,7 @@ from strategies.backends.deepspeed_config import (
     warn_unchecked,
 )
 from strategies.backends.deepspeed_engine import DeepSpeedEngine, initial_weights, zero_label
-from strategies.backends.deepspeed_training import adopted_training
+from strategies.backends.deepspeed_training import adopted_training, decided, with_decides_advice
 from strategies.distributed import DistEnv
 from strategies.engine import Engine
 from strategies.mesh import MeshShape
@@ -87,6 +87,12 @@ class DeepSpeedConfig(StrategyConfig):
     )
     zero_stage: Literal[0, 1, 2, 3] = Field(
         0, description="0 = data parallel, 1 = shard optimizer state, 2 = + gradients, 3 = + parameters"
+    )
+    decides: Literal["check", "file", "experiment"] = Field(
+        "check",
+        description="where the config file and the experiment state different training values (batch "
+        "sizes, accumulation, clipping, optimizer, schedule, precision): check refuses with the --set "
+        "lines of both sides, file takes the file's, experiment keeps the experiment's",
     )
     offload_optimizer: bool = Field(False, description="ZeRO-Offload: optimizer state and step on the CPU (stage 1-3)")
     offload_param: bool = Field(False, description="ZeRO-Infinity: parameters on the CPU between uses (stage 3)")
@@ -177,7 +183,8 @@ class DeepSpeedConfig(StrategyConfig):
     def native_training(self, training: TrainingConfig) -> TrainingConfig:
         if self.config is None:
             return super().native_training(training)
-        return adopted_training(self.native(), self.config, training)
+        native, open_training = decided(self.native(), training, self.decides)
+        return adopted_training(native, self.config, open_training, offer_decides=True)
 
     @staticmethod
     def _from_native(option: str, value: Any) -> Any:
@@ -198,7 +205,7 @@ class DeepSpeedConfig(StrategyConfig):
 
     def option_values(self) -> dict[str, Any]:
         """The strategy options in DeepSpeed's terms."""
-        values = self.model_dump(exclude={"name", "config"})
+        values = self.model_dump(exclude={"name", "config", "decides"})
         for option in ("offload_optimizer", "offload_param"):
             values[option] = "cpu" if values[option] else "none"
         return values
@@ -212,7 +219,7 @@ class DeepSpeedConfig(StrategyConfig):
         return self._resolutions[key]
 
     def _resolve(self, training: TrainingConfig, world_size: int) -> Resolution:
-        merged = self.native()
+        merged, training = decided(self.native(), training, self.decides)
         source = self.config or "the DeepSpeed config"
         conflicts = []
         for option, value in self.option_values().items():
@@ -226,6 +233,7 @@ class DeepSpeedConfig(StrategyConfig):
         resolution = resolve_native(merged, training, world_size, hidden_size(self.resolved_model()), source)
         problems = conflicts + resolution.problems
         if problems:
+            problems = with_decides_advice(problems)
             raise ConfigError(f"strategy.config: {source} cannot run as given: " + "; ".join(problems))
         self._check_stage(resolution.config)
         return resolution

@@ -24,17 +24,16 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kan_models.base import ModelConfig
 from kanscale.errors import ConfigError
-from strategies.backends.deepspeed_training import adopt, set_line
+from strategies.backends.deepspeed_blocks import KeyPath
+from strategies.backends.deepspeed_training import BATCH_KEYS, adopt, training_keys
 from strategies.sections import TrainingConfig
 
 AUTO = "auto"
-KeyPath = tuple[str, ...]
 
 # strategy option -> its place in DeepSpeed's config (a path of keys)
 OPTION_KEYS: dict[str, tuple[str, ...]] = {
@@ -163,45 +162,6 @@ def hidden_size_values(hidden: int) -> dict[KeyPath, int]:
     }
 
 
-def training_keys(
-    training: TrainingConfig, world_size: int
-) -> dict[KeyPath, tuple[Any, str, Callable[[Any], str | None]]]:
-    """DeepSpeed keys whose values the experiment owns, each with the experiment keys it comes from
-    and the ``--set`` line that would make the experiment say what the file says (None: no one line)."""
-    micro = training.micro_batch_for(world_size)
-    by_micro = training.micro_batch is not None
-    per_rank = "training.micro_batch" if by_micro else "training.global_batch"
-    precision = f"training.precision={training.precision}"
-    return {
-        ("train_micro_batch_size_per_gpu",): (
-            micro,
-            per_rank,
-            lambda v: set_line("micro_batch", v) if by_micro else None,
-        ),
-        ("gradient_accumulation_steps",): (
-            training.grad_accum,
-            "training.grad_accum",
-            lambda v: set_line("grad_accum", v),
-        ),
-        ("train_batch_size",): (
-            micro * training.grad_accum * world_size,
-            f"{per_rank} x training.grad_accum x {world_size} ranks",
-            lambda v: None if by_micro else set_line("global_batch", v),
-        ),
-        ("gradient_clipping",): (training.grad_clip, "training.grad_clip", lambda v: set_line("grad_clip", v)),
-        ("fp16", "enabled"): (
-            training.precision == "fp16",
-            precision,
-            lambda v: set_line("precision", "fp16" if v is True else "fp32"),
-        ),
-        ("bf16", "enabled"): (
-            training.precision == "bf16",
-            precision,
-            lambda v: set_line("precision", "bf16" if v is True else "fp32"),
-        ),
-    }
-
-
 def suite_owned_flags() -> dict[str, Any]:
     """Settings every suite-built DeepSpeed config carries: the suite's own (torch) optimizer is
     allowed under ZeRO and under offload, and DeepSpeed's periodic console output is off."""
@@ -321,7 +281,7 @@ def resolve_native(
     problems = list(adoption.problems)
     for path, (value, origin, fix) in training_keys(training, world_size).items():
         given = get_path(config, path)
-        if given not in (None, AUTO) and given != value:
+        if given not in (None, AUTO) and given != value and path[0] not in BATCH_KEYS:  # adopt named those
             resolving = fix(given)
             problems.append(
                 f"{'.'.join(path)}={as_json(given)}, but {origin} implies {as_json(value)}: set it to "

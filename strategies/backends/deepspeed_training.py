@@ -1,16 +1,18 @@
 """What a native DeepSpeed file says about the training itself, taken into the experiment.
 
 DeepSpeed's and Transformers' templates carry ``optimizer``, ``scheduler``, ``fp16`` and ``bf16``
-blocks. The suite passes its own optimizer to DeepSpeed and sets the learning rate of every step
-itself (strategies/schedule.py), so these blocks never reach DeepSpeed; they are read into
+blocks, and DeepSpeed's examples fixed batch sizes, accumulation and clipping. The suite passes
+its own optimizer to DeepSpeed and sets the learning rate of every step itself
+(strategies/schedule.py), so these blocks never reach DeepSpeed; they are read into
 ``training.*`` instead, as Transformers' Trainer and Accelerate read them:
 
 - ``"auto"`` (or a key left out) is filled from the experiment;
 - a concrete value is adopted where the experiment did not set that field (pydantic's
   ``model_fields_set``: the YAML or ``--set`` named it), and recorded, field by field, with the
   file and key it came from (the run record's ``strategy.adopted``);
-- where the experiment set the field to another value, the run is refused naming both sides and
-  the ``--set`` line that takes the file's value.
+- where the experiment set the field to another value, the run is refused naming every such
+  difference at once, with the ``--set`` lines that take the file's values, the file edit that
+  keeps the experiment's, and ``strategy.decides`` (file or experiment), one line for all.
 
 The file's ``fp16``/``bf16.enabled`` adopted into ``training.precision`` the same way; a
 contradiction with a precision the experiment set is :func:`resolve_native`'s to refuse, as
@@ -21,12 +23,14 @@ adopted, so every place that resolves the file (before launch, in every rank) ag
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 
 from kanscale.errors import ConfigError
+from strategies.backends.deepspeed_blocks import KeyPath
 from strategies.sections import TrainingConfig
 
 AUTO = "auto"
@@ -55,6 +59,16 @@ SCHEDULER_PARAMS: dict[str, FieldPath] = {
     "warmup_min_ratio": ("schedule", "warmup_min_ratio"),
     "cos_min_ratio": ("schedule", "cos_min_ratio"),
 }
+# The batch and clipping keys a rank's own share decides, taken in as the blocks are (so that one
+# refusal names them beside the optimizer's); train_batch_size, which the rank count decides
+# too, is checked once the launch's size is known (deepspeed_config.resolve_native).
+BATCH_KEYS: dict[str, FieldPath] = {
+    "train_micro_batch_size_per_gpu": ("micro_batch",),
+    "gradient_accumulation_steps": ("grad_accum",),
+    "gradient_clipping": ("grad_clip",),
+}
+BATCH_SIZE_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
+BATCH_FIELDS = ("micro_batch", "grad_accum", "global_batch")
 TAKES = {
     "warmup": {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"},
     "warmup_decay": {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps"},
@@ -109,6 +123,8 @@ def wanted_values(native: dict[str, Any], source: str) -> tuple[dict[FieldPath, 
                 f"both are training.{'.'.join(path)} here; make them equal in {source}"
             )
 
+    for key, path in BATCH_KEYS.items():
+        want(path, native.get(key), key)
     optimizer = native.get("optimizer")
     if isinstance(optimizer, dict):
         params = optimizer.get("params") or {}
@@ -220,6 +236,49 @@ def adopt(native: dict[str, Any], training: TrainingConfig, source: str) -> Adop
     return Adoption(result, adopted, problems)
 
 
+DECIDES_ADVICE = (
+    "; or one line for every difference: --set strategy.decides=file takes every value the file states, "
+    "--set strategy.decides=experiment keeps the experiment's"
+)
+
+
+def with_decides_advice(problems: list[str]) -> list[str]:
+    """A DeepSpeed strategy's problems, with the one line that settles every difference between
+    its file and the experiment where there is one (the Accelerate plugin's route has no such option)."""
+    differ = any("to train with the file's values" in p or ", but training." in p for p in problems)
+    return [*problems[:-1], problems[-1] + DECIDES_ADVICE] if differ else problems
+
+
+# what the experiment decides under ``strategy.decides: experiment``: the keys a file states of
+# the training, left out (the precision's switches left open, the blocks' other keys kept)
+TRAINING_OWNED = ("optimizer", "scheduler", "gradient_clipping", *BATCH_SIZE_KEYS)
+
+
+def decided(native: dict[str, Any], training: TrainingConfig, decides: str) -> tuple[dict, TrainingConfig]:
+    """The file and the experiment as ``strategy.decides`` has them agree. ``file``: every
+    training field the file states counts as left open in the experiment, so the file's values
+    are taken in (and recorded as adopted; its train_batch_size is then checked against the
+    launch's ranks); ``experiment``: the file's statements of the training are left out, so the
+    experiment's fill them; ``check``: both as given, a difference refused with both fixes."""
+    if decides == "experiment":
+        kept = {key: value for key, value in native.items() if key not in TRAINING_OWNED}
+        for block in ("fp16", "bf16"):
+            if isinstance(kept.get(block), dict) and "enabled" in kept[block]:
+                kept[block] = {**kept[block], "enabled": AUTO}
+        return kept, training
+    if decides == "file":
+        wanted, _ = wanted_values(native, "")
+        stated = {path[0] for path in wanted}
+        if any(native.get(key) not in (None, AUTO) for key in BATCH_SIZE_KEYS):
+            stated |= set(BATCH_FIELDS)
+        if any((native.get(block) or {}).get("enabled") is True for block in ("fp16", "bf16")):
+            stated.add("precision")
+        open_fields = training.model_copy()
+        open_fields.__pydantic_fields_set__ = training.model_fields_set - stated
+        return native, open_fields
+    return native, training
+
+
 def same(given: Any, value: Any) -> bool:
     """Whether the experiment's value and the file's are the same setting (numbers compared as numbers)."""
     if isinstance(given, (list, tuple)) and isinstance(value, (list, tuple)):
@@ -229,12 +288,61 @@ def same(given: Any, value: Any) -> bool:
     return given == value
 
 
-def adopted_training(native: dict[str, Any], source: str, training: TrainingConfig) -> TrainingConfig:
+def adopted_training(
+    native: dict[str, Any], source: str, training: TrainingConfig, offer_decides: bool = False
+) -> TrainingConfig:
     """:func:`adopt`'s training, remembering what it took (``_adopted``, for the run record); a
-    ConfigError names every problem."""
+    ConfigError names every problem (``offer_decides``: and the strategy's one line for them)."""
     adoption = adopt(native, training, source)
     if adoption.problems:
-        raise ConfigError(f"strategy.config: {source} cannot run as given: " + "; ".join(adoption.problems))
+        problems = with_decides_advice(adoption.problems) if offer_decides else adoption.problems
+        raise ConfigError(f"strategy.config: {source} cannot run as given: " + "; ".join(problems))
     result = adoption.training
     result._adopted = adoption.adopted
     return result
+
+
+def training_keys(
+    training: TrainingConfig, world_size: int
+) -> dict[KeyPath, tuple[Any, str, Callable[[Any], str | None]]]:
+    """DeepSpeed keys whose values the experiment owns, each with the experiment keys it comes from
+    and the ``--set`` line that would make the experiment say what the file says (None: no one line)."""
+    micro = training.micro_batch_for(world_size)
+    by_micro = training.micro_batch is not None
+    per_rank = "training.micro_batch" if by_micro else "training.global_batch"
+    precision = f"training.precision={training.precision}"
+    return {
+        ("train_micro_batch_size_per_gpu",): (
+            micro,
+            per_rank,
+            lambda v: set_line("micro_batch", v) if by_micro else None,
+        ),
+        ("gradient_accumulation_steps",): (
+            training.grad_accum,
+            "training.grad_accum",
+            lambda v: set_line("grad_accum", v),
+        ),
+        ("train_batch_size",): (
+            micro * training.grad_accum * world_size,
+            f"{per_rank} x training.grad_accum x {world_size} ranks",
+            lambda v: set_line("global_batch", v) if not by_micro else _ranks_for(v, micro * training.grad_accum),
+        ),
+        ("gradient_clipping",): (training.grad_clip, "training.grad_clip", lambda v: set_line("grad_clip", v)),
+        ("fp16", "enabled"): (
+            training.precision == "fp16",
+            precision,
+            lambda v: set_line("precision", "fp16" if v is True else "fp32"),
+        ),
+        ("bf16", "enabled"): (
+            training.precision == "bf16",
+            precision,
+            lambda v: set_line("precision", "bf16" if v is True else "fp32"),
+        ),
+    }
+
+
+def _ranks_for(batch: Any, per_rank: int) -> str | None:
+    """The launch that makes a file's ``train_batch_size`` what the experiment trains, if any."""
+    if isinstance(batch, int) and batch > 0 and batch % per_rank == 0:
+        return f"launch {batch // per_rank} data-parallel rank(s) (micro-batch x accumulation = {per_rank} each)"
+    return None

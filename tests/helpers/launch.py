@@ -75,11 +75,17 @@ def run_jobs(jobs: list[dict], tmp_path: Path, nproc: int = 2, nnodes: int = 1) 
     return JobResults(results, jobs, failure)
 
 
-def run_nodes(nnodes: int, nproc: int, worker: list[str], timeout: float = 900) -> None:
-    """One torchrun per node, started together; each node's output is kept for the error."""
+def free_port() -> int:
+    """A port no process here listens on now: a launch planned on the default port (29500) would
+    meet the real launches of tests running beside it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def run_nodes(nnodes: int, nproc: int, worker: list[str], timeout: float = 900) -> None:
+    """One torchrun per node, started together; each node's output is kept for the error."""
+    port = free_port()
     nodes = [
         subprocess.Popen(
             [
