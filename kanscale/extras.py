@@ -23,6 +23,9 @@ EXTRAS: dict[str, dict[str, str]] = {
     "parquet": {"pyarrow": "pyarrow"},
     # Accelerate's DeepSpeed plugin hands its config to Transformers' HfDeepSpeedConfig
     "hf": {"transformers": "transformers"},
+    # tracking.report_to: the trackers' own libraries write what they read
+    "tensorboard": {"tensorboard": "tensorboard"},
+    "mlflow": {"mlflow": "mlflow-skinny"},
 }
 
 

@@ -11,10 +11,11 @@ from typing import Any
 
 def identity(resolved: dict[str, Any], seed: bool = True) -> dict[str, Any]:
     """A resolved config without fault injection, a test instrument (a run that failed on purpose
-    is resumed without it), and without ``output.dir``: where a run is written is not what it is,
-    so a run directory copied or moved elsewhere is the same run. ``seed=False`` leaves out
-    ``training.seed`` too: runs that differ only in it are repeats of one point."""
-    kept = {k: v for k, v in resolved.items() if k != "fault"}
+    is resumed without it), without ``tracking`` (where results are also sent), and without
+    ``output.dir``: where a run is written is not what it is, so a run directory copied or moved
+    elsewhere is the same run. ``seed=False`` leaves out ``training.seed`` too: runs that differ
+    only in it are repeats of one point."""
+    kept = {k: v for k, v in resolved.items() if k not in ("fault", "tracking")}
     for section, key, drop in (("output", "dir", True), ("training", "seed", not seed)):
         if drop and isinstance(kept.get(section), dict):
             kept[section] = {k: v for k, v in kept[section].items() if k != key}

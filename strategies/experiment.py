@@ -28,7 +28,15 @@ from kanscale.errors import ConfigError
 from kanscale.files import find_file, find_preset, parse_yaml_value, read_mapping
 from kanscale.identity import digest, identity
 from strategies.registry import AnyStrategyConfig
-from strategies.sections import FaultConfig, MeasurementConfig, OutputConfig, RuntimeConfig, Section, TrainingConfig
+from strategies.sections import (
+    FaultConfig,
+    MeasurementConfig,
+    OutputConfig,
+    RuntimeConfig,
+    Section,
+    TrackingConfig,
+    TrainingConfig,
+)
 from strategies.strategy import StrategyConfig
 
 logger = log.get(__name__)
@@ -49,6 +57,7 @@ class ExperimentConfig(Section):
     measurement: MeasurementConfig = MeasurementConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     output: OutputConfig = OutputConfig()
+    tracking: TrackingConfig = TrackingConfig()
     fault: FaultConfig | None = Field(None, description="fault injection, for testing failure handling")
 
     @model_validator(mode="before")

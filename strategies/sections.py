@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator, model_vali
 
 from kan_models.base import NumbersNotBooleans, Seed
 from kanscale.errors import ConfigError
+from kanscale.extras import require
 
 if TYPE_CHECKING:
     from strategies.mesh import MeshShape
@@ -261,6 +262,22 @@ class FaultConfig(Section):
     rank: int | Literal["all"] = Field(description="the rank that fails, or all")
     step: int = Field(ge=1, description="the step (1-based) at whose start it fails")
     kind: Literal["exception", "exit", "hang"] = "exception"
+
+
+class TrackingConfig(Section):
+    report_to: list[Literal["tensorboard", "mlflow"]] = Field(
+        default_factory=list,
+        description="experiment trackers that also get each step's loss, learning rate, rate and "
+        "communication, rank 0's memory, the run's settings and its results (Accelerate's log_with): "
+        "tensorboard writes OUT/<run_id>/tensorboard/; mlflow logs to MLFLOW_TRACKING_URI, else OUT/mlruns",
+    )
+
+    @field_validator("report_to")
+    @classmethod
+    def _installed(cls, trackers: list[str]) -> list[str]:
+        for tracker in dict.fromkeys(trackers):
+            require(tracker, f"tracking.report_to: {tracker}")
+        return list(dict.fromkeys(trackers))
 
 
 class OutputConfig(Section):

@@ -13,17 +13,21 @@ from analysis.records.run_files import RunWriter
 from analysis.records.schema import StepRecord
 from strategies.lifecycle.failures import check_finite
 from strategies.loop.progress import Progress
+from strategies.loop.trackers import Trackers
 from strategies.measure.combine import Window
 
 
 class StepLog:
     """Step records kept, written and reported; ``steps`` starts with the run's earlier steps."""
 
-    def __init__(self, steps: list[StepRecord], writer: RunWriter | None, progress: Progress) -> None:
+    def __init__(
+        self, steps: list[StepRecord], writer: RunWriter | None, progress: Progress, trackers: Trackers | None = None
+    ) -> None:
         self.steps = steps  # the run's steps, from before a resume too
         self.written = len(steps)  # of self.steps, the steps in steps.jsonl
         self.writer = writer  # rank 0's; None on the other ranks
         self.progress = progress
+        self.trackers = trackers or Trackers([])  # rank 0's: tracking.report_to
         self.windows: list[Window] = []  # this attempt's timing windows
         self.lrs: dict[int, float] = {}  # this window's learning rates, read from the optimizer, by step
 
@@ -54,6 +58,7 @@ class StepLog:
             return
         if self.writer is not None:
             self.writer.append_steps(records)
+            self.trackers.log_steps(records)
         self.written = len(self.steps)
         last = records[-1]
         self.progress.update(steps_done, loss=last.loss, samples_per_s=last.samples / max(last.time_s_max, 1e-12))

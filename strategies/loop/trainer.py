@@ -45,6 +45,7 @@ from strategies.loop.model_setup import build_baseline, build_rank_model, compil
 from strategies.loop.progress import Progress
 from strategies.loop.run_end import evaluate, write_failure
 from strategies.loop.step_log import StepLog
+from strategies.loop.trackers import Trackers, run_results
 from strategies.measure.baseline import ComputeBaseline
 from strategies.measure.combine import combine_memory, combine_window
 from strategies.measure.comm_bytes import StepCommBytes
@@ -127,6 +128,7 @@ class Trainer:
         )
         # The run's steps, from before a resume too; rank 0 writes them and the record.
         self.log = StepLog(self.attempt.steps, RunWriter(run_dir) if env.is_main else None, progress)
+        self.tracking = cfg.tracking.report_to if env.is_main else []
 
     @property
     def combined(self) -> list[StepRecord]:
@@ -148,6 +150,7 @@ class Trainer:
         try:
             return self._run()
         finally:
+            self.log.trackers.log_results(run_results(self.record), self.record.status)
             self.log.progress.close()
             self.source.close()
             self.attempt.release()  # the record is final: the directory is free for a resume
@@ -155,6 +158,7 @@ class Trainer:
     def _run(self) -> RunRecord:
         if self.log.writer is not None:
             self.log.writer.write_config(dump_yaml(self.cfg.resolved()))
+            self.log.trackers = Trackers.open(self.tracking, self.run_dir, self.cfg.name, self.cfg.resolved())
             if self.checkpoint is not None:
                 self.log.writer.rewrite_steps(self.log.steps)
         self._write()
