@@ -32,13 +32,20 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 install: $(STAMP)
 
+# Setting up takes minutes on a fresh machine: each stage says what it does before it starts.
 $(STAMP): pyproject.toml
+	@echo "[setup 1/5] the virtual environment $(VENV)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "[setup 2/5] pip itself, upgraded"
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	@echo "[setup 3/5] $(TORCH_SPEC) (the CPU wheel is about 190 MB to download; already installed: seconds)"
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	@echo "[setup 4/5] kanscale with every extra and the developer tools (DeepSpeed, Accelerate, pykan, ...)"
 	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
+	@echo "[setup 5/5] the fused B-spline op, built ahead of time (about a minute on 2 cores)"
 	$(BIN)/kanscale build-ops --if-possible
 	touch $(STAMP)
+	@echo "[setup] done: $(VENV) is ready"
 
 demo: $(STAMP)
 	rm -rf runs/demo
