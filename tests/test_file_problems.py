@@ -78,7 +78,7 @@ def test_one_validation_names_every_problem_of_the_cells_with_its_fix(tmp_path, 
         f"task.features: column 'b' of {path} has 1 missing value(s) (NaN), the first in row 8; {drop}",
         f"task.target: column 'y' of {path} has 1 missing value(s) (NaN), the first in row 16; {drop}",
         f"task: to train on {path} as it is, set both: --set task.categorical=onehot --set task.missing=drop "
-        f"(which drops 4 of its {ROWS} rows)",
+        f"(which drops 4 of its {ROWS} rows, leaving {ROWS - 4} rows of 8 inputs: model.widths then starts with 8)",
     ]
 
 
@@ -227,3 +227,22 @@ def test_a_step_larger_than_a_files_split_is_told_the_files_fix_and_following_it
     share = str(err.value).split("task.test_fraction to at most ")[1].split()[0]
     fixed = parse_experiment(experiment({"path": path, "target": "y", "test_fraction": float(share)}, [3, 2, 1]))
     check_batch_fits_data(fixed.training, fixed.task, 1, step)
+
+
+def test_a_newcomers_table_is_refused_once_with_every_fix_and_following_them_fits(tmp_path):
+    """No target named, text columns, missing cells, and a model that does not fit the encoded
+    inputs: one refusal names the target, every cell problem and the inputs the model must take;
+    following what it offers, the experiment validates (it took four rounds before)."""
+    frame = survey().drop(columns=["y"])
+    frame["price"] = np.arange(ROWS, dtype=float)
+    path = write(frame, tmp_path / "houses.csv")
+    lines = problems({"path": path})
+    assert (
+        lines[0].startswith(f"task.target: name the target column of {path}") and "--set task.target=price" in lines[0]
+    )
+    assert any("column 'colour'" in line for line in lines) and any("missing value" in line for line in lines)
+    (line,) = [line for line in lines if line.startswith("task: to train on")]
+    inputs = int(line.split("model.widths then starts with ")[1].split(")")[0])
+    fixed = {"path": path, "target": "price", "categorical": "onehot", "missing": "drop"}
+    cfg = parse_experiment(experiment(fixed, [inputs, 2, 1]))
+    assert cfg.task.input_dim == inputs

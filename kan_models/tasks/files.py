@@ -28,18 +28,19 @@ from __future__ import annotations
 
 import csv
 import os
+import shlex
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 import pandas as pd
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from kan_models.tasks.contract import OBJECTIVES, Objective
 from kan_models.tasks.data import DataTask, Table, listing
-from kan_models.tasks.prepare import ENCODED, Read, Text, as_numbers, prepare
+from kan_models.tasks.prepare import ENCODED, Read, Text, as_numbers, prepare, refuse
 from kanscale.extras import require
 
 # The widest CSV and Parquet files read. pandas (and pyarrow, for Parquet's metadata) pay for
@@ -164,12 +165,39 @@ def read_table(
     again); ``given`` is the path as the user wrote it, for messages."""
     suffix = Path(path).suffix
     if suffix in TABULAR:
-        read = from_frame(read_frame(path, suffix, given), target, features, given)
+        frame = read_frame(path, suffix, given)
+        if target is None and len(frame.columns) > 1:
+            refuse_without_target(frame, features, objective, missing, categorical, given)
+        read = from_frame(frame, target, features, given)
     else:
         read = from_arrays(path, suffix, target, features, given)
     if len(read.x) < 2:
         raise ValueError(f"task.path: {given} holds {len(read.x)} sample(s); a train and a test split need at least 2")
     return prepare(read, objective, missing, categorical, given)
+
+
+def refuse_without_target(
+    frame: pd.DataFrame, features: tuple | str | None, objective: str, missing: str, categorical: str, given: str
+) -> NoReturn:
+    """A table without ``task.target``: refused naming its columns, with every problem its cells
+    would meet were the last column the target (the usual place), so that one refusal says all."""
+    assumed = str(frame.columns[-1])
+    found = [
+        (
+            "task.target",
+            f"name the target column of {given} (its columns: {listing(frame.columns.astype(str))}); "
+            f"the last one: --set {shlex.quote(f'task.target={assumed}')}",
+        )
+    ]
+    try:
+        prepare(from_frame(frame, assumed, features, given), objective, missing, categorical, given)
+    except ValidationError as err:
+        found += [
+            (".".join(["task", *map(str, e["loc"])]), f"{e['msg']} (with target {assumed!r})") for e in err.errors()
+        ]
+    except ValueError:
+        pass  # what the named target meets is said once it is named
+    refuse(found, given)
 
 
 def read_frame(path: str, suffix: str, given: str) -> pd.DataFrame:

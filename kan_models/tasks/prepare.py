@@ -125,12 +125,18 @@ def prepare(read: Read, objective: str, missing: str, categorical: str, given: s
         y_missing = y_missing_cells.any(axis=1)
         y = y.reshape(read.y.shape)
     incomplete = x_missing.any(axis=1) | y_missing
-    if categorical == "refuse" and len(read.text.at) and missing == "refuse" and incomplete.any():
+    fixes = ["--set task.categorical=onehot"] if categorical == "refuse" and len(read.text.at) else []
+    fixes += ["--set task.missing=drop"] if missing == "refuse" and incomplete.any() else []
+    if len(fixes) == 2 and np.count_nonzero(~incomplete) >= 2:
+        # the inputs the model must then take, so that following this line meets no refusal of model.widths
+        kept = ~incomplete
+        inputs = encode(read.x[kept], read.text, kept, "onehot", read.x_name)[0].shape[1]
         problems.append(
             (
                 "task",
-                f"to train on {given} as it is, set both: --set task.categorical=onehot "
-                f"--set task.missing=drop (which drops {np.count_nonzero(incomplete)} of its {n} rows)",
+                f"to train on {given} as it is, set both: {' '.join(fixes)} (which drops "
+                f"{np.count_nonzero(incomplete)} of its {n} rows, "
+                f"leaving {np.count_nonzero(kept)} rows of {inputs} inputs: model.widths then starts with {inputs})",
             )
         )
     if problems:
