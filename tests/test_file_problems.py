@@ -78,7 +78,8 @@ def test_one_validation_names_every_problem_of_the_cells_with_its_fix(tmp_path, 
         f"task.features: column 'b' of {path} has 1 missing value(s) (NaN), the first in row 8; {drop}",
         f"task.target: column 'y' of {path} has 1 missing value(s) (NaN), the first in row 16; {drop}",
         f"task: to train on {path} as it is, set both: --set task.categorical=onehot --set task.missing=drop "
-        f"(which drops 4 of its {ROWS} rows, leaving {ROWS - 4} rows of 8 inputs: model.widths then starts with 8)",
+        f"(which drops 4 of its {ROWS} rows, leaving {ROWS - 4} rows of 8 inputs: model.widths then starts with 8, and a step takes at most "
+        "the 13 of the training split)",
     ]
 
 
@@ -230,9 +231,12 @@ def test_a_step_larger_than_a_files_split_is_told_the_files_fix_and_following_it
 
 
 def test_a_newcomers_table_is_refused_once_with_every_fix_and_following_them_fits(tmp_path):
-    """No target named, text columns, missing cells, and a model that does not fit the encoded
-    inputs: one refusal names the target, every cell problem and the inputs the model must take;
-    following what it offers, the experiment validates (it took four rounds before)."""
+    """No target named, text columns, missing cells, a model that does not fit the encoded inputs
+    and a step larger than the split: one refusal names the target, every cell problem, the inputs
+    the model must take and the most a step takes; following it, the experiment validates and its
+    step fits (it took four rounds before)."""
+    from strategies.lifecycle.preflight import check_batch_fits_data
+
     frame = survey().drop(columns=["y"])
     frame["price"] = np.arange(ROWS, dtype=float)
     path = write(frame, tmp_path / "houses.csv")
@@ -242,7 +246,9 @@ def test_a_newcomers_table_is_refused_once_with_every_fix_and_following_them_fit
     )
     assert any("column 'colour'" in line for line in lines) and any("missing value" in line for line in lines)
     (line,) = [line for line in lines if line.startswith("task: to train on")]
-    inputs = int(line.split("model.widths then starts with ")[1].split(")")[0])
+    inputs = int(line.split("model.widths then starts with ")[1].split(",")[0])
+    most = int(line.split("a step takes at most the ")[1].split()[0])
     fixed = {"path": path, "target": "price", "categorical": "onehot", "missing": "drop"}
     cfg = parse_experiment(experiment(fixed, [inputs, 2, 1]))
-    assert cfg.task.input_dim == inputs
+    assert cfg.task.input_dim == inputs and cfg.task.n_train == most
+    check_batch_fits_data(cfg.training.model_copy(update={"micro_batch": most}), cfg.task, 1, most)

@@ -70,7 +70,7 @@ def test_penguins_as_shipped_names_all_its_problems_in_one_run():
     assert len(missing) == 5 and lines[-1] == (
         f"task: to train on {PENGUINS} as it is, set both: --set task.categorical=onehot --set task.missing=drop "
         f"(which drops {ROWS - KEPT} of its {ROWS} rows, leaving {KEPT} rows of 10 inputs: model.widths then "
-        "starts with 10)"
+        "starts with 10, and a step takes at most the 266 of the training split)"
     )
     regression = refusal({"target": "body_mass_g"})
     assert (

@@ -46,6 +46,12 @@ def listing(items: Sequence[Any] | np.ndarray | pd.Index, most: int = 8) -> str:
     return f"{shown}, ... ({len(items):,} in all)" if len(items) > most else shown
 
 
+def test_rows(n: int, fraction: float) -> int:
+    """The rows of ``n`` held out for testing: ``fraction`` of them, at least one, and one fewer
+    than all (the other split needs one too)."""
+    return max(1, min(n - 1, round(n * fraction)))
+
+
 def missing_cells(values: np.ndarray) -> np.ndarray:
     """Which of the cells of a 1-D array are missing: NaN, None, an empty or blank string."""
     # as text, every kind of missing reads alike: NaN and None are <NA>, a blank cell is ""
@@ -108,8 +114,7 @@ class DataTask(TaskConfig):
 
     @property
     def n_test(self) -> int:
-        n = len(self.table().x)
-        return max(1, min(n - 1, round(n * self.test_fraction)))
+        return test_rows(len(self.table().x), self.test_fraction)
 
     @property
     def n_train(self) -> int:

@@ -146,6 +146,7 @@ class FileTask(DataTask):
             self.missing,
             self.categorical,
             self.path,
+            self.test_fraction,
         )
 
 
@@ -160,6 +161,7 @@ def read_table(
     missing: str,
     categorical: str,
     given: str,
+    test_fraction: float,
 ) -> Table:
     """The table at ``path`` (``mtime`` and ``size`` key the cache, so a changed file is read
     again); ``given`` is the path as the user wrote it, for messages."""
@@ -167,17 +169,23 @@ def read_table(
     if suffix in TABULAR:
         frame = read_frame(path, suffix, given)
         if target is None and len(frame.columns) > 1:
-            refuse_without_target(frame, features, objective, missing, categorical, given)
+            refuse_without_target(frame, features, objective, missing, categorical, given, test_fraction)
         read = from_frame(frame, target, features, given)
     else:
         read = from_arrays(path, suffix, target, features, given)
     if len(read.x) < 2:
         raise ValueError(f"task.path: {given} holds {len(read.x)} sample(s); a train and a test split need at least 2")
-    return prepare(read, objective, missing, categorical, given)
+    return prepare(read, objective, missing, categorical, given, test_fraction)
 
 
 def refuse_without_target(
-    frame: pd.DataFrame, features: tuple | str | None, objective: str, missing: str, categorical: str, given: str
+    frame: pd.DataFrame,
+    features: tuple | str | None,
+    objective: str,
+    missing: str,
+    categorical: str,
+    given: str,
+    test_fraction: float,
 ) -> NoReturn:
     """A table without ``task.target``: refused naming its columns, with every problem its cells
     would meet were the last column the target (the usual place), so that one refusal says all."""
@@ -190,7 +198,7 @@ def refuse_without_target(
         )
     ]
     try:
-        prepare(from_frame(frame, assumed, features, given), objective, missing, categorical, given)
+        prepare(from_frame(frame, assumed, features, given), objective, missing, categorical, given, test_fraction)
     except ValidationError as err:
         found += [
             (".".join(["task", *map(str, e["loc"])]), f"{e['msg']} (with target {assumed!r})") for e in err.errors()

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
-from kan_models.tasks.data import Table, as_classes, listing, missing_cells, missing_labels_problem
+from kan_models.tasks.data import Table, as_classes, listing, missing_cells, missing_labels_problem, test_rows
 
 PER_KIND = 4  # lines per kind of problem before the rest are listed in one: the message stays a screen
 CATEGORICAL_FIX = "encode it with --set task.categorical=onehot (or =codes), or leave it out of task.features"
@@ -80,7 +80,7 @@ def as_numbers(values: np.ndarray, field: str, given: str, fix: str) -> tuple[np
     return coerced, Text(at, cells[:, at], bad[:, at])
 
 
-def prepare(read: Read, objective: str, missing: str, categorical: str, given: str) -> Table:
+def prepare(read: Read, objective: str, missing: str, categorical: str, given: str, test_fraction: float) -> Table:
     """The table a model trains on, or every problem of the file refused at once (:func:`refuse`)."""
     n = len(read.x)
     x_missing = np.isnan(read.x)
@@ -128,15 +128,17 @@ def prepare(read: Read, objective: str, missing: str, categorical: str, given: s
     fixes = ["--set task.categorical=onehot"] if categorical == "refuse" and len(read.text.at) else []
     fixes += ["--set task.missing=drop"] if missing == "refuse" and incomplete.any() else []
     if len(fixes) == 2 and np.count_nonzero(~incomplete) >= 2:
-        # the inputs the model must then take, so that following this line meets no refusal of model.widths
+        # what the model and a step must then take, so that following this line meets no second refusal
         kept = ~incomplete
         inputs = encode(read.x[kept], read.text, kept, "onehot", read.x_name)[0].shape[1]
+        rows = int(np.count_nonzero(kept))
+        train = rows - test_rows(rows, test_fraction)
         problems.append(
             (
                 "task",
                 f"to train on {given} as it is, set both: {' '.join(fixes)} (which drops "
-                f"{np.count_nonzero(incomplete)} of its {n} rows, "
-                f"leaving {np.count_nonzero(kept)} rows of {inputs} inputs: model.widths then starts with {inputs})",
+                f"{np.count_nonzero(incomplete)} of its {n} rows, leaving {rows} rows of {inputs} inputs: "
+                f"model.widths then starts with {inputs}, and a step takes at most the {train} of the training split)",
             )
         )
     if problems:
