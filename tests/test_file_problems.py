@@ -78,8 +78,8 @@ def test_one_validation_names_every_problem_of_the_cells_with_its_fix(tmp_path, 
         f"task.features: column 'b' of {path} has 1 missing value(s) (NaN), the first in row 8; {drop}",
         f"task.target: column 'y' of {path} has 1 missing value(s) (NaN), the first in row 16; {drop}",
         f"task: to train on {path} as it is, set both: --set task.categorical=onehot --set task.missing=drop "
-        f"(which drops 4 of its {ROWS} rows, leaving {ROWS - 4} rows of 8 inputs: model.widths then starts with 8, and a step takes at most "
-        "the 13 of the training split)",
+        f"(which drops 4 of its {ROWS} rows, leaving {ROWS - 4} rows of 8 inputs: model.widths then starts "
+        "with 8, and a step takes at most the 13 of the training split)",
     ]
 
 
