@@ -58,6 +58,11 @@ ZOO = {
     "20M bspline": {"family": "bspline", "widths": [256, 1024, 1024, 1], "grid": 10},
 }
 LARGE = 4 * MiB  # above this, fewer iterations: each already takes long
+# Ranks that share a machine's cores (CPU ranks) compute slower together than one alone, and at
+# every collective the first to arrive waits for the last: what a one-rank probe cannot see. Timed
+# at these compute lengths per step (kanscale recommend reads it at its step's; docs/recommend.md).
+SHARED_CORES_COMPUTE_S = (1e-3, 4e-3, 16e-3, 64e-3)
+SHARED_CORES_ITERS = 15
 # reduce_scatter_single / all_gather_single replace the *_tensor names in newer torch
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -166,6 +171,51 @@ def time_op(env: DistEnv, op: str, nbytes: int, warmup: int, iters: int) -> list
     return times.cpu().tolist()
 
 
+def time_shared_cores(env: DistEnv, compute_s: float) -> dict[str, Any]:
+    """The same work (small matrix products, a KAN step's kind of kernel) on rank 0 alone while the
+    others wait, then on every rank at once, each step ended by a 4-byte all-reduce: per step, the
+    slowest rank's time, the all-reduce's own latency taken off. ``factor``, together over alone at
+    the median, is what ranks sharing this machine multiply compute by; its quartiles, the ends."""
+    a = torch.randn(64, 64)
+    one = torch.ones(1)
+    start = time.perf_counter()
+    for _ in range(100):
+        a @ a
+    box = [max(1, round(compute_s / ((time.perf_counter() - start) / 100)))]
+    dist.broadcast_object_list(box, src=0)  # rank 0's count: every rank does the same work
+
+    def work() -> None:
+        for _ in range(box[0]):
+            a @ a
+
+    alone = []
+    for _ in range(SHARED_CORES_ITERS):
+        env.barrier()
+        if env.is_main:
+            start = time.perf_counter()
+            work()
+            alone.append(time.perf_counter() - start)
+    latency = statistics.median(time_op(env, "all_reduce", 4 * env.world_size, 2, SHARED_CORES_ITERS))
+    together = torch.zeros(SHARED_CORES_ITERS, dtype=torch.float64)
+    for i in range(SHARED_CORES_ITERS):
+        env.barrier()
+        start = time.perf_counter()
+        work()
+        dist.all_reduce(one)
+        together[i] = time.perf_counter() - start - latency
+    dist.all_reduce(together, op=dist.ReduceOp.MAX)
+    base = statistics.median(alone) if env.is_main else 1.0
+    q1, median, q3 = statistics.quantiles(together.tolist(), n=4)
+    return {
+        "compute_s": base,
+        "together_s": median,
+        "factor": median / base,
+        "factor_q1": q1 / base,
+        "factor_q3": q3 / base,
+        "iters": SHARED_CORES_ITERS,
+    }
+
+
 def measure(env: DistEnv, options: BenchOptions) -> list[dict[str, Any]]:
     """Every operation at every size; the sweep is rank 0's, so every rank runs the same one."""
     box: list[Any] = [None]
@@ -261,10 +311,28 @@ def report(doc: dict[str, Any]) -> str:
             for f in doc["fits"]
         ]
     )
-    return (
+    text = (
         f"{head}\n\n{markdown(results)}\n\nFit of time = alpha + beta x size (least squares on relative "
         "residuals); per link: alpha / ring steps and beta / busbw factor.\n\n" + markdown(fitted) + "\n"
     )
+    shared = doc.get("shared_cores") or []
+    if shared:
+        rows = pd.DataFrame(
+            [
+                {
+                    "compute alone ms": f"{1e3 * r['compute_s']:.2f}",
+                    "together ms (slowest rank)": f"{1e3 * r['together_s']:.2f}",
+                    "factor [quartiles]": f"{r['factor']:.2f} [{r['factor_q1']:.2f}-{r['factor_q3']:.2f}]",
+                }
+                for r in shared
+            ]
+        )
+        text += (
+            "\nRanks sharing this machine's cores: the same work on rank 0 alone, then on every rank at once "
+            "with a 4-byte all-reduce after it (its own latency taken off), median over "
+            f"{shared[0]['iters']} steps.\n\n" + markdown(rows) + "\n"
+        )
+    return text
 
 
 def run_worker(env: DistEnv, options: BenchOptions) -> int:
@@ -275,6 +343,8 @@ def run_worker(env: DistEnv, options: BenchOptions) -> int:
         if env.world_size < 2:
             raise RuntimeError("commbench needs at least 2 ranks; start it with kanscale commbench --nproc-per-node 2")
         rows = measure(env, options)
+        # CPU ranks compute on the cores they share; a GPU rank's kernels run on its own device
+        shared = [time_shared_cores(env, s) for s in SHARED_CORES_COMPUTE_S] if env.device.type == "cpu" else []
         environment = environment_info(env).model_dump()
         if env.is_main:
             link = "inter" if env.nodes > 1 else "intra"
@@ -293,6 +363,7 @@ def run_worker(env: DistEnv, options: BenchOptions) -> int:
                 "options": asdict(options),
                 "results": rows,
                 "fits": fits(rows, env.world_size, link),
+                "shared_cores": shared,
             }
             table = report(doc)
             write_json_and_markdown(options.out, doc, table)

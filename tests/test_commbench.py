@@ -10,7 +10,7 @@ import pytest
 
 from analysis.projection import HOST_COPY, OPS, MiB, busbw_factor
 from launchers.cli import main
-from launchers.commbench import BenchOptions, iterations, message_sizes, rank_command
+from launchers.commbench import SHARED_CORES_COMPUTE_S, BenchOptions, iterations, message_sizes, rank_command
 from launchers.launch.commands import LaunchSpec
 from tests.helpers.launch import ROOT, child_env, two_agent_commbench
 
@@ -93,6 +93,14 @@ def test_commbench_over_two_agents_on_gloo(tmp_path_factory):
     assert fits["all_reduce"]["link"] == "inter"
     assert math.isclose(fits["all_reduce"]["link_alpha_s"], fits["all_reduce"]["alpha_s"] / 2)  # 2 ring steps at P = 2
     assert "busbw GB/s" in out.with_suffix(".md").read_text()
+    # the same work on both ranks at once, each step ended by an all-reduce, against one rank alone
+    shared = doc["shared_cores"]
+    lengths = [r["compute_s"] for r in shared]
+    assert len(lengths) == len(SHARED_CORES_COMPUTE_S) and lengths == sorted(lengths), lengths
+    for r in shared:
+        assert 0 < r["factor_q1"] <= r["factor"] <= r["factor_q3"]
+        assert r["factor"] == pytest.approx(r["together_s"] / r["compute_s"])
+    assert "Ranks sharing this machine's cores" in out.with_suffix(".md").read_text()
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ class End:
 
     network: Network
     compute_scale: float = 1.0
+    contention: float = 1.0  # compute slowed by this when ranks share the machine (CPU cores)
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Target:
 
     def at(self, end: str) -> End:
         chosen = {"slow": self.slow, "fast": self.fast}.get(end)
-        return chosen or End(self.network, self.compute_scale)
+        return chosen or End(self.network, self.compute_scale, self.contention)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,11 @@ def lay_out(
             compute.get(end, compute["value"]),
             target.at(end).network,
             Scenario(
-                P, nodes_for(P, target.ranks_per_node), micro * accum, target.at(end).compute_scale, target.contention
+                P,
+                nodes_for(P, target.ranks_per_node),
+                micro * accum,
+                target.at(end).compute_scale,
+                target.at(end).contention,
             ),
         )
         for end in (ENDS if micro else ())

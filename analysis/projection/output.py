@@ -33,7 +33,7 @@ def assumptions(
         "compute: "
         + "; ".join(sorted({p.source for p in profiles.values()}))
         + f"; linear in samples per rank; x{compute_scale:g}"
-        + (f", x{contention:g} more when P > 1" if contention != 1 else "")
+        + (f", x{contention:.3g} more when P > 1" if contention != 1 else "")
         + f"; forward share {forward}",
         f"network: {net.source}; a flat ring, inter-node alpha/beta whenever the ranks span nodes",
         "overlap: "

@@ -59,7 +59,7 @@ class RecommendRequest:
     global_batch: int | None = None
     memory_per_device: float | None = None
     strategies: str | None = None
-    contention: float = 1.0
+    contention: float | None = None  # None: as commbench measured ranks sharing this machine
     validate: int = 0
     json: str | None = None
     out: str = "runs/recommend"
@@ -286,7 +286,11 @@ def advise(
                 for label, ends in compute.items()
             }
     else:
-        target = this_machine(per_node, r.memory_per_device, r.network, Path(r.out), r.contention, spread)
+        reference = compute["*"]["value"]  # a rank's compute per step, where the shared cores are read
+        step_compute = reference.compute_s * max(1, global_batch // ranks) / reference.samples
+        target = this_machine(
+            per_node, r.memory_per_device, r.network, Path(r.out), r.contention, step_compute, spread
+        )
 
     def beside(m: pj.StrategyModel) -> StepMemory:  # a GPU's allocator holds no process, a CPU rank's RSS does
         own = stand_in(m, probe, models)

@@ -16,6 +16,7 @@ from analysis import projection as pj
 from analysis.projection.advice import End, Target
 from analysis.projection.cluster_file import check_cluster, layout_needs
 from analysis.projection.device_time import Device, StepOps, device_time
+from analysis.projection.shared_cores import shared_cores_at
 from analysis.projection.uncertainty import ENDS, Stated, ranges, stated
 from kanscale import log
 from kanscale.errors import ConfigError
@@ -241,12 +242,15 @@ def this_machine(
     memory: float | None,
     networks: list[str] | None,
     out: Path,
-    contention: float,
+    contention: float | None,
+    step_compute_s: float,
     spread: float = 0.0,
 ) -> Target:
     """This machine at ``ranks_per_node`` ranks: its memory shared by the ranks (or
-    ``--memory-per-device``), and its links from commbench files or measured now, each link's
-    cost within the fits' error at the pessimistic and optimistic ends."""
+    ``--memory-per-device``), its links from commbench files or measured now, each link's cost
+    within the fits' error at the pessimistic and optimistic ends, and its compute at that many
+    ranks: ``--contention`` where given, else what commbench measured of ranks sharing the cores
+    at ``step_compute_s`` of compute per step, its quartiles the ends."""
     ram = ram_bytes()
     per_rank = memory_here(ranks_per_node, memory)
     files = networks or [str(measure_links(ranks_per_node, out))]
@@ -259,22 +263,36 @@ def this_machine(
         f"memory: {per_rank / GiB:.2f} GiB per rank ("
         + ("--memory-per-device" if memory is not None else f"{ram / GiB:.1f} GiB of RAM over {ranks_per_node} ranks")
         + "); a rank's peak is its resident set, as the records measure it",
-        f"compute: as measured here, x{contention:g} when ranks share the machine (--contention)",
     ]
+    shared = shared_cores_at(docs, step_compute_s) if contention is None and ranks_per_node > 1 else None
+    if shared is not None:
+        notes.append(shared.words(ranks_per_node, ", ".join(files)))
+        factors = {"value": shared.factor, "slow": shared.high, "fast": shared.low}
+    else:
+        given = 1.0 if contention is None else contention
+        why = (
+            "--contention"
+            if contention is not None
+            else "one rank shares nothing"
+            if ranks_per_node == 1
+            else "assumed: the commbench file does not measure it; delete it to measure again"
+        )
+        notes.append(f"compute: as measured here, x{given:g} when ranks share the machine ({why})")
+        factors = dict.fromkeys(("value", "slow", "fast"), given)
     return Target(
         name=f"this machine ({cpu_model()}, {os.cpu_count()} cores)",
         nodes=1,
         ranks_per_node=ranks_per_node,
         memory_per_rank=per_rank,
         network=network,
-        contention=contention,
+        contention=factors["value"],
         offload_on_device=True,
-        slow=End(scaled_links(network, 1 + MEASURED_LINK_SPREAD)),
-        fast=End(scaled_links(network, 1 - MEASURED_LINK_SPREAD)),
+        slow=End(scaled_links(network, 1 + MEASURED_LINK_SPREAD), contention=factors["slow"]),
+        fast=End(scaled_links(network, 1 - MEASURED_LINK_SPREAD), contention=factors["fast"]),
         interval=f"interval: the predicted rate with every input at its pessimistic end and at its optimistic end, "
         f"all measured here: compute, data time and bookkeeping +-{spread:.0%} (the 1-rank probes' spread between "
         f"timing windows), every link's cost +-{MEASURED_LINK_SPREAD:.0%} (how far commbench's fits miss its own "
-        "measurements)",
+        "measurements), ranks sharing the cores at their quartiles",
         notes=tuple(notes),
     )
 

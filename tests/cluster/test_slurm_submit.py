@@ -167,7 +167,7 @@ def test_a_hung_rank_under_deepspeed_is_recorded_as_hung(slurm_cluster, tmp_path
         "--set",
         "fault.kind=hang",
         "--set",
-        "runtime.timeout_s=15",
+        "runtime.timeout_s=10",
         strategy="zero2",
         inner="deepspeed",
         nnodes=nnodes,

@@ -91,8 +91,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
     recommend.add_argument(
         "--contention",
         type=float,
-        default=1.0,
-        help="this machine: multiply compute by this when ranks share its cores (default 1)",
+        default=None,
+        help="this machine: multiply compute by this when ranks share its cores (default: as kanscale "
+        "commbench measured it here, at the step's compute length)",
     )
     recommend.add_argument(
         "--validate",
