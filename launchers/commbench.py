@@ -62,7 +62,7 @@ LARGE = 4 * MiB  # above this, fewer iterations: each already takes long
 # every collective the first to arrive waits for the last: what a one-rank probe cannot see. Timed
 # at these compute lengths per step (kanscale recommend reads it at its step's; docs/recommend.md).
 SHARED_CORES_COMPUTE_S = (1e-3, 4e-3, 16e-3, 64e-3)
-SHARED_CORES_ITERS = 15
+SHARED_CORES_ITERS = 15  # the fewest steps timed at one length
 # reduce_scatter_single / all_gather_single replace the *_tensor names in newer torch
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -172,47 +172,64 @@ def time_op(env: DistEnv, op: str, nbytes: int, warmup: int, iters: int) -> list
 
 
 def time_shared_cores(env: DistEnv, compute_s: float) -> dict[str, Any]:
-    """The same work (small matrix products, a KAN step's kind of kernel) on rank 0 alone while the
-    others wait, then on every rank at once, each step ended by a 4-byte all-reduce: per step, the
-    slowest rank's time, the all-reduce's own latency taken off. ``factor``, together over alone at
-    the median, is what ranks sharing this machine multiply compute by; its quartiles, the ends."""
-    a = torch.randn(64, 64)
-    one = torch.ones(1)
-    start = time.perf_counter()
-    for _ in range(100):
-        a @ a
-    box = [max(1, round(compute_s / ((time.perf_counter() - start) / 100)))]
+    """The same work (a small network's forward, backward and optimizer steps: a training step's
+    kind of kernels) on rank 0 alone while the others wait, then on every rank at once, each step
+    ended by a 4-byte all-reduce: per step, the slowest rank's time, the all-reduce's own latency
+    taken off. ``factor``, together over alone (means), is what ranks sharing this machine
+    multiply compute by; its range, the ends."""
+    # a training step's kind of work: small layers' forward and backward, an optimizer step
+    layers = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.Adam(layers.parameters())
+    x, one = torch.randn(64, 64), torch.ones(1)
+
+    def unit() -> None:
+        layers(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for _ in range(10):  # warm
+        unit()
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < 0.02:
+        unit()
+        done += 1
+    box = [max(1, round(compute_s / ((time.perf_counter() - start) / done)))]
     dist.broadcast_object_list(box, src=0)  # rank 0's count: every rank does the same work
+    # short steps vary most: more of them, about half a second of each kind in all
+    iters = min(200, max(SHARED_CORES_ITERS, round(0.5 / compute_s)))
 
     def work() -> None:
         for _ in range(box[0]):
-            a @ a
+            unit()
 
     alone = []
-    for _ in range(SHARED_CORES_ITERS):
+    for _ in range(iters):
         env.barrier()
         if env.is_main:
             start = time.perf_counter()
             work()
             alone.append(time.perf_counter() - start)
-    latency = statistics.median(time_op(env, "all_reduce", 4 * env.world_size, 2, SHARED_CORES_ITERS))
-    together = torch.zeros(SHARED_CORES_ITERS, dtype=torch.float64)
-    for i in range(SHARED_CORES_ITERS):
+    latency = statistics.median(time_op(env, "all_reduce", 4 * env.world_size, 2, iters))
+    together = torch.zeros(iters, dtype=torch.float64)
+    for i in range(iters):
         env.barrier()
         start = time.perf_counter()
         work()
         dist.all_reduce(one)
         together[i] = time.perf_counter() - start - latency
     dist.all_reduce(together, op=dist.ReduceOp.MAX)
-    base = statistics.median(alone) if env.is_main else 1.0
-    q1, median, q3 = statistics.quantiles(together.tolist(), n=4)
+    # means, not medians: a rate is samples over the whole time, the slow steps included; the
+    # range, the means of its four quarters in time (how much the outside load moved meanwhile)
+    base = statistics.fmean(alone) if env.is_main else 1.0
+    steps = together.tolist()
+    quarters = [statistics.fmean(steps[len(steps) * i // 4 : len(steps) * (i + 1) // 4]) for i in range(4)]
     return {
         "compute_s": base,
-        "together_s": median,
-        "factor": median / base,
-        "factor_q1": q1 / base,
-        "factor_q3": q3 / base,
-        "iters": SHARED_CORES_ITERS,
+        "together_s": statistics.fmean(steps),
+        "factor": statistics.fmean(steps) / base,
+        "factor_low": min(quarters) / base,
+        "factor_high": max(quarters) / base,
+        "iters": iters,
     }
 
 
@@ -322,15 +339,16 @@ def report(doc: dict[str, Any]) -> str:
                 {
                     "compute alone ms": f"{1e3 * r['compute_s']:.2f}",
                     "together ms (slowest rank)": f"{1e3 * r['together_s']:.2f}",
-                    "factor [quartiles]": f"{r['factor']:.2f} [{r['factor_q1']:.2f}-{r['factor_q3']:.2f}]",
+                    "factor [range]": f"{r['factor']:.2f} [{r['factor_low']:.2f}-{r['factor_high']:.2f}]",
                 }
                 for r in shared
             ]
         )
         text += (
             "\nRanks sharing this machine's cores: the same work on rank 0 alone, then on every rank at once "
-            "with a 4-byte all-reduce after it (its own latency taken off), median over "
-            f"{shared[0]['iters']} steps.\n\n" + markdown(rows) + "\n"
+            "with a 4-byte all-reduce after it (its own latency taken off), mean over "
+            f"{shared[-1]['iters']} to {shared[0]['iters']} steps [range: the means of their four quarters]."
+            "\n\n" + markdown(rows) + "\n"
         )
     return text
 

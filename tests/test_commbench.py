@@ -98,7 +98,7 @@ def test_commbench_over_two_agents_on_gloo(tmp_path_factory):
     lengths = [r["compute_s"] for r in shared]
     assert len(lengths) == len(SHARED_CORES_COMPUTE_S) and lengths == sorted(lengths), lengths
     for r in shared:
-        assert 0 < r["factor_q1"] <= r["factor"] <= r["factor_q3"]
+        assert 0 < r["factor_low"] <= r["factor"] <= r["factor_high"]
         assert r["factor"] == pytest.approx(r["together_s"] / r["compute_s"])
     assert "Ranks sharing this machine's cores" in out.with_suffix(".md").read_text()
 

@@ -23,8 +23,8 @@ def row(compute_s: float, factor: float) -> dict[str, float]:
         "compute_s": compute_s,
         "together_s": factor * compute_s,
         "factor": factor,
-        "factor_q1": factor - 0.1,
-        "factor_q3": factor + 0.2,
+        "factor_low": factor - 0.1,
+        "factor_high": factor + 0.2,
         "iters": 15,
     }
 
@@ -36,7 +36,7 @@ def test_the_factor_is_read_at_the_steps_compute_length():
     docs = [{"shared_cores": SHARED}]
     assert shared_cores_at(docs, 4e-3).factor == pytest.approx(1.5)
     at_2ms = shared_cores_at(docs, 2e-3)  # halfway between 1 and 4 ms in log(seconds)
-    assert at_2ms.factor == pytest.approx(1.75) and at_2ms.low == pytest.approx(1.65) and at_2ms.high == pytest.approx(1.95)
+    assert (at_2ms.factor, at_2ms.low, at_2ms.high) == pytest.approx((1.75, 1.65, 1.95))
     # outside what was measured: held at the ends, never extrapolated
     assert shared_cores_at(docs, 1e-5).factor == pytest.approx(2.0)
     assert shared_cores_at(docs, 10.0).factor == pytest.approx(1.2)
@@ -65,7 +65,7 @@ def test_recommend_here_slows_compute_by_what_commbench_measured(tmp_path):
     alone = recommend(tmp_path, None, contention=1.0)
     shared = recommend(tmp_path, SHARED)
     (one,), (two,) = alone.candidates, shared.candidates
-    # the step computes 2 ms per rank (256 of 512 samples): 1.75x there, its quartiles the ends
+    # the step computes 2 ms per rank (256 of 512 samples): 1.75x there, its range the ends
     assert shared.target.contention == pytest.approx(1.75)
     assert shared.target.at("slow").contention == pytest.approx(1.95)
     assert shared.target.at("fast").contention == pytest.approx(1.65)
@@ -74,7 +74,8 @@ def test_recommend_here_slows_compute_by_what_commbench_measured(tmp_path):
     assert any("x1.75 [1.65-1.95] when 2 ranks share this machine's cores at 2 ms" in a for a in shared.assumptions)
     # --contention, where given, is what it uses; a file without the measurement says it assumed 1
     given = recommend(tmp_path, SHARED, contention=1.3)
-    assert given.target.contention == 1.3 and any("x1.3 when ranks share the machine (--contention)" in a for a in given.assumptions)
+    assert given.target.contention == 1.3
+    assert any("x1.3 when ranks share the machine (--contention)" in a for a in given.assumptions)
     unmeasured = recommend(tmp_path, None)
     assert unmeasured.target.contention == 1.0
     assert any("commbench file does not measure it; delete it to measure again" in a for a in unmeasured.assumptions)

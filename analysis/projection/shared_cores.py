@@ -15,7 +15,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class SharedCores:
-    """Compute at P ranks per compute alone, at one step length: the median and its quartiles."""
+    """Compute at P ranks per compute alone, at one step length: the mean and its range."""
 
     factor: float
     low: float
@@ -27,7 +27,7 @@ class SharedCores:
             f"compute: as measured here on one rank, x{self.factor:.2f} [{self.low:.2f}-{self.high:.2f}] when "
             f"{ranks} ranks share this machine's cores at {1e3 * self.compute_s:.3g} ms of compute per step "
             f"(measured by kanscale commbench in {source}: the same work on every rank at once, each step "
-            "ended by an all-reduce, against one rank alone; median [quartiles]); measured"
+            "ended by an all-reduce, against one rank alone; mean [range over the run]); measured"
         )
 
 
@@ -48,4 +48,4 @@ def shared_cores_at(docs: Sequence[dict[str, Any]], compute_s: float) -> SharedC
     def read(key: str) -> float:
         return (1 - w) * a[key] + w * b[key]
 
-    return SharedCores(read("factor"), read("factor_q1"), read("factor_q3"), compute_s)
+    return SharedCores(read("factor"), read("factor_low"), read("factor_high"), compute_s)

@@ -288,9 +288,7 @@ def advise(
     else:
         reference = compute["*"]["value"]  # a rank's compute per step, where the shared cores are read
         step_compute = reference.compute_s * max(1, global_batch // ranks) / reference.samples
-        target = this_machine(
-            per_node, r.memory_per_device, r.network, Path(r.out), r.contention, step_compute, spread
-        )
+        target = this_machine(per_node, r.memory_per_device, r.network, Path(r.out), r.contention, step_compute, spread)
 
     def beside(m: pj.StrategyModel) -> StepMemory:  # a GPU's allocator holds no process, a CPU rank's RSS does
         own = stand_in(m, probe, models)

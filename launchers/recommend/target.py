@@ -250,7 +250,7 @@ def this_machine(
     ``--memory-per-device``), its links from commbench files or measured now, each link's cost
     within the fits' error at the pessimistic and optimistic ends, and its compute at that many
     ranks: ``--contention`` where given, else what commbench measured of ranks sharing the cores
-    at ``step_compute_s`` of compute per step, its quartiles the ends."""
+    at ``step_compute_s`` of compute per step, its range the ends."""
     ram = ram_bytes()
     per_rank = memory_here(ranks_per_node, memory)
     files = networks or [str(measure_links(ranks_per_node, out))]
@@ -292,7 +292,7 @@ def this_machine(
         interval=f"interval: the predicted rate with every input at its pessimistic end and at its optimistic end, "
         f"all measured here: compute, data time and bookkeeping +-{spread:.0%} (the 1-rank probes' spread between "
         f"timing windows), every link's cost +-{MEASURED_LINK_SPREAD:.0%} (how far commbench's fits miss its own "
-        "measurements), ranks sharing the cores at their quartiles",
+        "measurements), ranks sharing the cores at the ends of the range commbench measured",
         notes=tuple(notes),
     )
 
