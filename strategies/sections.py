@@ -125,6 +125,16 @@ class TrainingConfig(Section):
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = Field(
         "default", description="torch.compile's mode; reduce-overhead captures CUDA graphs (CUDA only)"
     )
+    activation_checkpointing: Literal["none", "layers"] = Field(
+        "none",
+        description="layers: keep no activations inside the model's units (a zoo model's KAN layers, a custom "
+        "model's model.wrap units) but recompute them in backward (torch's non-reentrant checkpoint), "
+        "under every strategy, applied before the strategy wraps the model: less memory for more "
+        "compute (docs/memory.md)",
+    )
+    activation_checkpointing_every: int = Field(
+        1, ge=1, description="with activation_checkpointing layers: every Nth unit only (1: every unit)"
+    )
     grid_update_every: int = Field(0, ge=0, description="refit spline grids every N steps; 0 = never")
     grid_update_until: int | None = Field(None, ge=1, description="last step at which grids are refitted")
     log_every: int = Field(
@@ -144,6 +154,11 @@ class TrainingConfig(Section):
                 raise ValueError(f"betas must each lie in [0, 1), got {list(self.betas)}")
         if self.epochs is None and self.steps is None:
             raise ValueError("set either epochs or steps")
+        if self.activation_checkpointing_every > 1 and self.activation_checkpointing == "none":
+            raise ValueError(
+                f"activation_checkpointing_every {self.activation_checkpointing_every} needs units to "
+                "checkpoint; set training.activation_checkpointing=layers (or leave the other unset)"
+            )
         if self.precision != "fp32" and self.dtype != "float32":
             raise ValueError(
                 f"precision {self.precision} keeps float32 master weights, but dtype is {self.dtype}; "

@@ -88,6 +88,14 @@ def launch_config_conflicts(
     run ``world_size`` ranks on ``device_type``; the DeepSpeed JSON it names is checked as the
     deepspeed strategy checks its own (and its unchecked keys are warned about)."""
     problems = unknown_launch_keys(launch)
+    fsdp = launch.get("fsdp_config")
+    if isinstance(fsdp, dict) and fsdp.get("fsdp_activation_checkpointing") not in (None, False):
+        # Accelerate's FSDP plugin would wrap layers of its own choosing, unrecorded, and on top of
+        # the suite's own checkpointing where both were asked for
+        problems.append(
+            "fsdp_config.fsdp_activation_checkpointing: the suite checkpoints activations itself, under every "
+            "strategy and in the run record; remove the key and set training.activation_checkpointing=layers"
+        )
     kind = launch.get("distributed_type")
     kind = "NO" if kind is False else kind  # YAML 1.1 reads an unquoted NO as false
     if kind == "DEEPSPEED":

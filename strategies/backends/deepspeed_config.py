@@ -51,8 +51,9 @@ OPTION_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 # blocks read into training.* (deepspeed_training.py) and left out of what DeepSpeed is given:
-# the suite passes its own optimizer object and sets every step's learning rate itself
-TRAINING_BLOCKS = ("optimizer", "scheduler")
+# the suite passes its own optimizer object and sets every step's learning rate itself, and
+# checkpoints activations itself (DeepSpeed's section acts only where a model calls its function)
+TRAINING_BLOCKS = ("optimizer", "scheduler", "activation_checkpointing")
 # Keys the suite fills, sets or checks, and ZeRO's scheduling knobs that decide only when and in
 # what pieces state moves (DeepSpeed validates their values). Any other key may change what is
 # trained or measured, so it is named in a warning.

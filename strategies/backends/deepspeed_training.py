@@ -14,6 +14,10 @@ its own optimizer to DeepSpeed and sets the learning rate of every step itself
   difference at once, with the ``--set`` lines that take the file's values, the file edit that
   keeps the experiment's, and ``strategy.decides`` (file or experiment), one line for all.
 
+An ``activation_checkpointing`` section is read as ``training.activation_checkpointing: layers``
+(DeepSpeed would act on it only where the model called its checkpoint function), refused where
+it asks to partition, offload or pack activations, which the suite does not do.
+
 The file's ``fp16``/``bf16.enabled`` adopted into ``training.precision`` the same way; a
 contradiction with a precision the experiment set is :func:`resolve_native`'s to refuse, as
 before. :func:`adopt` is deterministic and gives the same training for an experiment already
@@ -67,6 +71,15 @@ BATCH_KEYS: dict[str, FieldPath] = {
     "gradient_accumulation_steps": ("grad_accum",),
     "gradient_clipping": ("grad_clip",),
 }
+# DeepSpeed's activation_checkpointing options beyond recomputing layers, which the suite lacks
+CHECKPOINTING_BEYOND = (
+    "partition_activations",
+    "cpu_checkpointing",
+    "contiguous_memory_optimization",
+    "number_checkpoints",
+    "synchronize_checkpoint_boundary",
+    "profile",
+)
 BATCH_SIZE_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
 BATCH_FIELDS = ("micro_batch", "grad_accum", "global_batch")
 TAKES = {
@@ -147,6 +160,19 @@ def wanted_values(native: dict[str, Any], source: str) -> tuple[dict[FieldPath, 
                     f"({', '.join(OPTIMIZER_PARAMS)}; torch_adam, adam_w_mode and bias_correction: true "
                     f"choose DeepSpeed's implementation of the same update); remove it from {source}"
                 )
+    checkpointing = native.get("activation_checkpointing")
+    if isinstance(checkpointing, dict):
+        # DeepSpeed's section acts only where a model calls deepspeed.checkpointing.checkpoint; the
+        # suite's own checkpointing of every layer is what it asks for, as far as it goes
+        beyond = [k for k in CHECKPOINTING_BEYOND if checkpointing.get(k) not in (None, False)]
+        if beyond:
+            problems.append(
+                f"activation_checkpointing.{', activation_checkpointing.'.join(beyond)}: the suite checkpoints "
+                "activations by recomputing each layer (training.activation_checkpointing: layers) and does not "
+                f"partition, offload or pack them; remove {', '.join(beyond)} from {source}"
+            )
+        else:
+            want(("activation_checkpointing",), "layers", "activation_checkpointing")
     scheduler = native.get("scheduler")
     if isinstance(scheduler, dict):
         params = scheduler.get("params") or {}

@@ -18,6 +18,7 @@ from strategies.distributed import DistEnv
 from strategies.engine import Batch
 from strategies.experiment import ExperimentConfig
 from strategies.lifecycle.export import read_export
+from strategies.loop.activation_checkpointing import apply_activation_checkpointing
 from strategies.measure.baseline import ComputeBaseline
 from strategies.measure.layerwise import LayerwiseBaseline
 from strategies.mesh import RunMesh
@@ -57,6 +58,22 @@ def build_rank_model(cfg: ExperimentConfig, env: DistEnv, dtype: torch.dtype) ->
     return model
 
 
+def checkpoint_activations(model: torch.nn.Module, cfg: ExperimentConfig) -> None:
+    """training.activation_checkpointing on the unwrapped model's units (those FSDP shards one by
+    one), before the strategy wraps it."""
+    t = cfg.training
+    if t.activation_checkpointing == "none":
+        return
+    units = cfg.strategy.wrap_units(model)
+    if not units:
+        raise ConfigError(
+            "training.activation_checkpointing: this model has no units to checkpoint (no submodule holds "
+            "model.wrap.min_params parameters); name its block classes in model.wrap.classes, or set "
+            "training.activation_checkpointing=none"
+        )
+    apply_activation_checkpointing(units, t.activation_checkpointing_every)
+
+
 def compile_on_sample(model: torch.nn.Module, sample: torch.Tensor, mode: str) -> float:
     """Compile the (unwrapped) model in place on a batch of the training shape; returns the
     compile time. Backends that replace parameters (FSDP, ZeRO-3) may recompile during the
@@ -90,6 +107,7 @@ def build_baseline(
         def replica() -> torch.nn.Module:
             copy = build_model(cfg.model, t.seed).to(device=env.device, dtype=dtype)
             copy.load_state_dict(model.state_dict())
+            checkpoint_activations(copy, cfg)  # the same arithmetic as the training's, recomputation included
             if t.compile == "model":
                 compile_on_sample(copy, sample, t.compile_mode)  # the model's compiled code is cached by now
             return cfg.strategy.compute_replica(copy, env)

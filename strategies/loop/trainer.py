@@ -41,7 +41,7 @@ from strategies.lifecycle.failures import inject_fault, raise_on_sigterm
 from strategies.lifecycle.preflight import preflight
 from strategies.lifecycle.resume import find_resumable, open_attempt
 from strategies.loop.loader import MemoryBatches, batch_source
-from strategies.loop.model_setup import build_baseline, build_rank_model, compile_on_sample
+from strategies.loop.model_setup import build_baseline, build_rank_model, checkpoint_activations, compile_on_sample
 from strategies.loop.progress import Progress
 from strategies.loop.run_end import evaluate, write_failure
 from strategies.loop.step_log import StepLog
@@ -81,6 +81,7 @@ class Trainer:
         self.params = count_parameters(self.model)
         # A plain copy for refitting grids: the engine's model may be sharded or wrapped.
         self.grid_template = copy.deepcopy(self.model) if t.grid_update_every else None
+        checkpoint_activations(self.model, cfg)
         self.peaks = TrainingPeaks(env.device)
         self.probe = build_probe(cfg.measurement.comm_probe, env)
         counted = t.warmup_steps - 1 if t.compile == "none" and t.warmup_steps else None  # an untimed step, eager
