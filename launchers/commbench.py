@@ -44,6 +44,7 @@ from kanscale.extras import installed
 from launchers.launch.commands import Launch, LaunchSpec, torchrun_launch
 from launchers.launch.ports import rendezvous_port
 from launchers.launch.run import check_capacity, execute
+from launchers.shared_cores import measure_shared_cores, shared_cores_markdown
 from launchers.zoo import model_shape
 from strategies.distributed import DistEnv, device_name
 from strategies.measure.environment import environment_info
@@ -58,11 +59,6 @@ ZOO = {
     "20M bspline": {"family": "bspline", "widths": [256, 1024, 1024, 1], "grid": 10},
 }
 LARGE = 4 * MiB  # above this, fewer iterations: each already takes long
-# Ranks that share a machine's cores (CPU ranks) compute slower together than one alone, and at
-# every collective the first to arrive waits for the last: what a one-rank probe cannot see. Timed
-# at these compute lengths per step (kanscale recommend reads it at its step's; docs/recommend.md).
-SHARED_CORES_COMPUTE_S = (1e-3, 4e-3, 16e-3, 64e-3)
-SHARED_CORES_ITERS = 15  # the fewest steps timed at one length
 # reduce_scatter_single / all_gather_single replace the *_tensor names in newer torch
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -171,68 +167,6 @@ def time_op(env: DistEnv, op: str, nbytes: int, warmup: int, iters: int) -> list
     return times.cpu().tolist()
 
 
-def time_shared_cores(env: DistEnv, compute_s: float) -> dict[str, Any]:
-    """The same work (a small network's forward, backward and optimizer steps: a training step's
-    kind of kernels) on rank 0 alone while the others wait, then on every rank at once, each step
-    ended by a 4-byte all-reduce: per step, the slowest rank's time, the all-reduce's own latency
-    taken off. ``factor``, together over alone (means), is what ranks sharing this machine
-    multiply compute by; its range, the ends."""
-    # a training step's kind of work: small layers' forward and backward, an optimizer step
-    layers = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
-    optimizer = torch.optim.Adam(layers.parameters())
-    x, one = torch.randn(64, 64), torch.ones(1)
-
-    def unit() -> None:
-        layers(x).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-    for _ in range(10):  # warm
-        unit()
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < 0.02:
-        unit()
-        done += 1
-    box = [max(1, round(compute_s / ((time.perf_counter() - start) / done)))]
-    dist.broadcast_object_list(box, src=0)  # rank 0's count: every rank does the same work
-    # short steps vary most: more of them, about half a second of each kind in all
-    iters = min(200, max(SHARED_CORES_ITERS, round(0.5 / compute_s)))
-
-    def work() -> None:
-        for _ in range(box[0]):
-            unit()
-
-    alone = []
-    for _ in range(iters):
-        env.barrier()
-        if env.is_main:
-            start = time.perf_counter()
-            work()
-            alone.append(time.perf_counter() - start)
-    latency = statistics.median(time_op(env, "all_reduce", 4 * env.world_size, 2, iters))
-    together = torch.zeros(iters, dtype=torch.float64)
-    for i in range(iters):
-        env.barrier()
-        start = time.perf_counter()
-        work()
-        dist.all_reduce(one)
-        together[i] = time.perf_counter() - start - latency
-    dist.all_reduce(together, op=dist.ReduceOp.MAX)
-    # means, not medians: a rate is samples over the whole time, the slow steps included; the
-    # range, the means of its four quarters in time (how much the outside load moved meanwhile)
-    base = statistics.fmean(alone) if env.is_main else 1.0
-    steps = together.tolist()
-    quarters = [statistics.fmean(steps[len(steps) * i // 4 : len(steps) * (i + 1) // 4]) for i in range(4)]
-    return {
-        "compute_s": base,
-        "together_s": statistics.fmean(steps),
-        "factor": statistics.fmean(steps) / base,
-        "factor_low": min(quarters) / base,
-        "factor_high": max(quarters) / base,
-        "iters": iters,
-    }
-
-
 def measure(env: DistEnv, options: BenchOptions) -> list[dict[str, Any]]:
     """Every operation at every size; the sweep is rank 0's, so every rank runs the same one."""
     box: list[Any] = [None]
@@ -332,25 +266,7 @@ def report(doc: dict[str, Any]) -> str:
         f"{head}\n\n{markdown(results)}\n\nFit of time = alpha + beta x size (least squares on relative "
         "residuals); per link: alpha / ring steps and beta / busbw factor.\n\n" + markdown(fitted) + "\n"
     )
-    shared = doc.get("shared_cores") or []
-    if shared:
-        rows = pd.DataFrame(
-            [
-                {
-                    "compute alone ms": f"{1e3 * r['compute_s']:.2f}",
-                    "together ms (slowest rank)": f"{1e3 * r['together_s']:.2f}",
-                    "factor [range]": f"{r['factor']:.2f} [{r['factor_low']:.2f}-{r['factor_high']:.2f}]",
-                }
-                for r in shared
-            ]
-        )
-        text += (
-            "\nRanks sharing this machine's cores: the same work on rank 0 alone, then on every rank at once "
-            "with a 4-byte all-reduce after it (its own latency taken off), mean over "
-            f"{shared[-1]['iters']} to {shared[0]['iters']} steps [range: the means of their four quarters]."
-            "\n\n" + markdown(rows) + "\n"
-        )
-    return text
+    return text + shared_cores_markdown(doc.get("shared_cores") or [])
 
 
 def run_worker(env: DistEnv, options: BenchOptions) -> int:
@@ -362,7 +278,7 @@ def run_worker(env: DistEnv, options: BenchOptions) -> int:
             raise RuntimeError("commbench needs at least 2 ranks; start it with kanscale commbench --nproc-per-node 2")
         rows = measure(env, options)
         # CPU ranks compute on the cores they share; a GPU rank's kernels run on its own device
-        shared = [time_shared_cores(env, s) for s in SHARED_CORES_COMPUTE_S] if env.device.type == "cpu" else []
+        shared = measure_shared_cores(env) if env.device.type == "cpu" else []
         environment = environment_info(env).model_dump()
         if env.is_main:
             link = "inter" if env.nodes > 1 else "intra"

@@ -221,7 +221,8 @@ def test_misspelled_deepspeed_keys_are_refused_unknown_ones_warned():
     training = TrainingConfig(micro_batch=8, steps=4)
     native = {
         "zero_optimisation": {"stage": 2},
-        "activation_checkpointing": {},
+        "activation_checkpointing": {},  # read as training.activation_checkpointing, not passed on
+        "flops_profiler": {"enabled": False},
         "zero_optimization": {"stage": 1, "overlap_com": True, "stage3_model_persistence_threshold": 0},
     }
     resolution = resolve_native(native, training, 2, 8, "ds.json")
@@ -232,7 +233,8 @@ def test_misspelled_deepspeed_keys_are_refused_unknown_ones_warned():
         "zero_optimization.overlap_com is not a DeepSpeed key; did you mean zero_optimization.overlap_comm?" in p
         for p in resolution.problems
     )
-    assert resolution.unchecked == ["activation_checkpointing", "zero_optimization.stage3_model_persistence_threshold"]
+    assert resolution.unchecked == ["flops_profiler", "zero_optimization.stage3_model_persistence_threshold"]
+    assert "activation_checkpointing" not in resolution.config
     if importlib.util.find_spec("deepspeed") is None:
         return
     # no ZeRO key DeepSpeed itself knows (its aliases and older names too) is taken for a misspelling

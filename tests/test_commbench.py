@@ -10,8 +10,9 @@ import pytest
 
 from analysis.projection import HOST_COPY, OPS, MiB, busbw_factor
 from launchers.cli import main
-from launchers.commbench import SHARED_CORES_COMPUTE_S, BenchOptions, iterations, message_sizes, rank_command
+from launchers.commbench import BenchOptions, iterations, message_sizes, rank_command
 from launchers.launch.commands import LaunchSpec
+from launchers.shared_cores import COMPUTE_S as SHARED_CORES_COMPUTE_S
 from tests.helpers.launch import ROOT, child_env, two_agent_commbench
 
 

@@ -112,7 +112,7 @@ OTHER_ZERO = frozenset(
     }
 )
 # How alike (difflib's ratio) an unknown key and a known one must be for the unknown one to be
-# refused as its misspelling: zero_optimisation and stgae are; activation_checkpointing is not.
+# refused as its misspelling: zero_optimisation and stgae are; flops_profiler is not.
 MISSPELLING_CUTOFF = 0.8
 # "auto" values that depend on neither the experiment nor the model, as Accelerate fills them:
 # the suite saves DeepSpeed checkpoints and consolidates them itself, so no 16-bit copy.
