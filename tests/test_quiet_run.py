@@ -61,7 +61,7 @@ def test_each_deprecation_kind_is_shown_once_on_one_line_by_the_reporting_rank(r
 @pytest.mark.slow  # a 2-rank DeepSpeed run
 def test_a_zero2_run_builds_nothing_and_shows_each_library_deprecation_once_and_the_suites_own_warning(tmp_path):
     native = json.loads((ROOT / "configs/deepspeed/zero2.json").read_text())
-    native["activation_checkpointing"] = {"partition_activations": False}  # a key the suite does not check
+    native["flops_profiler"] = {"enabled": False}  # a key the suite does not check
     (tmp_path / "ds.json").write_text(json.dumps(native))
     proc = subprocess.run(
         [
@@ -93,7 +93,7 @@ def test_a_zero2_run_builds_nothing_and_shows_each_library_deprecation_once_and_
     kinds = Counter(m.groups() for m in map(DEPRECATION.search, proc.stderr.splitlines()) if m)
     assert kinds, proc.stderr[-4000:]  # torch's notices about the collectives DeepSpeed calls
     assert all(count == 1 for count in kinds.values()), kinds
-    assert "UncheckedDeepSpeedKeys" in proc.stderr and "activation_checkpointing" in proc.stderr
+    assert "UncheckedDeepSpeedKeys" in proc.stderr and "flops_profiler" in proc.stderr
 
 
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="not run from a virtual environment")
