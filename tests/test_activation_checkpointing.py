@@ -4,6 +4,7 @@ read into the same option or refused, naming the key."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import subprocess
 import sys
@@ -117,3 +118,47 @@ def test_losses_with_checkpointed_layers_match_the_reference_without(checkpointe
     result = results[strategy]
     assert result["status"] == "ok" and result["ranks_identical"], result
     assert max_rel_diff(result["losses"], reference) <= 1e-5
+    assert result["memory"]["activation_checkpointing"] == "layers" and result["memory"]["checkpointed_units"] == 2
+
+
+# The issue's model at 2048 samples per rank, and a user's own (examples/my_kan.py)
+LARGE = {
+    "rbf": {"family": "rbf", "widths": [32, 512, 512, 512, 1]},
+    "custom": {
+        "family": "custom",
+        "widths": [32, 1],
+        "factory": "examples/my_kan.py:build",
+        "options": {"hidden": [256, 256]},
+    },
+}
+RECORDED = {("rbf", s) for s in ("ddp", "fsdp2", "zero3")} | {("custom", "ddp")}
+
+
+@pytest.fixture(scope="module")
+def recorded_runs(tmp_path_factory):
+    """Each of RECORDED without and with checkpointed layers, at 2 ranks: one torchrun launch."""
+    tmp = tmp_path_factory.mktemp("recorded")
+    jobs = []
+    for (model, strategy), mode in itertools.product(sorted(RECORDED), ("none", "layers")):
+        config = experiment("bspline", STRATEGIES[strategy], 1, str(tmp / "runs"), activation_checkpointing=mode)
+        # the last warm-up step is counted: the third, after DDP has rebuilt its buckets (in the second)
+        config["training"].update(micro_batch=2048, global_batch=None, steps=4, warmup_steps=3, seed=0)
+        config["task"] = {"name": "high_dim", "dim": 32, "n_train": 4096, "n_test": 64}
+        config.update(model=LARGE[model], measurement={"baseline": "off"})
+        jobs.append({"id": f"{model}-{strategy}-{mode}", "config": config})
+    return run_jobs(jobs, tmp)
+
+
+@pytest.mark.slow  # one launch of eight experiments of a few million parameters
+@pytest.mark.parametrize(("model", "strategy"), sorted(RECORDED))
+def test_records_show_a_tenth_of_the_activations_with_checkpointing_and_equal_losses(recorded_runs, model, strategy):
+    without, with_ = (recorded_runs[f"{model}-{strategy}-{mode}"] for mode in ("none", "layers"))
+    assert without["status"] == with_["status"] == "ok"
+    assert max_rel_diff(with_["losses"], without["losses"], steps=4) <= 1e-5
+    kept, checkpointed = (r["memory"]["activations_after_forward_bytes"] for r in (without, with_))
+    assert 0 < checkpointed <= kept / 10, (kept, checkpointed)
+    assert with_["memory"]["step_peak"]["peak"] < without["memory"]["step_peak"]["peak"]
+    # the recomputation is the hardware's, not the model's: the model's FLOPs stay what they were
+    assert with_["flops"]["model_per_sample"] == pytest.approx(without["flops"]["model_per_sample"], rel=1e-6)
+    # (elementwise work counts nothing: my_kan's recomputed bases add no FLOPs, its products few)
+    assert with_["flops"]["hardware_per_sample"] > without["flops"]["hardware_per_sample"]

@@ -108,7 +108,7 @@ def test_unreadable_runs_are_listed_and_the_rest_analysed(tmp_path, capsys):
     (runs / "corrupt" / "summary.json").write_text('{"schema_version": 1, "run_id": ')
     future = json.loads((runs / "good" / "summary.json").read_text())
     (runs / "future").mkdir()
-    (runs / "future" / "summary.json").write_text(json.dumps({**future, "schema_version": 7}))
+    (runs / "future" / "summary.json").write_text(json.dumps({**future, "schema_version": 8}))
     (runs / "no_summary").mkdir()
     (runs / "no_summary" / "steps.jsonl").write_text("")
     failed = make_record("failed", world=2).model_copy(
@@ -118,7 +118,7 @@ def test_unreadable_runs_are_listed_and_the_rest_analysed(tmp_path, capsys):
     assert main(["analyze", str(runs), "--out", str(tmp_path / "report")]) == 0
     captured = capsys.readouterr()
     assert "corrupt/summary.json: not valid JSON" in captured.err
-    assert "schema_version 7 is not one this kanscale reads" in captured.err
+    assert "schema_version 8 is not one this kanscale reads" in captured.err
     assert "no_summary: has steps.jsonl or config.yaml but no summary.json" in captured.err
     assert "failed has status failed" in captured.err
     page = (tmp_path / "report" / "report.html").read_text()

@@ -119,11 +119,36 @@ def test_a_torn_last_step_line_is_skipped(finished_run, tmp_path):
         read_steps(torn)
 
 
+def as_v6(record: RunRecord) -> dict:
+    """The record as v6 wrote it: no flops, no counted step's memory, no checkpointing mode."""
+    data = json.loads(record.model_dump_json())
+    data["schema_version"] = 6
+    data.pop("flops")
+    for field in ("activation_checkpointing", "activation_checkpointing_every", "checkpointed_units"):
+        data["memory"].pop(field)
+    for field in ("activations_after_forward_bytes", "step_peak"):
+        data["memory"].pop(field)
+    return data
+
+
+def test_v6_records_are_migrated_on_read_with_nothing_counted(finished_run, tmp_path):
+    record, _ = finished_run
+    assert record.flops is not None and record.memory.step_peak is not None  # what v7 counts
+    v6 = as_v6(record)
+    shipped_v6 = json.loads((ROOT / "analysis/records/run_record.v6.schema.json").read_text())
+    jsonschema.validate(v6, shipped_v6)  # a genuine v6 record
+    (tmp_path / "summary.json").write_text(json.dumps(v6))
+    migrated = read_summary(tmp_path)
+    assert migrated.schema_version == 7 and migrated.flops is None and migrated.memory.step_peak is None
+    assert migrated.memory.activation_checkpointing is None and migrated.timings == record.timings
+    assert json_schema(6) == shipped_v6 and json_schema(7) != shipped_v6
+
+
 def as_v5(record: RunRecord) -> dict:
     """The record as v5 wrote it: no measurement.baseline (always the whole replica), no
     measurement.outside_load, no compile.graph_breaks, no strategy.adopted, no task.preparation,
     and none of what v6 gained later: comm_bytes, topology.mesh, environment.rank_hosts."""
-    data = json.loads(record.model_dump_json())
+    data = as_v6(record)
     data["schema_version"] = 5
     data.pop("comm_bytes")
     data["topology"].pop("mesh")
@@ -164,7 +189,7 @@ def test_v5_records_are_migrated_on_read(finished_run, tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps(v5))
     migrated = read_summary(tmp_path)
     # every v5 run timed a whole replica, and none measured the machine's other load
-    assert migrated.schema_version == 6 and migrated.measurement.baseline == "replica"
+    assert migrated.schema_version == 7 and migrated.measurement.baseline == "replica"
     assert migrated.measurement.outside_load is None
     assert json_schema(5) == shipped_v5 and json_schema(6) != shipped_v5
 
@@ -203,7 +228,7 @@ def test_v4_records_are_migrated_on_read(finished_run, tmp_path, compile_s):
     (tmp_path / "summary.json").write_text(json.dumps(v4))
     migrated = read_summary(tmp_path)
     # v4 compiled only the model (model.compile), and recorded a compile time exactly when it did
-    assert migrated.schema_version == 6 and migrated.compile.setting == ("none" if compile_s is None else "model")
+    assert migrated.schema_version == 7 and migrated.compile.setting == ("none" if compile_s is None else "model")
     assert "schema v4" in migrated.compile.mechanism
     assert json_schema(4) == shipped_v4 and json_schema(6) != shipped_v4
 
@@ -226,7 +251,7 @@ def test_v3_records_are_migrated_on_read(finished_run, tmp_path):
     jsonschema.validate(v3, shipped_v3)  # a genuine v3 record
     (tmp_path / "summary.json").write_text(json.dumps(v3))
     migrated = read_summary(tmp_path)
-    assert migrated.schema_version == 6 and migrated.precision.setting == "fp32"
+    assert migrated.schema_version == 7 and migrated.precision.setting == "fp32"
     assert "schema v3" in migrated.precision.mechanism and migrated.batch.loader == "memory"
     assert json_schema(3) == shipped_v3 and json_schema(6) != shipped_v3
 
@@ -270,7 +295,7 @@ def test_v2_records_are_migrated_on_read(finished_run, tmp_path):
     jsonschema.validate(v2, {**shipped_v2, "$ref": "#/$defs/RunRecord"})  # a genuine v2 record
     (tmp_path / "summary.json").write_text(json.dumps(v2))
     migrated = read_summary(tmp_path)
-    assert migrated.schema_version == 6 and migrated.comm.replica.median_s == v2["timings"]["comm_exposed_s"]
+    assert migrated.schema_version == 7 and migrated.comm.replica.median_s == v2["timings"]["comm_exposed_s"]
     assert migrated.comm.trusted == "replica" and "clamped at 0" in migrated.comm.note
     assert migrated.measurement.timing == "per_step" and migrated.measurement.windows == record.batch.timed_steps
     assert json_schema(2) == shipped_v2
@@ -296,6 +321,6 @@ def test_v1_records_are_migrated_on_read(finished_run, tmp_path, name, options, 
     jsonschema.validate(v1, {**shipped_v1, "$ref": "#/$defs/RunRecord"})  # a genuine v1 record
     (tmp_path / "summary.json").write_text(json.dumps(v1))
     migrated = read_summary(tmp_path)
-    assert migrated.schema_version == 6 and migrated.test_metrics == {"mse": v1["test_mse"]}
+    assert migrated.schema_version == 7 and migrated.test_metrics == {"mse": v1["test_mse"]}
     assert migrated.strategy.label == label and migrated.strategy.reference == (name == "single")
     assert json_schema(1) == shipped_v1 and json_schema(6) != shipped_v1

@@ -23,6 +23,10 @@ the whole replica, the default) and what other processes took of the machine
 (``measurement.outside_load``: v5 did not measure it, so None) and where torch.compile broke
 its graphs (``compile.graph_breaks``: not counted, None); exposed communication may be
 None (a baseline switched off, or no method read a time). A v5 record keeps its raw figures.
+
+v6 -> v7: the record counts one step's tensors by category and its FLOPs (``memory.step_peak``,
+``memory.activations_after_forward_bytes``, ``flops``) and says how activations were
+checkpointed. v6 counted none of them, so they are None: not measured, not zero.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from typing import Any
 
 from analysis.records.schema import SCHEMA_VERSION
 
-READABLE_VERSIONS = (1, 2, 3, 4, 5, SCHEMA_VERSION)
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6, SCHEMA_VERSION)
 V2_COMM_NOTE = (
     "recorded by schema v2: compute timed once before training on a replica, with a barrier around every "
     "step; the difference was clamped at 0, so 0 may stand for a negative one"
@@ -50,8 +54,8 @@ def migrate(data: dict[str, Any]) -> dict[str, Any]:
     version = data.get("schema_version")
     if version == SCHEMA_VERSION:
         return data
-    later = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6]
-    steps = {v: later[v - 1 :] for v in (1, 2, 3, 4, 5)}
+    later = [_v1_to_v2, _v2_to_v3, _v3_to_v4, _v4_to_v5, _v5_to_v6, _v6_to_v7]
+    steps = {v: later[v - 1 :] for v in (1, 2, 3, 4, 5, 6)}
     if version in steps:
         for step in steps[version]:
             data = step(data)
@@ -114,6 +118,12 @@ def _v5_to_v6(v5: dict[str, Any]) -> dict[str, Any]:
     record["schema_version"] = 6
     if isinstance(record.get("measurement"), dict):
         record["measurement"]["baseline"] = "replica"
+    return record
+
+
+def _v6_to_v7(v6: dict[str, Any]) -> dict[str, Any]:
+    record = copy.deepcopy(v6)
+    record["schema_version"] = 7  # the new fields' defaults (None) say: not counted
     return record
 
 

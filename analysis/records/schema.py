@@ -1,8 +1,8 @@
-"""Metrics schema v6: the run record (one per run, ``summary.json``) and the step records (one
+"""Metrics schema v7: the run record (one per run, ``summary.json``) and the step records (one
 per optimizer step, ``steps.jsonl``). Every strategy writes exactly these fields; analysis reads
 nothing else. Records are validated when written and when read; ``kanscale schema`` prints the
 JSON Schema generated from these classes (also shipped as ``analysis/records/run_record.schema.json``).
-Records of versions 1 to 5 are migrated when read (analysis/records/migrate.py); their JSON Schemas are
+Records of versions 1 to 6 are migrated when read (analysis/records/migrate.py); their JSON Schemas are
 shipped frozen as ``run_record.v<N>.schema.json``.
 
 Units: seconds, bytes, samples. Per-step times are means over the timed (post-warm-up) steps.
@@ -24,6 +24,7 @@ from analysis.records.schema_sections import (
     CommExposure,
     CompileInfo,
     Environment,
+    Flops,
     MeasurementInfo,
     Memory,
     ModelInfo,
@@ -35,12 +36,13 @@ from analysis.records.schema_sections import (
     Spread,
     StrategyInfo,
     TaskInfo,
+    TensorMemory,
     Throughput,
     Timings,
     Topology,
 )
 
-SCHEMA_VERSION: Final = 6
+SCHEMA_VERSION: Final = 7
 Status = Literal["ok", "failed", "incomplete"]
 
 # The sections are part of this module's public names: writers import every class of a record from here.
@@ -53,6 +55,7 @@ __all__ = [
     "CommExposure",
     "CompileInfo",
     "Environment",
+    "Flops",
     "MeasurementInfo",
     "Memory",
     "ModelInfo",
@@ -67,6 +70,7 @@ __all__ = [
     "StepRecord",
     "StrategyInfo",
     "TaskInfo",
+    "TensorMemory",
     "Throughput",
     "Timings",
     "Topology",
@@ -98,7 +102,7 @@ class RunRecord(Record):
             ]
         },
     )
-    schema_version: Literal[6] = SCHEMA_VERSION
+    schema_version: Literal[7] = SCHEMA_VERSION
     run_id: str
     name: str
     status: Status
@@ -129,6 +133,9 @@ class RunRecord(Record):
     )
     measurement: MeasurementInfo | None = None
     memory: Memory | None = None
+    flops: Flops | None = Field(
+        None, description="FLOPs per sample of the counted step; None where none was counted (as memory's)"
+    )
     final_loss: float | None = Field(None, description="training loss of the last step (global mean)")
     test_metrics: dict[str, float] | None = Field(None, description="the task's named test metrics, e.g. mse")
     precision: PrecisionInfo
@@ -193,4 +200,4 @@ def json_schema(version: int = SCHEMA_VERSION) -> dict[str, Any]:
 
 
 # Earlier versions' schemas, as they were shipped (without a root: validate against $defs/RunRecord).
-FROZEN_SCHEMAS = {v: f"run_record.v{v}.schema.json" for v in (1, 2, 3, 4, 5)}
+FROZEN_SCHEMAS = {v: f"run_record.v{v}.schema.json" for v in (1, 2, 3, 4, 5, 6)}

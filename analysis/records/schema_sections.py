@@ -209,6 +209,20 @@ class PrecisionInfo(Record):
     compute_dtype: str | None = Field(None, description="dtype of the model's output in the last forward pass")
 
 
+class TensorMemory(Record):
+    """Tensor bytes this rank holds at the step's peak, by what they are (torch's MemTracker):
+    what an allocator would have to hold, before its own caching and fragmentation."""
+
+    parameters: int = Field(ge=0)
+    buffers: int = Field(ge=0)
+    gradients: int = Field(ge=0)
+    optimizer: int = Field(ge=0, description="optimizer state (and ZeRO's fp32 master copies)")
+    activations: int = Field(ge=0, description="activations and tensors saved for the backward")
+    temporaries: int = Field(ge=0)
+    other: int = Field(ge=0, description="tensors made outside the step, e.g. a backend's buffers")
+    peak: int = Field(ge=0, description="all of them at the peak")
+
+
 class Memory(Record):
     peak_device_bytes: int | None = Field(
         None,
@@ -229,6 +243,41 @@ class Memory(Record):
     )
     model_state: ModelStateBytes = Field(
         description="bytes each kind of model state takes on the rank holding the most of it"
+    )
+    activation_checkpointing: Literal["none", "layers"] | None = Field(
+        None, description="training.activation_checkpointing as the run ran it; None in records from before it was kept"
+    )
+    activation_checkpointing_every: int | None = Field(
+        None, ge=1, description="training.activation_checkpointing_every (with layers)"
+    )
+    checkpointed_units: int | None = Field(
+        None, ge=0, description="the model's units whose activations were checkpointed (0 with none)"
+    )
+    activations_after_forward_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="activations a forward pass left for its backward, at its end (the largest "
+        "micro-batch's, max over ranks; torch's MemTracker) on the counted step; None where "
+        "no step was counted (one compiled, or a run resumed past its warm-up)",
+    )
+    step_peak: TensorMemory | None = Field(
+        None,
+        description="the counted step's tensors at its peak by category (each the max over ranks; "
+        "tensors made before the step that the tracker was not given count nowhere)",
+    )
+
+
+class Flops(Record):
+    """What one training step computes, counted on one step by torch's FlopCounterMode formulas
+    (matrix products, convolutions, attention; elementwise work counts nothing)."""
+
+    step: int = Field(ge=1, description="the step counted (the last warm-up step)")
+    model_per_sample: float = Field(
+        ge=0.0, description="FLOPs per sample of forward and backward, recomputation excluded (all ranks' / samples)"
+    )
+    hardware_per_sample: float = Field(
+        ge=0.0,
+        description="FLOPs per sample the ranks ran, activation checkpointing's recomputed forwards included",
     )
 
 

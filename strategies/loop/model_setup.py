@@ -58,12 +58,12 @@ def build_rank_model(cfg: ExperimentConfig, env: DistEnv, dtype: torch.dtype) ->
     return model
 
 
-def checkpoint_activations(model: torch.nn.Module, cfg: ExperimentConfig) -> None:
+def checkpoint_activations(model: torch.nn.Module, cfg: ExperimentConfig) -> list[torch.nn.Module]:
     """training.activation_checkpointing on the unwrapped model's units (those FSDP shards one by
-    one), before the strategy wraps it."""
+    one), before the strategy wraps it; the units checkpointed."""
     t = cfg.training
     if t.activation_checkpointing == "none":
-        return
+        return []
     units = cfg.strategy.wrap_units(model)
     if not units:
         raise ConfigError(
@@ -71,7 +71,7 @@ def checkpoint_activations(model: torch.nn.Module, cfg: ExperimentConfig) -> Non
             "model.wrap.min_params parameters); name its block classes in model.wrap.classes, or set "
             "training.activation_checkpointing=none"
         )
-    apply_activation_checkpointing(units, t.activation_checkpointing_every)
+    return apply_activation_checkpointing(units, t.activation_checkpointing_every)
 
 
 def compile_on_sample(model: torch.nn.Module, sample: torch.Tensor, mode: str) -> float:

@@ -54,6 +54,7 @@ from strategies.measure.memory import TrainingPeaks
 from strategies.measure.outside_load import Reading, combine_outside_load, read_now
 from strategies.measure.probes import build_probe
 from strategies.measure.record import batch_info, initial_record, new_run_id, results
+from strategies.measure.step_profile import StepProfile
 from strategies.measure.timing import StepTimer, window_bounds
 from strategies.native_training import with_native_training
 from strategies.schedule import current_lr, lr_at, set_lr
@@ -81,11 +82,12 @@ class Trainer:
         self.params = count_parameters(self.model)
         # A plain copy for refitting grids: the engine's model may be sharded or wrapped.
         self.grid_template = copy.deepcopy(self.model) if t.grid_update_every else None
-        checkpoint_activations(self.model, cfg)
+        self.checkpointed = checkpoint_activations(self.model, cfg)
         self.peaks = TrainingPeaks(env.device)
         self.probe = build_probe(cfg.measurement.comm_probe, env)
         counted = t.warmup_steps - 1 if t.compile == "none" and t.warmup_steps else None  # an untimed step, eager
         self.traffic = StepCommBytes(env, counted)
+        self.profile = StepProfile(env, counted, self.model)
         run_dir = Path(
             env.broadcast_string(
                 str(resume) if resume is not None else str(Path(cfg.output.dir) / new_run_id(cfg, env.world_size))
@@ -215,6 +217,16 @@ class Trainer:
         state = engine.counted_state or engine.model_state_bytes()
         held = self.baseline.held_bytes if self.baseline else 0
         memory = combine_memory(self.env, self.peaks, held, state)
+        counted, t = self.profile.memory(), self.cfg.training
+        memory = memory.model_copy(
+            update={
+                "activation_checkpointing": t.activation_checkpointing,
+                "activation_checkpointing_every": t.activation_checkpointing_every if self.checkpointed else None,
+                "checkpointed_units": len(self.checkpointed),
+                "activations_after_forward_bytes": counted[0] if counted else None,
+                "step_peak": counted[1] if counted else None,
+            }
+        )
         measured = results(self.env, self.log.steps, self.log.windows, memory, self.cfg.measurement, self.baseline_kind)
         measured["timings"] = measured["timings"].model_copy(update={"compile_s": self.compile_s})
         outside = (
@@ -230,6 +242,7 @@ class Trainer:
                 **measured,
                 "test_metrics": test_metrics,
                 "comm_bytes": self.traffic.result(),
+                "flops": self.profile.flops(),
                 "batch": self._batch_info(self.steps_done),
                 "precision": engine.precision_info(),
                 "compile": self._compile_info(engine),
@@ -307,7 +320,7 @@ class Trainer:
         # Before the backward: under Accelerate's DeepSpeed plugin the last micro-batch's backward steps.
         set_lr(engine.optimizer, lr_at(self.cfg.training, step, self.plan.total_steps))
         started = time.perf_counter()
-        with self.traffic.around(step):
+        with self.profile.around(step, engine, n_global), self.traffic.around(step):
             loss_share = engine.forward_backward(batches, self.cfg.task.loss_sum, n_global=n_global, count_state=last)
             if self.probe is not None:
                 self.probe.after_backward(engine, batches, step)

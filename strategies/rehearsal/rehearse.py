@@ -10,11 +10,9 @@ from __future__ import annotations
 import time
 import warnings
 from contextlib import nullcontext
-from typing import Any
 
 import torch
 from pydantic import ValidationError
-from torch.distributed._tools.mem_tracker import MemTracker
 
 from kanscale.errors import ConfigError
 from strategies.batch_plan import BatchPlan
@@ -23,26 +21,15 @@ from strategies.engine import Engine
 from strategies.experiment import ExperimentConfig
 from strategies.lifecycle.preflight import Machines, preflight
 from strategies.loop.loader import MemoryBatches
-from strategies.loop.model_setup import build_rank_model
+from strategies.loop.model_setup import build_rank_model, checkpoint_activations
 from strategies.measure.comm_bytes import CollectiveBytes
 from strategies.measure.kernels import KernelRecorder
+from strategies.measure.tensor_memory import StepMemoryTracker, held_tensors, peak_memory
 from strategies.native_training import with_native_training
 from strategies.optim import launch_as_on_gpu
 from strategies.rehearsal.fake_world import answer_ddp_buckets, fake_world
-from strategies.rehearsal.result import CollectiveCalls, Kernels, Refusal, Rehearsal, TensorMemory
+from strategies.rehearsal.result import CollectiveCalls, Kernels, Refusal, Rehearsal
 from strategies.schedule import innermost
-
-# MemTracker's categories, as the record names them
-CATEGORIES = {
-    "Parameter": "parameters",
-    "Buffer": "buffers",
-    "Gradient": "gradients",
-    "Optstate": "optimizer",
-    "Activation": "activations",
-    "Temp": "temporaries",
-    "Other": "other",
-    "Total": "peak",
-}
 
 
 def rehearse(cfg: ExperimentConfig, world_size: int, ranks_per_node: int, rank: int = 0) -> Rehearsal:
@@ -66,6 +53,7 @@ def measure_step(cfg: ExperimentConfig, env: DistEnv, plan: BatchPlan, started: 
     data = cfg.task.generate(t.seed).to(env.device, dtype)
     model = build_rank_model(cfg, env, dtype)
     parameters = sum(p.numel() for p in model.parameters())
+    checkpoint_activations(model, cfg)
     engine = cfg.strategy.apply(model, t, env)
     answer_ddp_buckets(engine.model)
     launch_as_on_gpu(innermost(engine.optimizer))  # the kernels counted are a GPU's
@@ -77,8 +65,8 @@ def measure_step(cfg: ExperimentConfig, env: DistEnv, plan: BatchPlan, started: 
     for step in range(last):
         with comm if step == comm_step else nullcontext():
             _step(engine, batches, step, cfg)
-    tracker, kernels = _MemTracker(), KernelRecorder()
-    tracker.track_external(_held_tensors(engine.model), innermost(engine.optimizer))  # DeepSpeed's wraps torch's
+    tracker, kernels = StepMemoryTracker(), KernelRecorder()
+    tracker.track_external(held_tensors(engine.model), innermost(engine.optimizer))  # DeepSpeed's wraps torch's
     with tracker, comm if last == comm_step else nullcontext(), warnings.catch_warnings():
         # MemTracker reads .grad of FSDP1's parameter views, which autograd warns is never set
         warnings.filterwarnings("ignore", message="The .grad attribute of a Tensor that is not a leaf")
@@ -88,7 +76,6 @@ def measure_step(cfg: ExperimentConfig, env: DistEnv, plan: BatchPlan, started: 
         with kernels.phase_of_step("optimizer"):
             engine.step(count_state=True)
     assert engine.counted_state is not None  # step(count_state=True) counted it
-    peak = tracker.get_tracker_snapshot("peak")[env.device]
     return Rehearsal(
         strategy=cfg.strategy.label(),
         world_size=env.world_size,
@@ -99,7 +86,7 @@ def measure_step(cfg: ExperimentConfig, env: DistEnv, plan: BatchPlan, started: 
         parameters=parameters,
         step=last + 1,
         model_state=engine.counted_state,
-        memory=TensorMemory(**{field: peak.get(key, 0) for key, field in CATEGORIES.items()}),
+        memory=peak_memory(tracker, env.device),
         comm=comm.record(comm_step + 1) if env.world_size > 1 else None,
         collectives=[
             CollectiveCalls(
@@ -142,35 +129,6 @@ def rehearse_or_refusal(
                 "values rank 0 broadcasts cannot be rehearsed as another rank; rehearse as rank 0"
             )
     return Refusal(strategy=cfg.strategy.label(), world_size=world_size, reason=reason)
-
-
-class _NoHook:
-    def remove(self) -> None:
-        pass
-
-
-class _MemTracker(MemTracker):
-    """torch's MemTracker, setting no gradient hook where autograd refuses one: on FSDP1's
-    parameters, views of its flat parameters (whose gradients are the flat parameters', tracked),
-    and on frozen parameters (pykan's masks and grids), which get no gradient. Such a parameter is
-    marked as hooked already. (A private method: tests/test_rehearsal.py runs FSDP1 and pykan
-    under it.)"""
-
-    def _track_module_params_and_buffers(self, module: torch.nn.Module, install_grad_hooks: bool = True) -> Any:
-        for p in module.parameters():
-            if not (p.is_leaf and p.requires_grad):
-                self._param_to_grad_hook_handles.setdefault(p, (_NoHook(), _NoHook()))
-        return super()._track_module_params_and_buffers(module, install_grad_hooks)
-
-
-def _held_tensors(model: torch.nn.Module) -> torch.nn.Module:
-    """A module holding ``model``'s leaf parameters and its buffers, for MemTracker: FSDP1 shows
-    views of its flat parameters as the module's parameters, on which no gradient hook can be set."""
-    holder = torch.nn.Module()
-    holder.leaves = torch.nn.ParameterList([p for p in model.parameters() if p.is_leaf])
-    for i, buffer in enumerate(model.buffers()):
-        holder.register_buffer(f"buffer{i}", buffer)
-    return holder
 
 
 def _step(engine: Engine, batches: MemoryBatches, step: int, cfg: ExperimentConfig) -> None:

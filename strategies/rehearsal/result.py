@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pydantic import Field
 
 from analysis.projection.device_time import Op, StepOps
-from analysis.records.schema_sections import CommBytes, ModelStateBytes, Record
+from analysis.records.schema_sections import CommBytes, ModelStateBytes, Record, TensorMemory
 
 
 class CollectiveCalls(Record):
@@ -36,20 +36,6 @@ class Kernels(Record):
     def grouped(ops: Iterable[Op]) -> list[Kernels]:
         counts = Counter((o.name, o.phase, o.flops, o.bytes) for o in ops)
         return [Kernels(op=k[0], phase=k[1], flops=k[2], bytes=k[3], count=n) for k, n in counts.items()]
-
-
-class TensorMemory(Record):
-    """Tensor bytes this rank holds at the step's peak, by what they are (torch's MemTracker):
-    what an allocator would have to hold, before its own caching and fragmentation."""
-
-    parameters: int = Field(ge=0)
-    buffers: int = Field(ge=0)
-    gradients: int = Field(ge=0)
-    optimizer: int = Field(ge=0, description="optimizer state (and ZeRO's fp32 master copies)")
-    activations: int = Field(ge=0, description="activations and tensors saved for the backward")
-    temporaries: int = Field(ge=0)
-    other: int = Field(ge=0, description="tensors made outside the step, e.g. a backend's buffers")
-    peak: int = Field(ge=0, description="all of them at the peak")
 
 
 class Rehearsal(Record):

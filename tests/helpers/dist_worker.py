@@ -98,6 +98,8 @@ def main(jobs_path: str, results_path: str) -> None:
         results[job["id"]] = {
             "losses": [s.loss for s in trainer.combined],
             "model_state": record.memory.model_state.model_dump(),
+            "memory": record.memory.model_dump(),
+            "flops": record.flops.model_dump() if record.flops else None,
             "precision": record.precision.model_dump(),
             "compile": record.compile.model_dump() if record.compile else None,
             "distributed_type": record.strategy.distributed_type,
