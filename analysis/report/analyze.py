@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import html
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,6 +16,7 @@ import pandas as pd
 
 from analysis.records.load import Problem, load_runs
 from analysis.records.run_files import SUMMARY_FILE
+from analysis.report.budget import budget_table
 from analysis.report.derive import derive
 from analysis.report.paper import paper_comparison, probe_costs
 from analysis.report.plots import study_plots
@@ -38,6 +40,12 @@ img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 
 
+# One rank's peak rate for model FLOPs utilisation: given the runs' threads per rank, the FLOP/s
+# and where they came from, in words (a datasheet figure, a cluster file, a GEMM measured here).
+PeakRate = Callable[[int], tuple[float, str]]
+DEFAULT_MEMORY_BUDGET = 80 * 2**30  # one 80 GB GPU's memory, per rank
+
+
 @dataclass
 class Report:
     out: Path
@@ -51,9 +59,16 @@ class Report:
     html: Path | None = None
 
 
-def analyze(runs_dir: str | Path, out: str | Path | None = None) -> Report:
+def analyze(
+    runs_dir: str | Path,
+    out: str | Path | None = None,
+    peak: PeakRate | None = None,
+    memory_budget: float = DEFAULT_MEMORY_BUDGET,
+) -> Report:
     """Load, derive, tabulate, plot and write the report; returns what was written. A ``runs_dir``
-    that does not exist is refused (ConfigError) before anything is written."""
+    that does not exist is refused (ConfigError) before anything is written. ``peak``: one rank's
+    peak rate, for MFU (None: the tables give achieved FLOP/s alone); ``memory_budget``: bytes
+    per rank the memory budget table solves for."""
     runs_dir = Path(runs_dir)
     runs, problems = load_runs(runs_dir)
     out = Path(out) if out else runs_dir / "report"
@@ -63,15 +78,19 @@ def analyze(runs_dir: str | Path, out: str | Path | None = None) -> Report:
         report.html = write_html(report, runs_dir)
         return report
     report.unfinished = runs[runs["status"] != "ok"]
-    derived = derive(runs)
+    rate, source = peak(threads_per_rank(runs)) if peak is not None else (None, None)
+    derived = derive(runs, rate)
     report.finished = len(derived)
     if not derived.empty:
         report.verdict = verdict(derived, report.unfinished)
         atomic_write_text(out / "verdict.csv", report.verdict.data.to_csv(index=False))
         atomic_write_text(out / "verdict.md", report.verdict.markdown())
         for study in sorted(derived["study"].unique()):
-            report.tables.append(study_table(derived, study))
+            report.tables.append(study_table(derived, study, source))
             report.plots[study] = study_plots(derived[derived["study"] == study], study, out / "plots")
+        budget = budget_table(derived, memory_budget)
+        if budget is not None:
+            report.tables.append(budget)
         report.tables.append(paper_comparison(derived))
         probe = probe_costs(derived, report.problems)
         if probe is not None:
@@ -84,6 +103,12 @@ def analyze(runs_dir: str | Path, out: str | Path | None = None) -> Report:
         atomic_write_text(out / f"{table.name}.md", table.markdown())
     report.html = write_html(report, runs_dir)
     return report
+
+
+def threads_per_rank(runs: pd.DataFrame) -> int:
+    """The torch threads the runs' ranks had, the most common (1 where no record says)."""
+    threads = runs.get("topology.threads_per_rank", pd.Series(dtype=float)).dropna()
+    return int(threads.mode().iloc[0]) if not threads.empty else 1
 
 
 def embedded_png(path: Path) -> str:
@@ -153,6 +178,8 @@ def write_html(report: Report, runs_dir: Path) -> Path:
         parts += [f"<h2>Study: {html.escape(study)}</h2>", table_html(by_name[study])] + [
             embedded_png(p) for p in plots
         ]
+    if "memory_budget" in by_name:
+        parts += ["<h2>Memory budget: the largest micro-batch per rank</h2>", table_html(by_name["memory_budget"])]
     if "paper" in by_name:
         parts += ["<h2>The published study side by side</h2>", table_html(by_name["paper"])]
     if "recommend" in by_name:

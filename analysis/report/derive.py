@@ -5,7 +5,9 @@
 - weak-scaling retention = per-rank throughput(P) / per-rank throughput(1);
 - communication overhead in percent of the step;
 - peak memory per rank (device memory on GPUs, resident memory on CPUs) and parameters per byte
-  of it.
+  of it; activations per rank and their share of the counted step's tensor peak;
+- achieved model FLOP/s per rank (the counted step's model FLOPs per sample x samples/s per rank)
+  and, against a peak rate given to ``kanscale analyze``, model FLOPs utilisation (MFU).
 
 The 1-rank baseline of a run is the 1-rank run of the same strategy on the same experiment: the
 same study, strategy, model, task and per-rank batch, and everything else in its config.yaml but
@@ -31,8 +33,9 @@ SINGLE_GROUP = ["study", "model_label", "task_label", "batch.global_batch", "pre
 POINT = [*GROUP, "topology.world_size", "topology.nodes"]
 
 
-def derive(runs: pd.DataFrame) -> pd.DataFrame:
-    """Finished runs with the derived columns added."""
+def derive(runs: pd.DataFrame, peak_flops_per_s: float | None = None) -> pd.DataFrame:
+    """Finished runs with the derived columns added; ``peak_flops_per_s``: one rank's peak rate,
+    which model FLOPs utilisation (``mfu``) is taken against (None: no MFU)."""
     if runs.empty:  # no records at all: nothing to derive (and no columns to select by)
         return runs.copy()
     ok = runs[runs["status"] == "ok"].copy()
@@ -76,6 +79,12 @@ def derive(runs: pd.DataFrame) -> pd.DataFrame:
     ok["peak_memory_kind"] = np.where(device_peak.notna(), "device", "RSS")
     ok["params_per_byte"] = ok["model.params_total"] / ok["peak_memory_bytes"]
     ok["state_share_of_peak"] = ok["model_state_bytes"] / ok["peak_memory_bytes"]
+    # The counted step's (schema v7): activations left for the backward, against the step's tensor peak.
+    ok["activations_bytes"] = optional(ok, "memory.activations_after_forward_bytes").astype(float)
+    ok["activations_share"] = ok["activations_bytes"] / optional(ok, "memory.step_peak.peak").astype(float)
+    model_flops = optional(ok, "flops.model_per_sample").astype(float) * ok["samples_per_s_per_rank"]
+    ok["model_gflops_per_rank"] = model_flops / 1e9
+    ok["mfu"] = model_flops / peak_flops_per_s if peak_flops_per_s else np.nan
     # The spread of a run's rate over its timing windows (schema v3; a v2 record has none).
     for column, source in (
         ("samples_per_s_low", "throughput.samples_per_s_low"),

@@ -59,17 +59,32 @@ STATE_OPT = Column("memory.model_state.optimizer", "optimizer bytes", human_byte
 STATE_MASTER = Column("memory.model_state.master_params", "fp32 master bytes", human_bytes)
 PER_BYTE = Column("params_per_byte", "params / byte of peak", lambda v: f"{v:.3g}")
 LOSS = Column("final_loss", "final loss", general)
+ACTIVATIONS = Column("activations_bytes", "activations / rank", human_bytes)
+ACTIVATION_SHARE = Column("activations_share", "activations / step peak", percent)
+GFLOPS = Column("model_gflops_per_rank", "model GFLOP/s / rank", fixed(2))
+MFU = Column("mfu", "MFU", percent)
 
 # Which columns each study's table shows; any other study gets DEFAULT.
 STUDY_COLUMNS: dict[str, list[Column]] = {
-    "strong": [SAMPLES, SPEEDUP, EFFICIENCY, COMM, PEAK, LOSS],
-    "weak": [SAMPLES, PER_RANK, RETENTION, COMM, LOSS],
+    "strong": [SAMPLES, SPEEDUP, EFFICIENCY, COMM, GFLOPS, MFU, PEAK, ACTIVATIONS, LOSS],
+    "weak": [SAMPLES, PER_RANK, RETENTION, COMM, GFLOPS, MFU, LOSS],
     "comm": [STEP_MS, DATA_MS, COMPUTE_MS, COMM_MS, CHECK_MS, COMM, SAMPLES],
     "loader": [SAMPLES, STEP_MS, DATA_MS, COMPUTE_MS, COMM_MS, LOSS],
-    "model_size": [SAMPLES, COMM, PEAK, STATE, LOSS],
-    "memory": [PEAK, STATE, STATE_PARAMS, STATE_GRADS, STATE_OPT, STATE_MASTER, PER_BYTE],
+    "model_size": [SAMPLES, COMM, GFLOPS, MFU, PEAK, STATE, ACTIVATIONS, LOSS],
+    "memory": [
+        PEAK,
+        STATE,
+        STATE_PARAMS,
+        STATE_GRADS,
+        STATE_OPT,
+        STATE_MASTER,
+        ACTIVATIONS,
+        ACTIVATION_SHARE,
+        PER_BYTE,
+    ],
+    "activation_memory": [SAMPLES, PER_RANK, GFLOPS, MFU, PEAK, ACTIVATIONS, ACTIVATION_SHARE, LOSS],
 }
-DEFAULT = [SAMPLES, SPEEDUP, EFFICIENCY, COMM, PEAK, STATE, LOSS]
+DEFAULT = [SAMPLES, SPEEDUP, EFFICIENCY, COMM, GFLOPS, MFU, PEAK, STATE, ACTIVATIONS, ACTIVATION_SHARE, LOSS]
 ROW_KEYS = ["strategy_label", "model.params_trainable", "topology_label", "topology.world_size"]
 ROW_HEADERS = {"strategy_label": "strategy", "model.params_trainable": "params", "topology_label": "nodes x ranks"}
 
@@ -87,9 +102,11 @@ class Table:
         return f"{self.caption}\n\n{self.text.to_markdown(index=False)}\n"
 
 
-def study_table(derived: pd.DataFrame, study: str) -> Table:
-    columns = STUDY_COLUMNS.get(study, DEFAULT)
+def study_table(derived: pd.DataFrame, study: str, peak_source: str | None = None) -> Table:
+    """The study's table; ``peak_source`` says where the peak rate MFU is against came from
+    (None: no peak was given, and no MFU column)."""
     runs = derived[derived["study"] == study]
+    columns = [c for c in STUDY_COLUMNS.get(study, DEFAULT) if c is not MFU or peak_source]
     metrics = [c.metric for c in columns] + [w for c in columns for w in c.window or ()]
     summary = summarize(runs, ROW_KEYS, metrics).sort_values(
         ["model.params_trainable", "strategy_label", "topology.world_size", "topology_label"]
@@ -108,8 +125,17 @@ def study_table(derived: pd.DataFrame, study: str) -> Table:
     caption = (
         f"Study `{study}`: {len(runs)} run(s) on {hardware(runs)}. Speedup and efficiency are against the "
         f"{baseline_phrase(runs)}; medians, with [min-max] where a point was repeated{windowed}."
+        + (COUNTED_STEP if any(c in columns for c in (ACTIVATIONS, GFLOPS)) else "")
+        + (f" MFU: model FLOP/s per rank over {peak_source}." if peak_source else "")
     )
     return Table(study, caption, summary.reset_index(drop=True), text.reset_index(drop=True))
+
+
+COUNTED_STEP = (
+    " Activations: what a forward left for its backward on the counted step (the last warm-up step), "
+    "their share of that step's tensor peak; model FLOP/s: that step's model FLOPs per sample (matrix "
+    "products by torch's FlopCounterMode, recomputation excluded) times samples/s per rank."
+)
 
 
 def baseline_phrase(runs: pd.DataFrame) -> str:

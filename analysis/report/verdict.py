@@ -124,6 +124,8 @@ def points(runs: pd.DataFrame) -> pd.DataFrame:
                 "peak_memory_bytes": at["peak_memory_bytes"].median(),
                 "peak_memory_kind": at["peak_memory_kind"].iloc[0],
                 "model_state_bytes": at["model_state_bytes"].median(),
+                "activations_bytes": at["activations_bytes"].median(),
+                "activations_share": at["activations_share"].median(),
                 "reference": bool(at["strategy.reference"].iloc[0]),
                 "core_load": at["core_load"].max(),
                 "outside_cores": at["outside_cores"].max(),
@@ -341,6 +343,14 @@ def text_table(table: pd.DataFrame) -> pd.DataFrame:
             "model state / rank (share of peak)": table.apply(
                 lambda r: (
                     f"{human_bytes(r['model_state_bytes'])} ({r['model_state_bytes'] / r['peak_memory_bytes']:.2%})"
+                ),
+                axis=1,
+            ),
+            "activations / rank (share of step peak)": table.apply(
+                lambda r: (
+                    "not counted"
+                    if pd.isna(r["activations_bytes"])
+                    else f"{human_bytes(r['activations_bytes'])} ({percent(r['activations_share'])})"
                 ),
                 axis=1,
             ),
