@@ -26,7 +26,7 @@ import datetime
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,20 +87,31 @@ def make_plan(models: str | None, impls: str | None, threads: int, repeats: int 
     return Plan(workloads, chosen, threads, repeats, torch.device(device))
 
 
-def saved_bytes(model: nn.Module, step_loss: Callable[[], torch.Tensor]) -> int:
+def saved_bytes(model: nn.Module, step_loss: Callable[[], torch.Tensor], checkpointed: Iterable[nn.Module] = ()) -> int:
     """Bytes of the storages autograd keeps for backward in one forward, each storage once,
-    parameters and buffers excluded."""
+    parameters and buffers excluded; with ``checkpointed`` units (activation checkpointing), the
+    inputs each keeps for its recomputation in their place (what it saves inside is not kept)."""
     live_state = {t.untyped_storage()._cdata for t in [*model.parameters(), *model.buffers()]}
     packed: dict[int, int] = {}
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    def keep(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
         if storage._cdata not in live_state:
             packed[storage._cdata] = storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = step_loss()
+    def inputs(_unit: nn.Module, args: tuple) -> None:
+        for t in args:
+            if isinstance(t, torch.Tensor):
+                keep(t)
+
+    hooks = [unit.register_forward_pre_hook(inputs) for unit in checkpointed]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            loss = step_loss()
+    finally:
+        for hook in hooks:
+            hook.remove()
     del loss  # frees the graph without running backward
     return sum(packed.values())
 

@@ -26,12 +26,13 @@ RBF = ["model.family=rbf", "model.widths=[8,128,128,1]", "task.name=high_dim", "
 
 
 def step_of(overrides: list[str]) -> tuple[int, list[torch.Tensor]]:
-    """The bytes autograd saves in one forward of the experiment's model, and its gradients."""
+    """The bytes one forward of the experiment's model keeps for backward (a checkpointed unit's
+    inputs in place of what it saves), and its gradients."""
     cfg = load_experiment("quickstart", [*RBF, *overrides])
     model = build_model(cfg.model, seed=0)
-    checkpoint_activations(model, cfg)
+    units = checkpoint_activations(model, cfg)
     x = torch.randn(256, 8, generator=torch.Generator().manual_seed(0))
-    saved = saved_bytes(model, lambda: model(x).square().mean())
+    saved = saved_bytes(model, lambda: model(x).square().mean(), units)
     model(x).square().mean().backward()
     return saved, [p.grad.clone() for p in model.parameters()]
 

@@ -29,10 +29,12 @@ from analysis.report.format import human_bytes
 from kanscale import log
 from kanscale.errors import ConfigError
 from kanscale.files import preset_names
+from launchers.recommend.checkpointing import checkpointing_lines
 from launchers.recommend.one_device import on_device, one_device
 from launchers.recommend.probe import (
     PROBE_SETTINGS,
     Probe,
+    compute_spread,
     device_step_memory,
     probe_micro_batch,
     probe_study,
@@ -77,6 +79,7 @@ class Recommendation:
     assumptions: list[str]
     command: list[str] | None
     one_device: Candidate | None = None  # the one-process reference on one device, where ranks > 1
+    checkpointing: list[str] = field(default_factory=list)  # what checkpointing would let fit (checkpointing.py)
 
     @property
     def pick(self) -> Candidate | None:
@@ -299,9 +302,13 @@ def advise(
         counters = measured - pj.model_state(m, shape, 1)["optimizer"] if measured is not None else 0.0
         return replace(memory, counters=max(0.0, counters))
 
+    def lay_out_here(m: pj.StrategyModel, per_sample: float | None = None) -> Candidate:
+        memory = beside(m) if per_sample is None else replace(beside(m), per_sample=per_sample)
+        return lay_out(m, shape, compute[stand_in(m, probe, models)], memory, target, global_batch)
+
     laid_out = []
     for m in models.values():
-        c = lay_out(m, shape, compute[stand_in(m, probe, models)], beside(m), target, global_batch)
+        c = lay_out_here(m)
         widest, beyond = largest_widths(m, cfg, c, target, beside(m))
         laid_out.append(replace(c, largest_widths=widest, widths_beyond=beyond))
     candidates = ranked(laid_out)
@@ -319,6 +326,10 @@ def advise(
         False,
         memory="memory below",
     )
+    by_label = {m.label: m for m in models.values()}
+    checkpointing = checkpointing_lines(
+        cfg, probe.micro_batch, candidates, lambda c, per_sample: lay_out_here(by_label[c.strategy], per_sample)
+    )
     recommendation = Recommendation(
         target,
         cfg,
@@ -330,6 +341,7 @@ def advise(
         notes + assumption_lines(target) + rehearsals + ([load] if load else []),
         None,
         one,
+        checkpointing,
     )
     return Recommendation(**{**recommendation.__dict__, "command": run_command(r, recommendation)})
 
@@ -346,19 +358,6 @@ def stand_in(m: pj.StrategyModel, probe: Probe, models: dict[str, pj.StrategyMod
     if m.one_rank_as in probed:
         return m.one_rank_as
     return cutting[0] if m.tp != 1 and cutting else "*"
-
-
-def compute_spread(runs: Path) -> float:
-    """The probes' relative spread between timing windows (median over runs): half the range of
-    the windows' rates over their median."""
-    from analysis.records.run_files import SUMMARY_FILE, read_summary
-
-    spreads = []
-    for summary in runs.rglob(SUMMARY_FILE):
-        t = read_summary(summary).throughput
-        if t and t.samples_per_s and t.samples_per_s_low is not None and t.samples_per_s_high is not None:
-            spreads.append((t.samples_per_s_high - t.samples_per_s_low) / (2 * t.samples_per_s))
-    return sorted(spreads)[len(spreads) // 2] if spreads else 0.0
 
 
 def run_command(r: RecommendRequest, rec: Recommendation) -> list[str] | None:

@@ -9,6 +9,7 @@ the ones that finished (the sweep's resume)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Sequence
@@ -111,9 +112,10 @@ def probe_study(
 
 def device_step_memory(cfg: ExperimentConfig, micro_batch: int) -> StepMemory:
     """What a rank's device holds beside the model state, by the allocator's count: the task's
-    data (every rank holds it) and the bytes autograd saves per sample, from two micro-batches of
-    the task's own data through the model as the experiment builds it (a forward each), on fake
-    tensors where the model allows (launchers/recommend/step_ops.py)."""
+    data (every rank holds it) and the activations kept per sample, from two micro-batches of the
+    task's own data through the model as the experiment builds it (a forward each), checkpointed
+    and in the precision the experiment says, on fake tensors where the model allows
+    (launchers/recommend/step_ops.py)."""
     from launchers.recommend.step_ops import on_shapes_where_possible
 
     return on_shapes_where_possible(cfg.model, lambda: _step_memory(cfg, micro_batch))
@@ -124,20 +126,26 @@ def _step_memory(cfg: ExperimentConfig, micro_batch: int) -> StepMemory:
 
     from kan_models import build_model
     from launchers.bench import saved_bytes
+    from strategies.loop.model_setup import checkpoint_activations
 
     model = build_model(cfg.model, seed=cfg.training.seed)
+    checkpointed = checkpoint_activations(model, cfg)
     data = cfg.task.generate(cfg.training.seed)
     small, large = max(1, micro_batch // 2), max(2, micro_batch)
     index = torch.arange(large) % data.x_train.shape[0]
     x, y = data.x_train[index].float(), data.y_train[index]
     y = y.float() if y.is_floating_point() else y
+    low = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.training.precision)
+    precision = torch.autocast("cpu", dtype=low) if low else contextlib.nullcontext()
 
     def saved(n: int) -> int:
-        return saved_bytes(model, lambda: cfg.task.loss_sum(model(x[:n]), y[:n]))
+        with precision:  # the products' saved inputs in the low dtype, as a GPU's autocast keeps them
+            return saved_bytes(model, lambda: cfg.task.loss_sum(model(x[:n]), y[:n]), checkpointed)
 
     per_sample = max(0.0, (saved(large) - saved(small)) / (large - small))
     held = sum(t.element_size() * t.numel() for t in (data.x_train, data.y_train, data.x_test, data.y_test))
-    return StepMemory("the task's data and saved-for-backward bytes per sample, counted here", held, per_sample)
+    how = f"activation checkpointing {cfg.training.activation_checkpointing}, {cfg.training.precision}"
+    return StepMemory(f"the task's data and activations kept per sample ({how}), counted here", held, per_sample)
 
 
 def read_probe(runs: Path, device: StepMemory, micro_batch: int) -> Probe:
@@ -208,3 +216,14 @@ def probe_summary(probe: Probe) -> dict[str, Any]:
         "beside_state_bytes": {label: m.fixed for label, m in probe.beside.items()},
         "outside_cores_busy": probe.outside_load[0] if probe.outside_load else None,
     }
+
+
+def compute_spread(runs: Path) -> float:
+    """The probes' relative spread between timing windows (median over runs): half the range of
+    the windows' rates over their median."""
+    spreads = []
+    for summary in runs.rglob(SUMMARY_FILE):
+        t = read_summary(summary).throughput
+        if t and t.samples_per_s and t.samples_per_s_low is not None and t.samples_per_s_high is not None:
+            spreads.append((t.samples_per_s_high - t.samples_per_s_low) / (2 * t.samples_per_s))
+    return sorted(spreads)[len(spreads) // 2] if spreads else 0.0

@@ -68,6 +68,12 @@ def markdown(rec: Recommendation) -> str:
             "ranks (--nnodes, --nproc-per-node), a smaller model (model.widths) or a smaller --global-batch.",
             "",
         ]
+    if rec.checkpointing:
+        lines += [
+            "Activation checkpointing (the experiment does not checkpoint):",
+            *(f"- {c}" for c in rec.checkpointing),
+            "",
+        ]
     if rec.excluded:
         lines += ["Not laid out: " + "; ".join(f"{k} ({v})" for k, v in rec.excluded.items()), ""]
     lines += ["Assumptions:", *(f"- {a}" for a in rec.assumptions)]
@@ -143,6 +149,7 @@ def document(rec: Recommendation) -> dict[str, Any]:
         "ranking": [one(c) for c in rec.candidates],
         "excluded": rec.excluded,
         "assumptions": rec.assumptions,
+        "checkpointing": rec.checkpointing,
         "probe": probe_summary(rec.probe),
     }
 

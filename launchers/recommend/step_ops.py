@@ -14,6 +14,8 @@ import torch
 from analysis.projection.device_time import StepOps
 from kan_models import build_model
 from kan_models.base import ModelConfig
+from kan_models.wrap import wrap_units
+from strategies.loop.activation_checkpointing import apply_activation_checkpointing
 from strategies.measure.kernels import KernelRecorder
 from strategies.sections import TrainingConfig
 
@@ -22,7 +24,8 @@ T = TypeVar("T")
 
 def count_step_ops(model: ModelConfig, training: TrainingConfig, micro_batch: int, seed: int = 0) -> StepOps:
     """The ops of one training step (forward, MSE loss, backward, the experiment's optimizer as a
-    GPU runs it: ``foreach``) at ``micro_batch`` samples, counted :func:`on_shapes_where_possible`."""
+    GPU runs it: ``foreach``) at ``micro_batch`` samples, counted :func:`on_shapes_where_possible`;
+    with ``training.activation_checkpointing``, the backward runs the recomputed forwards too."""
     return on_shapes_where_possible(model, lambda: _count(model, training, micro_batch, seed))
 
 
@@ -49,6 +52,8 @@ def _count(model: ModelConfig, training: TrainingConfig, micro_batch: int, seed:
 
     with contextlib.redirect_stdout(io.StringIO()):  # pykan prints its checkpoints
         net = build_model(model, seed)
+    if training.activation_checkpointing == "layers":
+        apply_activation_checkpointing(wrap_units(net, model.wrap), training.activation_checkpointing_every)
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, training)
     launch_as_on_gpu(optimizer)
