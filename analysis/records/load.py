@@ -52,7 +52,9 @@ def record_row(record: RunRecord, run_dir: Path) -> dict:
             "run_dir": str(run_dir),
             "strategy_label": strategy_label(record),
             "topology_label": topology_label(record),
-            "model_label": f"{record.model.family} {record.model.widths}",
+            # the reference B-spline layer is the same arithmetic as the fast one, not the same memory
+            "model_label": f"{record.model.family} {record.model.widths}"
+            + (" impl=reference" if record.model.options.get("impl") == "reference" else ""),
             "task_label": record.task.label or record.task.name,
             "model_state_bytes": (state.params + state.grads + state.optimizer + state.master_params)
             if state

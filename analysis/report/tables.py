@@ -86,7 +86,14 @@ STUDY_COLUMNS: dict[str, list[Column]] = {
 }
 DEFAULT = [SAMPLES, SPEEDUP, EFFICIENCY, COMM, GFLOPS, MFU, PEAK, STATE, ACTIVATIONS, ACTIVATION_SHARE, LOSS]
 ROW_KEYS = ["strategy_label", "model.params_trainable", "topology_label", "topology.world_size"]
-ROW_HEADERS = {"strategy_label": "strategy", "model.params_trainable": "params", "topology_label": "nodes x ranks"}
+SPLIT_KEYS = ["model_label", "batch.micro_batch"]
+ROW_HEADERS = {
+    "strategy_label": "strategy",
+    "model.params_trainable": "params",
+    "topology_label": "nodes x ranks",
+    "model_label": "model",
+    "batch.micro_batch": "micro-batch",
+}
 
 
 @dataclass
@@ -108,10 +115,12 @@ def study_table(derived: pd.DataFrame, study: str, peak_source: str | None = Non
     runs = derived[derived["study"] == study]
     columns = [c for c in STUDY_COLUMNS.get(study, DEFAULT) if c is not MFU or peak_source]
     metrics = [c.metric for c in columns] + [w for c in columns for w in c.window or ()]
-    summary = summarize(runs, ROW_KEYS, metrics).sort_values(
-        ["model.params_trainable", "strategy_label", "topology.world_size", "topology_label"]
+    # a model or micro-batch that differs among a strategy's runs of one size is a row of its own
+    keys = ROW_KEYS + [k for k in SPLIT_KEYS if not runs.empty and runs.groupby(ROW_KEYS)[k].nunique().max() > 1]
+    summary = summarize(runs, keys, metrics).sort_values(
+        ["model.params_trainable", *keys[4:], "strategy_label", "topology.world_size", "topology_label"]
     )
-    text = summary[ROW_KEYS[:3]].rename(columns=ROW_HEADERS)
+    text = summary[ROW_KEYS[:3] + keys[4:]].rename(columns=ROW_HEADERS)
     text["params"] = text["params"].map(count)
     for column in columns:
         text[column.header] = with_spread(summary, column.metric, column.fmt, column.window).values
