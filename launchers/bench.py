@@ -45,7 +45,7 @@ from launchers.bench_catalog import (
     implementation_config,
     split_impl,
 )
-from strategies.compiled_step import StepCompilation
+from strategies.step.compiled_step import StepCompilation
 
 
 @dataclass(frozen=True)

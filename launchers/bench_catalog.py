@@ -85,7 +85,7 @@ IMPLEMENTATIONS = [
     "mlp",
 ]
 # +compile: torch.compile the model (training.compile: model); +step: compile the whole train
-# step as training.compile: step does (strategies/compiled_step.py).
+# step as training.compile: step does (strategies/step/compiled_step.py).
 MODES = ("+compile", "+step")
 
 

@@ -46,8 +46,8 @@ from launchers.launch.ports import rendezvous_port
 from launchers.launch.run import check_capacity, execute
 from launchers.shared_cores import measure_shared_cores, shared_cores_markdown
 from launchers.zoo import model_shape
-from strategies.distributed import DistEnv, device_name
 from strategies.measure.environment import environment_info
+from strategies.runtime.distributed import DistEnv, device_name
 
 logger = log.get(__name__)
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from analysis.report.tables import markdown
-from strategies.distributed import DistEnv
+from strategies.runtime.distributed import DistEnv
 
 # The compute lengths per step timed (recommend reads the factor at its step's; docs/projection.md).
 COMPUTE_S = (1e-3, 4e-3, 16e-3, 64e-3)

@@ -31,9 +31,9 @@ from torch.nn.parallel import DistributedDataParallel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kan_models import build_model, count_parameters
-from strategies.distributed import DistEnv
 from strategies.experiment import ExperimentConfig, parse_experiment
 from strategies.loop.trainer import Trainer
+from strategies.runtime.distributed import DistEnv
 
 MODELS: dict[str, dict] = {
     "study [2, 64, 1] pykan": {

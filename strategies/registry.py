@@ -19,7 +19,7 @@ from strategies.backends.fsdp1 import FSDP1Config
 from strategies.backends.fsdp2 import FSDP2Config
 from strategies.backends.single import SingleConfig
 from strategies.backends.tp import FSDP2TPConfig, TPConfig
-from strategies.engine import Engine
+from strategies.step.engine import Engine
 from strategies.strategy import StrategyConfig
 
 # checkpoint format -> how to merge a checkpoint of it into one state dict, from the engine

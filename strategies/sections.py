@@ -13,7 +13,7 @@ from kanscale.errors import ConfigError
 from kanscale.extras import require
 
 if TYPE_CHECKING:
-    from strategies.mesh import MeshShape
+    from strategies.runtime.mesh import MeshShape
 
 
 class Section(NumbersNotBooleans):
@@ -26,7 +26,7 @@ class Section(NumbersNotBooleans):
 
 class ScheduleConfig(Section):
     """The learning rate over the optimizer steps, as DeepSpeed's schedulers define it (WarmupLR,
-    WarmupDecayLR, WarmupCosineLR; strategies/schedule.py computes it), applied the same way by
+    WarmupDecayLR, WarmupCosineLR; strategies/step/schedule.py computes it), applied the same way by
     every backend. ``training.lr`` is the peak."""
 
     name: Literal["constant", "warmup", "warmup_decay", "warmup_cosine"] = Field(

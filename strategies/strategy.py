@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 from pydantic import PrivateAttr
 
 from analysis.projection.strategy_model import StrategyModel
-from strategies.mesh import MeshShape
+from strategies.runtime.mesh import MeshShape
 from strategies.sections import Section, TrainingConfig
 
 if TYPE_CHECKING:
     from torch import nn
 
     from kan_models.base import ModelConfig
-    from strategies.distributed import DistEnv
-    from strategies.engine import Engine
+    from strategies.runtime.distributed import DistEnv
+    from strategies.step.engine import Engine
 
 # The class of the options resolved: a resolved copy is of the class of the original
 Options = TypeVar("Options", bound="StrategyConfig")
@@ -81,7 +81,7 @@ class StrategyConfig(Section):
 
     def mesh_shape(self, world_size: int, ranks_per_node: int | None = None) -> MeshShape:
         """The run's device mesh at ``world_size`` ranks, ``ranks_per_node`` of them on each node
-        (None: all on one) (strategies/mesh.py): whole replicas by default; a sharding backend
+        (None: all on one) (strategies/runtime/mesh.py): whole replicas by default; a sharding backend
         shards over ``dp_shard`` (hybrid sharding: one node's ranks, replicated over ``dp_replicate``),
         tensor parallelism cuts over ``tp``."""
         return MeshShape(dp_replicate=world_size)
@@ -114,8 +114,8 @@ class StrategyConfig(Section):
     def missing_precision_support(self, precision: str, device_type: str) -> str | None:
         """What this machine lacks for the backend to compute in ``precision`` (bf16, fp16) on
         ``device_type``, in words; None where nothing is missing. The default is autocast's and
-        FSDP's mixed precision (strategies/precision_support.py); checked before launch."""
-        from strategies.precision_support import autocast_lacks  # torch, which this module leaves to the backends
+        FSDP's mixed precision (strategies/step/precision_support.py); checked before launch."""
+        from strategies.step.precision_support import autocast_lacks  # torch, which this module leaves to the backends
 
         return autocast_lacks(precision, device_type)
 

@@ -107,7 +107,7 @@ def test_accelerate_fsdp_is_refused_on_cpu_before_launch():
 def test_accelerate_fsdp_is_refused_at_run_time_on_cpu(monkeypatch):
     for key, value in accelerate_launch_env(ACCELERATE / "fsdp2.yaml").items():
         monkeypatch.setenv(key, value)
-    from strategies.distributed import DistEnv
+    from strategies.runtime.distributed import DistEnv
 
     with pytest.raises(ConfigError, match="accelerate \\+ FSDP needs CUDA devices here"):
         AccelerateConfig(name="accelerate").apply(kan_model(), TrainingConfig(), DistEnv(world_size=2))

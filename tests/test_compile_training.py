@@ -11,9 +11,9 @@ import torch
 
 from analysis.records.labels import strategy_label
 from kanscale.errors import ConfigError
-from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer
+from strategies.runtime.distributed import DistEnv
 from tests.helpers.launch import run_jobs
 from tests.helpers.parity import STRATEGIES, experiment, max_rel_diff, single_losses
 
@@ -77,7 +77,7 @@ def test_the_compiled_step_trains_like_one_eager_process_at_two_ranks(distribute
 
 @pytest.mark.slow  # the slow tier (make test-slow): the 2-rank compiled pool
 def test_fsdp_runs_its_backward_eagerly_and_says_so(distributed):
-    # Compiled autograd mishandles FSDP's gradient hooks (strategies/compiled_step.py).
+    # Compiled autograd mishandles FSDP's gradient hooks (strategies/step/compiled_step.py).
     _, results = distributed
     assert all("eager backward" in results[job]["compile"]["mechanism"] for job in ("fsdp1/1", "fsdp2/1"))
     assert "compiled autograd" in results["ddp/2"]["compile"]["mechanism"]
@@ -99,9 +99,9 @@ def test_a_short_last_batch_does_not_compile_again(compile):
 
     from kan_models import build_model, parse_model_config
     from kan_models.compile import compile_model
-    from strategies.engine import Engine
-    from strategies.optim import build_optimizer
     from strategies.sections import TrainingConfig
+    from strategies.step.engine import Engine
+    from strategies.step.optim import build_optimizer
 
     model = build_model(parse_model_config({"family": "bspline", "widths": [2, 8, 1], "grid": 5}), 0)
     training = TrainingConfig(compile=compile, steps=4)

@@ -18,10 +18,10 @@ from kan_models import count_parameters, parse_model_config
 from kan_models.base import WrapPolicy
 from kan_models.wrap import wrap_units
 from kanscale.errors import ConfigError
-from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.lifecycle.preflight import preflight
 from strategies.loop.trainer import Trainer, train
+from strategies.runtime.distributed import DistEnv
 from tests.helpers.launch import child_env, run_here, run_jobs
 from tests.helpers.parity import max_rel_diff
 

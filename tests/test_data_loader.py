@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from analysis.records.run_files import read_summary
-from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer
+from strategies.runtime.distributed import DistEnv
 from tests.helpers.launch import run_jobs
 from tests.helpers.parity import STRATEGIES, max_rel_diff
 

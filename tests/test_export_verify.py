@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from launchers.cli import main
-from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.lifecycle.checkpoint import set_aside
 from strategies.loop.trainer import Trainer
+from strategies.runtime.distributed import DistEnv
 from tests.helpers.cli import refused
 from tests.helpers.launch import run_jobs
 

@@ -18,7 +18,7 @@ from kanscale.errors import ConfigError
 from launchers.cli import main
 from strategies.experiment import load_experiment
 from strategies.native_training import with_native_training
-from strategies.precision_support import cpu_fp16_supported, deepspeed_lacks
+from strategies.step.precision_support import cpu_fp16_supported, deepspeed_lacks
 from tests.helpers.launch import ROOT, child_env
 
 TEMPLATES = ROOT / "tests/data/hf_deepspeed"

@@ -17,7 +17,7 @@ from launchers.recommend.advise import probe_names, stand_in
 from launchers.recommend.probe import Probe
 from launchers.zoo import model_shape
 from strategies.experiment import load_experiment, load_strategy
-from strategies.mesh import MeshShape
+from strategies.runtime.mesh import MeshShape
 from strategies.sections import TrainingConfig
 from tests.helpers.launch import ROOT
 

@@ -1,4 +1,4 @@
-"""The run's device mesh (strategies/mesh.py): the suite's own arithmetic (which data share a
+"""The run's device mesh (strategies/runtime/mesh.py): the suite's own arithmetic (which data share a
 rank trains on, which ranks hold one replica) agrees with where torch's DeviceMesh puts the rank,
 so data sharding and the backends' collectives see the same layout; each strategy declares the
 mesh it runs on."""
@@ -11,9 +11,9 @@ import pytest
 from kan_models import parse_model_config
 from kanscale.errors import ConfigError
 from strategies.backends.fsdp1 import FSDP1Config
-from strategies.distributed import DistEnv
 from strategies.experiment import load_strategy
-from strategies.mesh import DIMS, MeshShape, RunMesh
+from strategies.runtime.distributed import DistEnv
+from strategies.runtime.mesh import DIMS, MeshShape, RunMesh
 from tests.helpers.launch import ROOT, run
 
 MODEL = parse_model_config({"family": "bspline", "widths": [2, 8, 1]})

@@ -26,7 +26,7 @@ from strategies.backends.accelerate_launch import launch_config_conflicts
 from strategies.backends.deepspeed_config import UncheckedDeepSpeedKeys, auto_paths, resolve_native
 from strategies.experiment import load_experiment, parse_experiment
 from strategies.lifecycle.preflight import preflight
-from strategies.precision_support import cpu_fp16_supported
+from strategies.step.precision_support import cpu_fp16_supported
 from tests.helpers.cli import refused
 from tests.helpers.launch import ROOT, run
 

@@ -10,10 +10,10 @@ import pytest
 from analysis.records.load import load_runs
 from analysis.report.derive import derive
 from kanscale.errors import ConfigError
-from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer
-from strategies.precision_support import cpu_fp16_supported
+from strategies.runtime.distributed import DistEnv
+from strategies.step.precision_support import cpu_fp16_supported
 from tests.helpers.launch import run_jobs
 from tests.helpers.parity import STRATEGIES, experiment, max_rel_diff, single_losses
 from tests.helpers.records import make_record, write_record
@@ -152,7 +152,7 @@ def test_precisions_a_backend_cannot_run_are_refused_before_launch(training, str
 def no_cpu_fp16(monkeypatch):
     """This CPU taken for one without oneDNN fp16 kernels (AMD EPYC, Intel before Sapphire Rapids),
     so the refusal is exercised on every machine."""
-    monkeypatch.setattr("strategies.precision_support.cpu_fp16_supported", lambda: False)
+    monkeypatch.setattr("strategies.step.precision_support.cpu_fp16_supported", lambda: False)
 
 
 @pytest.mark.parametrize(
@@ -193,7 +193,7 @@ def test_fp16_under_autocast_needs_no_fp16_kernels(no_cpu_fp16):
 
 def test_the_fp16_check_answers_as_deepspeeds_own_cpu_accelerator():
     """Asked without starting DeepSpeed; DeepSpeed's answer (None for no) must be the same."""
-    from strategies.precision_support import cpu_fp16_supported
+    from strategies.step.precision_support import cpu_fp16_supported
     from tests.helpers.launch import run
 
     ask = "from deepspeed.accelerator import get_accelerator; print(bool(get_accelerator().is_fp16_supported()))"

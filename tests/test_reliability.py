@@ -15,10 +15,10 @@ from analysis.records.load import load_runs
 from analysis.records.run_files import read_steps, read_summary
 from kan_models import build_model, parse_model_config
 from launchers.cli import main
-from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.lifecycle.checkpoint import complete_checkpoints
 from strategies.loop.trainer import Trainer, find_resumable
+from strategies.runtime.distributed import DistEnv
 from tests.helpers.launch import ROOT, child_env, run_jobs
 
 # The slow tier (make test-slow, run by .ci/run): failing and killed ranks, resumes and sweeps of real runs.
@@ -135,7 +135,7 @@ def test_a_zero3_checkpoint_exported_continues_under_another_strategy(worker, st
     assert exported["source"]["format"] == "deepspeed" and exported["source"]["step"] == 12
     cfg = parse_experiment(experiment("x", STRATEGIES[strategy], tmp, steps=4))
     data = cfg.task.generate(cfg.training.seed)
-    from strategies.batch_plan import BatchPlan
+    from strategies.runtime.batch_plan import BatchPlan
 
     first = BatchPlan(640, 64, cfg.training.seed, steps=4).global_indices(0)
     expected = loss_of(exported["model_state"], data.x_train[first].float(), data.y_train[first].float())

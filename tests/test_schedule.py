@@ -12,11 +12,11 @@ from deepspeed.runtime.lr_schedules import WarmupCosineLR, WarmupDecayLR, Warmup
 
 from analysis.records.run_files import read_steps
 from kanscale.errors import ConfigError
-from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer, find_resumable
-from strategies.schedule import lr_at
+from strategies.runtime.distributed import DistEnv
 from strategies.sections import TrainingConfig
+from strategies.step.schedule import lr_at
 from tests.helpers.launch import run_jobs
 
 PEAK, STEPS = 0.02, 16

@@ -12,11 +12,11 @@ import yaml
 from analysis.records.run_files import read_summary
 from kanscale.errors import ConfigError
 from launchers.cli import main
-from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.lifecycle.checkpoint import complete_checkpoints
 from strategies.lifecycle.run_lock import LOCK_FILE
 from strategies.loop.trainer import Trainer, find_resumable
+from strategies.runtime.distributed import DistEnv
 from tests.helpers.launch import ROOT, run, run_here, run_jobs
 from tests.helpers.runs import failed_run, failing, losses, small
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kan_models.tasks import TASKS
-from strategies.batch_plan import BatchPlan, rank_micro_batches
+from strategies.runtime.batch_plan import BatchPlan, rank_micro_batches
 
 
 def task(name, **kw):
@@ -81,7 +81,7 @@ def test_epochs_are_reshuffled_and_counted():
 def test_an_epochs_order_is_drawn_once_and_every_step_slices_it():
     """Drawn per step, the permutation of a large epoch costs more than the fused study step it
     feeds, so it is drawn once per epoch and every step slices it."""
-    from strategies.batch_plan import BatchPlan, epoch_permutation
+    from strategies.runtime.batch_plan import BatchPlan, epoch_permutation
 
     plan = BatchPlan(n_samples=1000, global_batch=100, seed=11, steps=30)
     epoch_permutation.cache_clear()

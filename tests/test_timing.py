@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from analysis.records.run_files import read_steps
-from strategies.distributed import DistEnv
 from strategies.experiment import load_experiment
 from strategies.loop.trainer import train
 from strategies.measure.comm_exposure import NOISE_FLOOR, WindowTimes, exposure
 from strategies.measure.timing import StepTimer, WindowSample, thread_clock, window_bounds
+from strategies.runtime.distributed import DistEnv
 
 ROOT = Path(__file__).resolve().parents[1]
 

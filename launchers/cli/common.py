@@ -167,7 +167,7 @@ def exit_without_teardown(code: int) -> NoReturn:
 
 
 def run_rank(env: Any, args: argparse.Namespace, work: Callable[[], int]) -> int:
-    """Run one rank's ``work`` (``env`` a strategies.distributed.DistEnv) and return its exit
+    """Run one rank's ``work`` (``env`` a strategies.runtime.distributed.DistEnv) and return its exit
     code. Once the rank has joined a process group, an error becomes a message and a code
     (exit_code) and the process leaves through exit_without_teardown; before that, errors go on
     to the caller."""

@@ -48,7 +48,7 @@ def on_shapes_where_possible(model: ModelConfig, work: Callable[[], T]) -> T:
 
 
 def _count(model: ModelConfig, training: TrainingConfig, micro_batch: int, seed: int) -> StepOps:
-    from strategies.optim import build_optimizer, launch_as_on_gpu
+    from strategies.step.optim import build_optimizer, launch_as_on_gpu
 
     with contextlib.redirect_stdout(io.StringIO()):  # pykan prints its checkpoints
         net = build_model(model, seed)

@@ -41,11 +41,11 @@ from strategies.backends.deepspeed_engine import DeepSpeedEngine, initial_weight
 from strategies.backends.deepspeed_training import adopted_training
 from strategies.backends.fsdp1 import FSDP1Engine
 from strategies.backends.fsdp2 import FSDP2Engine
-from strategies.distributed import DistEnv
-from strategies.engine import Batch, Engine, LossFn
-from strategies.optim import build_optimizer
-from strategies.precision_support import autocast_lacks, deepspeed_lacks
+from strategies.runtime.distributed import DistEnv
 from strategies.sections import TrainingConfig
+from strategies.step.engine import Batch, Engine, LossFn
+from strategies.step.optim import build_optimizer
+from strategies.step.precision_support import autocast_lacks, deepspeed_lacks
 from strategies.strategy import StrategyConfig
 
 

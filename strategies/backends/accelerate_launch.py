@@ -16,8 +16,8 @@ from kanscale.extras import require
 from kanscale.files import read_mapping
 from strategies.backends.deepspeed_config import hidden_size, resolve_native, warn_unchecked
 from strategies.backends.deepspeed_training import adopt
-from strategies.precision_support import deepspeed_lacks, precision_problem
 from strategies.sections import TrainingConfig
+from strategies.step.precision_support import deepspeed_lacks, precision_problem
 
 # training.precision -> Accelerate's mixed_precision
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}

@@ -19,7 +19,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from strategies.engine import detached_copy
+from strategies.step.engine import detached_copy
 
 
 def torch_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

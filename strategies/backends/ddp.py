@@ -12,11 +12,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from analysis.projection.strategy_model import StrategyModel
-from strategies.distributed import DistEnv
-from strategies.engine import AveragingEngine, Engine, detached_copy
-from strategies.optim import build_optimizer
-from strategies.precision import Amp
+from strategies.runtime.distributed import DistEnv
 from strategies.sections import TrainingConfig
+from strategies.step.engine import AveragingEngine, Engine, detached_copy
+from strategies.step.optim import build_optimizer
+from strategies.step.precision import Amp
 from strategies.strategy import StrategyConfig
 
 

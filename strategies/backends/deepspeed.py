@@ -41,12 +41,12 @@ from strategies.backends.deepspeed_config import (
 )
 from strategies.backends.deepspeed_engine import DeepSpeedEngine, initial_weights, zero_label
 from strategies.backends.deepspeed_training import adopted_training, decided, with_decides_advice
-from strategies.distributed import DistEnv
-from strategies.engine import Engine
-from strategies.mesh import MeshShape
-from strategies.optim import build_optimizer
-from strategies.precision_support import deepspeed_lacks
+from strategies.runtime.distributed import DistEnv
+from strategies.runtime.mesh import MeshShape
 from strategies.sections import TrainingConfig
+from strategies.step.engine import Engine
+from strategies.step.optim import build_optimizer
+from strategies.step.precision_support import deepspeed_lacks
 from strategies.strategy import StrategyConfig
 
 

@@ -12,9 +12,9 @@ from torch import nn
 
 from analysis.records.schema import ModelStateBytes
 from strategies.backends.deepspeed_config import OPTION_KEYS, get_path
-from strategies.engine import Engine, detached_copy, optimizer_state_tensors, tensor_bytes
-from strategies.precision import LOW_DTYPES
 from strategies.sections import TrainingConfig
+from strategies.step.engine import Engine, detached_copy, optimizer_state_tensors, tensor_bytes
+from strategies.step.precision import LOW_DTYPES
 
 
 def zero_label(stage: int, offloaded: bool) -> str:

@@ -3,7 +3,7 @@
 DeepSpeed's and Transformers' templates carry ``optimizer``, ``scheduler``, ``fp16`` and ``bf16``
 blocks, and DeepSpeed's examples fixed batch sizes, accumulation and clipping. The suite passes
 its own optimizer to DeepSpeed and sets the learning rate of every step itself
-(strategies/schedule.py), so these blocks never reach DeepSpeed; they are read into
+(strategies/step/schedule.py), so these blocks never reach DeepSpeed; they are read into
 ``training.*`` instead, as Transformers' Trainer and Accelerate read them:
 
 - ``"auto"`` (or a key left out) is filled from the experiment;

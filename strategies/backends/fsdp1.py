@@ -17,18 +17,18 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from analysis.projection.strategy_model import StrategyModel
 from kanscale.errors import ConfigError
 from strategies.backends.dcp import ShardedCheckpoints
-from strategies.distributed import DistEnv
-from strategies.engine import AveragingEngine, Engine, detached_copy, frozen_parameters
-from strategies.mesh import MeshShape
-from strategies.optim import build_optimizer
-from strategies.precision import Amp, dtype_name, low_dtype
+from strategies.runtime.distributed import DistEnv
+from strategies.runtime.mesh import MeshShape
 from strategies.sections import TrainingConfig
+from strategies.step.engine import AveragingEngine, Engine, detached_copy, frozen_parameters
+from strategies.step.optim import build_optimizer
+from strategies.step.precision import Amp, dtype_name, low_dtype
 from strategies.strategy import StrategyConfig
 
 
 class FSDP1Engine(ShardedCheckpoints, AveragingEngine):
     # Under compiled autograd FSDP1's hooks assign the full gradient to the flat shard (a size
-    # mismatch): its backward stays eager (strategies/compiled_step.py).
+    # mismatch): its backward stays eager (strategies/step/compiled_step.py).
     compiled_autograd = False
     kind = "fsdp1"
     model: FSDP

@@ -23,12 +23,12 @@ from torch.distributed.tensor import Shard
 from analysis.projection.strategy_model import StrategyModel
 from kanscale.errors import ConfigError
 from strategies.backends.dcp import DTensorStateDicts, ShardedCheckpoints
-from strategies.distributed import DistEnv
-from strategies.engine import AveragingEngine, Engine, frozen_parameters
-from strategies.mesh import MeshShape
-from strategies.optim import build_optimizer
-from strategies.precision import Amp, dtype_name, low_dtype
+from strategies.runtime.distributed import DistEnv
+from strategies.runtime.mesh import MeshShape
 from strategies.sections import Section, TrainingConfig
+from strategies.step.engine import AveragingEngine, Engine, frozen_parameters
+from strategies.step.optim import build_optimizer
+from strategies.step.precision import Amp, dtype_name, low_dtype
 from strategies.strategy import StrategyConfig
 
 # looked up with an option that None leaves unset
@@ -46,7 +46,7 @@ def shard_largest_dim(param: nn.Parameter, world_size: int) -> Shard:
 
 class FSDP2Engine(DTensorStateDicts, ShardedCheckpoints, AveragingEngine):
     # FSDP2's reduce-scatter runs from hooks compiled autograd's captured backward leaves out: under
-    # it the gradients were never reduced (strategies/compiled_step.py).
+    # it the gradients were never reduced (strategies/step/compiled_step.py).
     compiled_autograd = False
     kind = "fsdp2"
 

@@ -8,11 +8,11 @@ from torch import nn
 
 from analysis.projection.strategy_model import StrategyModel
 from kanscale.errors import ConfigError
-from strategies.distributed import DistEnv
-from strategies.engine import Engine
-from strategies.optim import build_optimizer
-from strategies.precision import Amp
+from strategies.runtime.distributed import DistEnv
 from strategies.sections import TrainingConfig
+from strategies.step.engine import Engine
+from strategies.step.optim import build_optimizer
+from strategies.step.precision import Amp
 from strategies.strategy import StrategyConfig
 
 

@@ -4,7 +4,7 @@
 ``fsdp2_tp`` is the 2-D form, torchtitan's composition: the layers cut over the run mesh's ``tp``
 dimension, then FSDP2 (strategies/backends/fsdp2.py, ``apply_fsdp2``) sharding and averaging
 gradients over its ``dp_shard`` one, dp x tp = world size. Data sharding, the loss and the step
-records use the data-parallel position on the mesh (strategies/mesh.py).
+records use the data-parallel position on the mesh (strategies/runtime/mesh.py).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from strategies.backends.tp_plan import (
     local_share,
     reduce_partial_gradients,
 )
-from strategies.distributed import DistEnv
-from strategies.engine import Engine
-from strategies.mesh import MeshShape, RunMesh
-from strategies.optim import build_optimizer
-from strategies.precision import Amp
+from strategies.runtime.distributed import DistEnv
+from strategies.runtime.mesh import MeshShape, RunMesh
 from strategies.sections import Section, TrainingConfig
+from strategies.step.engine import Engine
+from strategies.step.optim import build_optimizer
+from strategies.step.precision import Amp
 from strategies.strategy import StrategyConfig
 
 PlanName = Literal["pairs", "colwise", "rowwise"]

@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from strategies.distributed import DistEnv
 from strategies.lifecycle.disk import disk_full
+from strategies.runtime.distributed import DistEnv
 from strategies.torch_files import load_plain
 
 STEP_DIR = re.compile(r"^step-(\d{6,})$")

@@ -14,13 +14,13 @@ import torch
 from kan_models.tasks.contract import TaskConfig
 from kanscale.directories import check_output_dir
 from kanscale.errors import ConfigError
-from strategies.batch_plan import BatchPlan
 from strategies.experiment import ExperimentConfig
 from strategies.measure.probes import PROBES
-from strategies.mesh import MeshShape
-from strategies.precision_support import check_precision_support
 from strategies.registry import STRATEGIES
+from strategies.runtime.batch_plan import BatchPlan
+from strategies.runtime.mesh import MeshShape
 from strategies.sections import TrainingConfig
+from strategies.step.precision_support import check_precision_support
 
 
 class ThreadsBeyondCores(UserWarning):

@@ -26,7 +26,6 @@ from kanscale.errors import ConfigError
 from kanscale.files import read_mapping
 from kanscale.identity import differences as config_differences
 from kanscale.identity import identity
-from strategies.distributed import DistEnv
 from strategies.experiment import ExperimentConfig
 from strategies.lifecycle.checkpoint import (
     PARTIAL,
@@ -39,6 +38,7 @@ from strategies.lifecycle.checkpoint import (
 from strategies.lifecycle.disk import disk_full, free_space, reserve_space
 from strategies.lifecycle.run_lock import LOCK_FILE, RunLock
 from strategies.native_training import with_native_training
+from strategies.runtime.distributed import DistEnv
 
 logger = log.get(__name__)
 

@@ -1,7 +1,7 @@
 """The two ways a rank gets its micro-batches, behind one call: ``batches(step)``.
 
 ``memory`` (the default) indexes tensors every rank holds with the suite's own split
-(strategies/batch_plan.py): no copies, no processes, the same samples for every strategy.
+(strategies/runtime/batch_plan.py): no copies, no processes, the same samples for every strategy.
 
 ``dataloader`` is what most training scripts and the published study do: a
 ``torch.utils.data.DataLoader`` over the training set with a ``DistributedSampler`` (shuffled by
@@ -27,9 +27,9 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from strategies.batch_plan import BatchPlan, rank_micro_batches
-from strategies.engine import Batch
+from strategies.runtime.batch_plan import BatchPlan, rank_micro_batches
 from strategies.sections import TrainingConfig
+from strategies.step.engine import Batch
 
 
 class MemoryBatches:

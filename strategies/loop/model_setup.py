@@ -14,14 +14,14 @@ import torch
 from kan_models import build_model
 from kan_models.compile import compile_model
 from kanscale.errors import ConfigError
-from strategies.distributed import DistEnv
-from strategies.engine import Batch
 from strategies.experiment import ExperimentConfig
 from strategies.lifecycle.export import read_export
 from strategies.loop.activation_checkpointing import apply_activation_checkpointing
 from strategies.measure.baseline import ComputeBaseline
 from strategies.measure.layerwise import LayerwiseBaseline
-from strategies.mesh import RunMesh
+from strategies.runtime.distributed import DistEnv
+from strategies.runtime.mesh import RunMesh
+from strategies.step.engine import Batch
 
 
 def load_exported(path: str, cfg: ExperimentConfig) -> dict[str, torch.Tensor]:

@@ -14,14 +14,14 @@ import torch
 from analysis.records.run_files import RunWriter
 from analysis.records.schema import BatchInfo, RunError, RunRecord
 from kan_models.tasks import TaskConfig, TaskData
-from strategies.distributed import DistEnv
-from strategies.engine import Engine
 from strategies.lifecycle.checkpoint import discard_partial_saves
 from strategies.lifecycle.disk import free_space
 from strategies.lifecycle.failures import STOPPED, FailureReport, record_failure, reporting_failure, reports_dir
 from strategies.loop.step_log import StepLog
 from strategies.measure.record import now_iso
-from strategies.mesh import RunMesh
+from strategies.runtime.distributed import DistEnv
+from strategies.runtime.mesh import RunMesh
+from strategies.step.engine import Engine
 
 
 def evaluate(

@@ -32,8 +32,6 @@ from analysis.records.run_files import RunWriter
 from analysis.records.schema import BatchInfo, CompileInfo, RunRecord, StepRecord
 from kan_models import count_parameters
 from kan_models.compile import graph_break_counts, graph_breaks
-from strategies.distributed import DistEnv
-from strategies.engine import Batch, Engine
 from strategies.experiment import ExperimentConfig, dump_yaml
 from strategies.lifecycle.checkpoint import load_checkpoint, save_checkpoint
 from strategies.lifecycle.disk import disk_full, free_space
@@ -57,7 +55,9 @@ from strategies.measure.record import batch_info, initial_record, new_run_id, re
 from strategies.measure.step_profile import StepProfile
 from strategies.measure.timing import StepTimer, window_bounds
 from strategies.native_training import with_native_training
-from strategies.schedule import current_lr, lr_at, set_lr
+from strategies.runtime.distributed import DistEnv
+from strategies.step.engine import Batch, Engine
+from strategies.step.schedule import current_lr, lr_at, set_lr
 
 
 class Trainer:

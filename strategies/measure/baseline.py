@@ -26,10 +26,10 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from strategies.engine import Batch, Engine, LossFn
-from strategies.optim import build_optimizer
-from strategies.precision import Amp, low_dtype
 from strategies.sections import TrainingConfig
+from strategies.step.engine import Batch, Engine, LossFn
+from strategies.step.optim import build_optimizer
+from strategies.step.precision import Amp, low_dtype
 
 
 class ComputeBaseline:

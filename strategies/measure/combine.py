@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from analysis.records.schema import Memory, ModelStateBytes, StepRecord
-from strategies.distributed import DistEnv
 from strategies.measure.comm_exposure import WindowTimes
 from strategies.measure.memory import TrainingPeaks
 from strategies.measure.timing import WindowSample
+from strategies.runtime.distributed import DistEnv
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from analysis.records.schema import CommBytes
-from strategies.distributed import DistEnv
+from strategies.runtime.distributed import DistEnv
 
 _c10d = torch.ops.c10d
 # op -> (kind, which argument holds the whole buffer S)

@@ -9,7 +9,7 @@ from importlib import metadata
 import torch
 
 from analysis.records.schema import Environment
-from strategies.distributed import DistEnv, hostname
+from strategies.runtime.distributed import DistEnv, hostname
 
 
 def package_version(name: str) -> str | None:

@@ -34,10 +34,10 @@ import torch
 from torch import nn
 
 from kanscale.errors import ConfigError
-from strategies.engine import Batch, LossFn
-from strategies.optim import build_optimizer
-from strategies.precision import Amp, low_dtype
 from strategies.sections import TrainingConfig
+from strategies.step.engine import Batch, LossFn
+from strategies.step.optim import build_optimizer
+from strategies.step.precision import Amp, low_dtype
 
 # Elements of the optimizer chunk: 16 MiB per fp32 tensor, larger than a CPU's caches (so each
 # step streams from memory as the shard's does), small beside any model worth sharding.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.records.schema import OutsideLoad
-from strategies.distributed import DistEnv, hostname
+from strategies.runtime.distributed import DistEnv, hostname
 
 TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # /proc/stat's busy columns: user, nice, system, irq, softirq, steal (idle and iowait are not busy).

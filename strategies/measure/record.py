@@ -27,13 +27,13 @@ from analysis.records.schema import (
     Topology,
 )
 from kan_models import ParamCount
-from strategies.batch_plan import BatchPlan
-from strategies.distributed import DistEnv, device_name
 from strategies.experiment import ExperimentConfig
 from strategies.measure.combine import Window
 from strategies.measure.comm_exposure import exposure, trusted_seconds, unmeasured
 from strategies.measure.environment import environment_info
 from strategies.measure.timing import blocked_clock_method
+from strategies.runtime.batch_plan import BatchPlan
+from strategies.runtime.distributed import DistEnv, device_name
 from strategies.sections import MeasurementConfig
 
 

@@ -6,7 +6,9 @@ bytes on (the last warm-up step, eager only: strategies/measure/comm_bytes.py sa
 - its FLOPs by torch's FlopCounterMode formulas, with the forwards that activation checkpointing
   runs again in the backward apart: model FLOPs exclude them, hardware FLOPs include them.
 
-Both are dispatch modes, so one step runs every op through Python; its time is in no window."""
+Both are dispatch modes, so one step runs every op through Python; its time is in no window.
+MemTracker is imported when the step comes: it brings in torch's compiler (a second of every
+rank's start otherwise)."""
 
 from __future__ import annotations
 
@@ -19,13 +21,11 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils.flop_counter import FlopCounterMode
 
 from analysis.records.schema import Flops, TensorMemory
-from strategies.distributed import DistEnv
-from strategies.engine import Engine
-from strategies.measure.tensor_memory import CATEGORIES, StepMemoryTracker, by_category, held_tensors, peak_memory
-from strategies.schedule import innermost
+from strategies.runtime.distributed import DistEnv
+from strategies.step.engine import Engine
+from strategies.step.schedule import innermost
 
 
 def recomputing() -> bool:
@@ -42,6 +42,8 @@ class FlopCount(TorchDispatchMode):
     rank's share)."""
 
     def __init__(self) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+
         super().__init__()
         self.formulas = FlopCounterMode(display=False).flop_registry
         self.total = self.recomputed = 0.0
@@ -78,6 +80,8 @@ class StepProfile:
         if step != self.step:
             yield
             return
+        from strategies.measure.tensor_memory import StepMemoryTracker, by_category, held_tensors, peak_memory
+
         tracker = StepMemoryTracker()
         tracker.track_external(held_tensors(engine.model), innermost(engine.optimizer))
         device = self.env.device
@@ -104,7 +108,7 @@ class StepProfile:
     def memory(self) -> tuple[int, TensorMemory] | None:
         """The activations after forward and the step's peak by category, each the max over
         ranks; None where no step was counted."""
-        peak = self.peak or TensorMemory(**dict.fromkeys(CATEGORIES.values(), 0))
+        peak = self.peak or TensorMemory(**dict.fromkeys(TensorMemory.model_fields, 0))
         local = torch.tensor(
             [self.peak is not None, self.after_forward, *peak.model_dump().values()], dtype=torch.float64
         )

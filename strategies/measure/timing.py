@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from strategies.distributed import DistEnv
+from strategies.runtime.distributed import DistEnv
 
 SCHEDSTAT = Path("/proc/thread-self/schedstat")
 

@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from kanscale.errors import ConfigError
-from strategies.distributed import DistEnv
+from strategies.runtime.distributed import DistEnv
 
 
 @contextmanager

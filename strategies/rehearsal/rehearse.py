@@ -15,9 +15,6 @@ import torch
 from pydantic import ValidationError
 
 from kanscale.errors import ConfigError
-from strategies.batch_plan import BatchPlan
-from strategies.distributed import DistEnv
-from strategies.engine import Engine
 from strategies.experiment import ExperimentConfig
 from strategies.lifecycle.preflight import Machines, preflight
 from strategies.loop.loader import MemoryBatches
@@ -26,10 +23,13 @@ from strategies.measure.comm_bytes import CollectiveBytes
 from strategies.measure.kernels import KernelRecorder
 from strategies.measure.tensor_memory import StepMemoryTracker, held_tensors, peak_memory
 from strategies.native_training import with_native_training
-from strategies.optim import launch_as_on_gpu
 from strategies.rehearsal.fake_world import answer_ddp_buckets, fake_world
 from strategies.rehearsal.result import CollectiveCalls, Kernels, Refusal, Rehearsal
-from strategies.schedule import innermost
+from strategies.runtime.batch_plan import BatchPlan
+from strategies.runtime.distributed import DistEnv
+from strategies.step.engine import Engine
+from strategies.step.optim import launch_as_on_gpu
+from strategies.step.schedule import innermost
 
 
 def rehearse(cfg: ExperimentConfig, world_size: int, ranks_per_node: int, rank: int = 0) -> Rehearsal:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from kanscale.machine import cpu_model
-from strategies.mesh import MeshShape, RunMesh
+from strategies.runtime.mesh import MeshShape, RunMesh
 
 
 def _env_int(name: str, default: int) -> int:
@@ -51,7 +51,7 @@ class DistEnv:
     # Set once this process joined a process group: leaving it then needs care (see
     # launchers.cli.common.exit_without_teardown).
     joined_process_group: bool = False
-    # Where this rank sits on the run's device mesh (strategies/mesh.py): the loop places the
+    # Where this rank sits on the run's device mesh (strategies/runtime/mesh.py): the loop places the
     # environment on its strategy's mesh (on_mesh) before it cuts any batch; until then, and for a
     # process that trains nothing, every rank is a whole data-parallel replica.
     mesh: RunMesh = field(init=False)

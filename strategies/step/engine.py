@@ -29,10 +29,10 @@ from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
 
 from analysis.records.schema import CompileInfo, ModelStateBytes, PrecisionInfo
-from strategies.compiled_step import StepCompilation
-from strategies.precision import Amp, dtype_name
-from strategies.schedule import innermost
 from strategies.sections import TrainingConfig
+from strategies.step.compiled_step import StepCompilation
+from strategies.step.precision import Amp, dtype_name
+from strategies.step.schedule import innermost
 from strategies.torch_files import load_plain, load_weights_only
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs and targets of one micro-batch
@@ -99,7 +99,7 @@ class Engine:
     # Which backend this engine drives, in the strategies' vocabulary (an Accelerate run is
     # labelled by the engine Accelerate chose: accelerate_ddp, accelerate_zero2, ...).
     kind = "single"
-    # Whether compiled autograd runs this backend's backward correctly (strategies/compiled_step.py).
+    # Whether compiled autograd runs this backend's backward correctly (strategies/step/compiled_step.py).
     compiled_autograd = True
 
     def __init__(

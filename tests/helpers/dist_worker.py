@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 
 from strategies.backends.ddp import DDPConfig
-from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.lifecycle.export import export
 from strategies.loop.trainer import Trainer, find_resumable
+from strategies.runtime.distributed import DistEnv
 
 
 def state_digest(state: dict[str, torch.Tensor]) -> str:

@@ -149,9 +149,9 @@ def two_agent_commbench(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_here(config: dict, resume: Path | None = None) -> "Trainer":
     """The experiment ``config`` trained in this process (the one-process reference strategies are
     compared with), resuming the run directory ``resume`` if given; its Trainer, after the run."""
-    from strategies.distributed import DistEnv
     from strategies.experiment import parse_experiment
     from strategies.loop.trainer import Trainer
+    from strategies.runtime.distributed import DistEnv
 
     trainer = Trainer(parse_experiment(config), DistEnv(), show_progress=False, resume=resume)
     trainer.run()

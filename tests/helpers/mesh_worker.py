@@ -1,5 +1,5 @@
 """Places every rank on run meshes of the shapes given and writes, per shape and rank, where the
-suite's arithmetic puts the rank (strategies/mesh.py) beside where torch's DeviceMesh does.
+suite's arithmetic puts the rank (strategies/runtime/mesh.py) beside where torch's DeviceMesh does.
 
     torchrun --standalone --nproc_per_node 4 tests/helpers/mesh_worker.py SHAPES.json OUT.json
 """
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from strategies.distributed import DistEnv
-from strategies.mesh import DIMS, MeshShape
+from strategies.runtime.distributed import DistEnv
+from strategies.runtime.mesh import DIMS, MeshShape
 from tests.helpers.dist_worker import finish
 
 

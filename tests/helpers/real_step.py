@@ -9,11 +9,11 @@ import json
 import sys
 from pathlib import Path
 
-from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.lifecycle.preflight import preflight
 from strategies.native_training import with_native_training
 from strategies.rehearsal.rehearse import measure_step
+from strategies.runtime.distributed import DistEnv
 
 
 def main(experiments: Path, out: Path) -> None:

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from analysis.records.run_files import read_steps
-from strategies.distributed import DistEnv
 from strategies.experiment import parse_experiment
 from strategies.loop.trainer import Trainer
+from strategies.runtime.distributed import DistEnv
 
 
 def small(out: Path, strategy: dict | None = None, **training) -> dict:

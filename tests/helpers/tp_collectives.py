@@ -14,7 +14,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 from kan_models import build_model, parse_model_config
 from strategies.backends.tp_plan import apply_tp
-from strategies.distributed import DistEnv
+from strategies.runtime.distributed import DistEnv
 from tests.helpers.dist_worker import finish
 
 

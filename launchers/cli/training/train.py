@@ -38,9 +38,9 @@ def register(subcommands: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from launchers.summary import format_summary
-    from strategies.distributed import DistEnv
     from strategies.experiment import load_experiment
     from strategies.loop.trainer import train
+    from strategies.runtime.distributed import DistEnv
 
     settings = {"output.dir": args.out} if args.out else None  # a path as typed, never read as YAML
     cfg = load_experiment(args.config, experiment_overrides(args), strategy=args.strategy, settings=settings)

@@ -4,9 +4,9 @@
 
 from __future__ import annotations
 
-from strategies.distributed import DistEnv
 from strategies.measure.probes.paper import PaperProbe
 from strategies.measure.probes.probe import StepProbe
+from strategies.runtime.distributed import DistEnv
 
 # name -> (what it is, for messages; how it is built)
 PROBES = {

@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from strategies.distributed import DistEnv
-from strategies.engine import Batch, Engine
 from strategies.measure.probes.probe import StepProbe
+from strategies.runtime.distributed import DistEnv
+from strategies.step.engine import Batch, Engine
 
 
 class PaperProbe(StepProbe):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strategies.engine import Batch, Engine
+from strategies.step.engine import Batch, Engine
 
 
 class StepProbe:
