@@ -56,7 +56,7 @@ demo: $(STAMP)
 # file's tests stay on one worker, so its module fixtures are built once (a session fixture, once
 # per worker that needs it: grouping the files that share one measured slower, 6:01 against 4:48).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 2 ] && n=2; echo $$n)
-PYTEST := $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile
 
 test: $(STAMP)
 	$(PYTEST) -m "not slow" tests --ignore=tests/cluster

@@ -191,11 +191,12 @@ def test_the_verdict_is_the_first_thing_the_browser_shows(chromium, tmp_path):
 
 
 def test_a_fresh_demo_report_opens_offline_with_its_verdict_first(chromium, tmp_path):
-    """What `make demo` writes: the shipped demo study trained for real (two minutes), analysed,
-    and opened in Chromium."""
+    """What `make demo` writes, at its 1M-parameter size: the shipped demo study's five points there
+    trained for real (a minute), analysed, and opened in Chromium. (The fast tier plans all ten;
+    pykan, the study's other size, trains under every strategy in tests/test_parity.py.)"""
     runs = tmp_path / "demo"
-    done = kanscale("sweep", "configs/studies/demo_cpu.yaml", "--out", str(runs), timeout=900)
-    assert done.returncode == 0 and "10 ok" in done.stdout, explain(done)
+    done = kanscale("sweep", "configs/studies/demo_cpu.yaml", "--out", str(runs), "--only", "size=1M", timeout=900)
+    assert done.returncode == 0 and "5 ok" in done.stdout, explain(done)
     analysed = kanscale("analyze", str(runs))
     assert analysed.returncode == 0 and analysed.stdout.startswith("## Verdict"), explain(analysed)
     report = runs / "report" / "report.html"
@@ -205,4 +206,4 @@ def test_a_fresh_demo_report_opens_offline_with_its_verdict_first(chromium, tmp_
     assert ink > 0.05, f"screenshot nearly blank: {ink:.2%} of pixels drawn"
     dom = dump_dom(chromium, report, tmp_path)
     assert re.findall(r"<h2>(.*?)</h2>", dom)[0] == "Verdict"
-    assert dom.count("<b>Fastest</b>") == 2 and "pykan [2, 64, 1]" in dom and "bspline [8, 256, 256, 1]" in dom
+    assert dom.count("<b>Fastest</b>") == 1 and "bspline [8, 256, 256, 1]" in dom
