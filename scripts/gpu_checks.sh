@@ -74,6 +74,13 @@ check fsdp1_hybrid      torchrun_train fsdp1_hybrid --strategy fsdp1_hybrid --se
 check zero3_hpz_quantized torchrun_train zero3_hpz_q --strategy zero3_hpz --set strategy.hpz_partition_size="$NPROC" \
   --set strategy.quantized_weights=true --set strategy.quantized_gradients=true
 
+# activation checkpointing on CUDA (docs/memory.md): the counted step's activations beside the
+# allocator's peak, with and without, under a strategy of each kind
+for s in ddp fsdp2 zero3; do
+  check "${s}_checkpointed" torchrun_train "${s}_ac" --strategy "$s" --set model.family=rbf \
+    --set 'model.widths=[32, 512, 512, 512, 1]' --set task.name=high_dim --set task.dim=32 \
+    --set training.micro_batch=2048 --set training.activation_checkpointing=layers
+done
 check zero2             torchrun_train zero2 --strategy zero2
 check zero3_offload     torchrun_train zero3_offload --strategy zero3_offload
 check accelerate_ddp    accelerate_train acc_ddp configs/accelerate/ddp.yaml
@@ -92,11 +99,15 @@ for summary in sorted(Path(sys.argv[1]).glob("*/*/summary.json")):
     r = read_summary(summary)
     ok = r.status == "ok" and r.topology.comm_backend == "nccl" and (r.memory.peak_device_bytes or 0) > 0
     ok = ok and (r.precision.setting == "fp32" or r.precision.compute_dtype in ("bfloat16", "float16"))
+    # the counted step's tensors and FLOPs, where a step was counted (eager runs)
+    counted = r.compile.setting != "none" or (r.memory is not None and r.memory.step_peak is not None and r.flops is not None)
+    ok = ok and counted
     bad += not ok
     print(f"{'ok ' if ok else 'BAD'} {summary.parent.parent.name:14s} {r.strategy.label:18s} "
           f"{r.throughput.samples_per_s if r.throughput else 0:12,.0f} samples/s  peak {r.memory.peak_device_bytes if r.memory else None} B  "
           f"comm {100 * (r.comm_overhead or 0):.1f}%  loss {r.final_loss}  {r.precision.setting}: {r.precision.mechanism}, "
-          f"computed in {r.precision.compute_dtype}")
+          f"computed in {r.precision.compute_dtype}  activations {r.memory.activations_after_forward_bytes if r.memory else None} B "
+          f"({r.memory.activation_checkpointing if r.memory else None})  model {r.flops.model_per_sample if r.flops else None} FLOP/sample")
 sys.exit(1 if bad else 0)
 PYEOF
 
