@@ -78,6 +78,14 @@ def two_nodes(tmp_path_factory):
         {"id": f"{key}/clip", "config": experiment(HYBRID[key], tmp / "runs", grad_clip=0.5)}
         for key in ("hsdp", "fsdp1_hybrid")
     ]
+    # activation checkpointing wraps the layers before the hybrid wrapping (and for hpZ, DeepSpeed's)
+    jobs += [
+        {
+            "id": f"{key}/checkpointed",
+            "config": experiment(HYBRID[key], tmp / "runs", activation_checkpointing="layers"),
+        }
+        for key in HYBRID
+    ]
     resumable = experiment(HYBRID["hsdp"], tmp / "resume", steps=12, checkpoint_every=4)
     jobs += [
         {"id": "full", "config": resumable},
@@ -96,6 +104,7 @@ def two_nodes(tmp_path_factory):
         ("hsdp/grid", "grid"),
         ("hsdp/clip", "clip"),
         ("fsdp1_hybrid/clip", "clip"),
+        *[(f"{k}/checkpointed", "plain") for k in HYBRID],
     ],
 )
 def test_losses_match_the_single_process_reference(two_nodes, references, key, reference):
@@ -106,6 +115,9 @@ def test_losses_match_the_single_process_reference(two_nodes, references, key, r
     if reference == "clip":  # and the clipping clipped
         assert max_rel_diff(losses, [s.loss for s in references["plain"].combined], STEPS) > 1e-3
     assert max_rel_diff(result["losses"], losses, STEPS) < RTOL
+    if key.endswith("/checkpointed"):
+        assert result["memory"]["activation_checkpointing"] == "layers"
+        assert result["memory"]["checkpointed_units"] == len(MODEL["widths"]) - 1
 
 
 @pytest.mark.parametrize("key", ["hsdp", "fsdp1_hybrid", "fsdp1_hybrid_zero2"])

@@ -102,6 +102,10 @@ def fsdp2_tp_world4(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tp4")
     jobs = jobs_for({"name": "fsdp2_tp", "tp_degree": 2}, tmp)
     jobs.append({"id": "tp4", "config": experiment("bspline", {"name": "tp"}, tmp / "runs")})  # one replica over 4
+    checkpointed = experiment(
+        "bspline", {"name": "fsdp2_tp", "tp_degree": 2}, tmp / "runs", activation_checkpointing="layers"
+    )
+    jobs.append({"id": "checkpointed", "config": checkpointed})  # the layers wrapped before TP cuts them
     return tmp, run_jobs(jobs, tmp, nproc=4)
 
 
@@ -163,6 +167,14 @@ def test_tp_over_four_ranks_keeps_parity_and_quarters_the_state(fsdp2_tp_world4,
     assert result["status"] == "ok" and result["ranks_identical"]
     assert max_rel_diff(result["losses"], references["bspline"][0], STEPS) < RTOL
     assert result["model_state"]["params"] * 4 == references["bspline"][1].params
+
+
+def test_checkpointed_layers_under_fsdp2_x_tp_keep_parity(fsdp2_tp_world4, references):
+    result = fsdp2_tp_world4[1]["checkpointed"]
+    assert result["status"] == "ok" and result["ranks_identical"]
+    assert max_rel_diff(result["losses"], references["bspline"][0], STEPS) < RTOL
+    assert result["memory"]["activation_checkpointing"] == "layers"
+    assert result["memory"]["checkpointed_units"] == len(MODELS["bspline"]["widths"]) - 1
 
 
 def test_the_record_says_how_each_layer_was_cut(tp_world2):
