@@ -3,9 +3,12 @@ formulas, and its tensors by category, in the record of a real one-process run."
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from tests.helpers.launch import run_here
+from tests.helpers.launch import ROOT, child_env, run_here
 from tests.helpers.parity import experiment
 
 
@@ -42,3 +45,15 @@ def test_accumulated_micro_batches_are_counted_as_one_step(tmp_path):
     assert peak.activations <= peak.peak
     assert peak.parameters == sum(p.numel() * p.element_size() for p in model.parameters())
     assert accumulated.memory.activation_checkpointing == "none" and accumulated.memory.checkpointed_units == 0
+
+
+def test_the_tracker_is_imported_without_torchs_compiler():
+    """MemTracker's module alone: its package's __init__ would import torch._inductor, most of a
+    second in every rank that counts a step."""
+    probe = (
+        "import sys; from strategies.measure.tensor_memory import StepMemoryTracker; "
+        "print(sorted(m for m in ('torch._inductor', 'torch._dynamo') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, env=child_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -4,12 +4,32 @@ hooks) over one step, set up so that it runs under every backend. Used where a r
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from typing import Any
 
 import torch
-from torch.distributed._tools.mem_tracker import MemTracker
 
 from analysis.records.schema_sections import TensorMemory
+
+
+def _register_bare(package: str) -> None:
+    """Put ``package`` in sys.modules without running its ``__init__``, so that its modules can be
+    imported one by one. torch.distributed._tools's ``__init__`` imports every tool it holds, the
+    runtime estimator among them and with it torch's compiler (torch._inductor): most of a second
+    in every process that counts a step (docs/memory.md), for modules MemTracker never uses."""
+    spec = importlib.util.find_spec(package)
+    if package not in sys.modules and spec is not None:
+        sys.modules[package] = importlib.util.module_from_spec(spec)
+
+
+try:
+    _register_bare("torch.distributed._tools")
+    from torch.distributed._tools.mem_tracker import MemTracker
+except ImportError:  # a torch whose tools need their package's __init__: run it after all
+    for name in [m for m in sys.modules if m.startswith("torch.distributed._tools")]:
+        del sys.modules[name]
+    from torch.distributed._tools.mem_tracker import MemTracker
 
 # MemTracker's categories (its keys are str enums), as the records name them
 CATEGORIES = {
