@@ -8,7 +8,7 @@
 #   make test-cluster   tests against real SLURM (munge, slurmctld, 2 slurmd) and sshd + pdsh
 #               daemons they start on 127.0.0.1, and the report in headless Chromium; installs
 #               the Debian packages when root, else skips
-#   make check  lint (ruff check), format check (ruff format --check) and types (mypy)
+#   make check  lint (ruff check), format check (ruff format --check): make lint; types (mypy): make types
 #   .ci/run runs all four.
 #
 # TORCH_SPEC picks the torch build. The default is the CPU wheel that lies on this project's
@@ -28,7 +28,7 @@ TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 export TORCH_EXTENSIONS_DIR
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: test-both demo test test-slow test-cluster check install clean
+.PHONY: test-both demo test test-slow test-cluster check lint types install clean
 
 install: $(STAMP)
 
@@ -61,9 +61,13 @@ PYTEST := $(BIN)/python -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist lo
 test: $(STAMP)
 	$(PYTEST) -m "not slow" tests --ignore=tests/cluster
 
-check: $(STAMP)
+check: lint types
+
+lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+types: $(STAMP)
 	$(BIN)/mypy
 
 test-slow: $(STAMP)

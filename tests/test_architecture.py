@@ -203,14 +203,18 @@ def test_pyproject_lists_every_package():
 
 
 def test_every_tier_runs_in_ci():
-    """make test leaves the slow tier out; .ci/run runs make check (lint, format, types), make
-    test-both (every test outside tests/cluster, slow or not, in one session) and make
-    test-cluster, so nothing goes untested."""
+    """make test leaves the slow tier out; .ci/run runs make check's two halves (lint and format,
+    then types beside the tests), make test-both (every test outside tests/cluster, slow or not,
+    in one session) and make test-cluster, so nothing goes untested."""
     makefile, ci = (ROOT / "Makefile").read_text(), (ROOT / ".ci/run").read_text()
     assert '-m "not slow"' in makefile and "-m slow" in makefile
-    ran = [line.strip() for line in ci.splitlines() if line.strip().startswith("make ")]
-    assert ran == ["make check", "make test-both", "make test-cluster"]
-    both = makefile.split("\ntest-both:", 1)[1].split("\n\n", 1)[0]
-    assert "$(PYTEST) tests --ignore=tests/cluster" in both and " -m " not in both
-    check = makefile.split("\ncheck:", 1)[1].split("\n\n", 1)[0]
-    assert "ruff check" in check and "ruff format --check" in check and "mypy" in check
+    ran = [line.split()[1] for line in ci.splitlines() if line.strip().startswith("make ")]
+    assert ran == ["lint", "types", "test-both", "test-cluster"]
+    assert 'wait "$types"' in ci  # the types' verdict is waited for, not left behind
+
+    def recipe(target: str) -> str:
+        return makefile.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+
+    assert "$(PYTEST) tests --ignore=tests/cluster" in recipe("test-both") and " -m " not in recipe("test-both")
+    assert recipe("check").split()[:2] == ["lint", "types"]
+    assert "ruff check" in recipe("lint") and "ruff format --check" in recipe("lint") and "mypy" in recipe("types")

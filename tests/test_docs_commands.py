@@ -92,10 +92,14 @@ def test_every_command_parses_and_names_files_that_exist(command):
 
 
 def make_recipe(target: str) -> list[list[str]]:
-    """The commands of a Makefile target, the virtual environment's programs by their names."""
+    """The commands of a Makefile target, those of the targets it names first (``check: lint
+    types``), the virtual environment's programs by their names."""
     text = (ROOT / "Makefile").read_text()
-    found = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)*)", text, re.M)
-    return [shlex.split(line.strip().replace("$(BIN)/", "")) for line in found.group(1).splitlines()] if found else []
+    found = re.search(rf"^{re.escape(target)}:(.*)\n((?:\t.*\n)*)", text, re.M)
+    if not found:
+        return []
+    first = [line for name in found.group(1).split() if not name.startswith("$") for line in make_recipe(name)]
+    return first + [shlex.split(line.strip().replace("$(BIN)/", "")) for line in found.group(2).splitlines()]
 
 
 def test_make_test_runs_in_ci_and_make_demo_plans(sandbox, monkeypatch):
