@@ -159,6 +159,14 @@ class TrainingConfig(Section):
                 f"activation_checkpointing_every {self.activation_checkpointing_every} needs units to "
                 "checkpoint; set training.activation_checkpointing=layers (or leave the other unset)"
             )
+        if self.compile != "none" and self.activation_checkpointing != "none":
+            # the composable checkpoint's hooks recompute a unit eagerly in backward, while its forward
+            # ran in the compiled graph, which saves other tensors: the first backward fails
+            raise ValueError(
+                f"compile {self.compile} with activation_checkpointing {self.activation_checkpointing}: "
+                "torch.compile traces the checkpointed layers' forward but not their recomputation, so the "
+                "first backward would fail; set training.compile=none, or training.activation_checkpointing=none"
+            )
         if self.precision != "fp32" and self.dtype != "float32":
             raise ValueError(
                 f"precision {self.precision} keeps float32 master weights, but dtype is {self.dtype}; "

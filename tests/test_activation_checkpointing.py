@@ -53,6 +53,22 @@ def test_every_n_without_layers_is_refused_naming_the_fix():
         load_experiment("quickstart", ["training.activation_checkpointing_every=2"])
 
 
+@pytest.mark.parametrize("compile", ["model", "step"])
+def test_compiling_checkpointed_layers_is_refused_naming_both_fixes(compile):
+    """torch.compile with the composable checkpoint fails in the first backward (CheckpointError: other
+    tensors saved in the recomputation), after the launch: refused before it, and each fix parses."""
+    both = [f"training.compile={compile}", "training.activation_checkpointing=layers"]
+    fixes = re.escape("set training.compile=none, or training.activation_checkpointing=none")
+    with pytest.raises((ValueError, ValidationError), match=fixes):
+        load_experiment("quickstart", both)
+    for fix in ("training.compile=none", "training.activation_checkpointing=none"):
+        assert load_experiment("quickstart", [*both, fix]).training.compile in (compile, "none")
+    # a DeepSpeed file's section that would turn checkpointing on under compile is refused too
+    compiled = load_experiment("quickstart", [f"training.compile={compile}"]).training
+    refused = adopt({"activation_checkpointing": {}}, compiled, "ds.json")
+    assert any("set training.compile=none" in p for p in refused.problems), refused.problems
+
+
 def test_a_deepspeed_files_section_is_taken_in_as_layers_or_refused():
     training = load_experiment("quickstart").training
     adoption = adopt({"activation_checkpointing": {"partition_activations": False}}, training, "ds.json")

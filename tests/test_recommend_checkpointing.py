@@ -4,6 +4,7 @@ what estimated cost (launchers/recommend/checkpointing.py)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -53,6 +54,12 @@ def test_a_batch_that_fits_only_in_more_micro_batches_is_told_what_checkpointing
     assert "fits in 1 micro-batch(es) of 512 samples per rank (without: 2 micro-batches of 256)" in lines[0]
     cost = recompute_cost(cfg, 256)
     assert 1.05 < cost < 2.0 and f"x{cost:.2f}" in lines[0]  # up to one more forward
+    # a compiled experiment is told to run eager too (the two are refused together), and that parses
+    compiled = load_experiment("quickstart", [*RBF, "training.compile=model"])
+    (line,) = checkpointing_lines(compiled, 256, [without], lambda c, per_sample: lay_out_with(per_sample))
+    sets = re.findall(r"--set (\S+)", line)
+    assert sets == ["training.activation_checkpointing=layers", "training.compile=none"]
+    assert load_experiment("quickstart", [*RBF, "training.compile=model", *sets]).training.compile == "none"
     # an experiment that checkpoints already, or a batch that fits whole, is told nothing
     assert checkpointing_lines(checkpointed(cfg), 256, [without], lambda c, p: lay_out_with(p)) == []
     roomy = replace(without, grad_accum=1)

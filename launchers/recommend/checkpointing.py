@@ -47,6 +47,9 @@ def checkpointing_lines(
         per_sample = device_step_memory(checkpointed(cfg), micro_batch).per_sample
     except ConfigError:  # a model without units to checkpoint: nothing to suggest
         return []
+    fix = "--set training.activation_checkpointing=layers"
+    if cfg.training.compile != "none":  # refused together (strategies/sections.py): the layers run eager
+        fix += " --set training.compile=none"
     lines, cost = [], None
     for c in needy:
         again = lay_out_again(c, per_sample)
@@ -55,7 +58,7 @@ def checkpointing_lines(
         cost = cost if cost is not None else recompute_cost(cfg, micro_batch)
         before = f"{c.grad_accum} micro-batches of {c.micro_batch}" if c.fits else "no micro-batch that fits"
         lines.append(
-            f"{c.strategy}: with --set training.activation_checkpointing=layers its batch fits in "
+            f"{c.strategy}: with {fix} its batch fits in "
             f"{again.grad_accum} micro-batch(es) of {again.micro_batch} samples per rank (without: {before}); "
             f"the recomputation costs about x{cost:.2f} a micro-batch's compute (estimated: the step's kernels "
             "counted with and without it)"
