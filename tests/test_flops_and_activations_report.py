@@ -4,10 +4,13 @@ peak naming the flag and the fix, which the tests follow."""
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
 from analysis.records.schema import Flops, TensorMemory
+from analysis.report.budget import largest_batch
 from launchers.cli import main
 from tests.helpers.records import make_record, write_record
 
@@ -107,3 +110,10 @@ def test_the_budget_table_gives_the_largest_micro_batch_by_mode_and_the_throughp
 def test_a_budget_that_is_not_positive_is_refused_naming_the_fix(tmp_path, capsys):
     assert main(["analyze", str(tmp_path), "--memory-budget", "-1"]) == 2
     assert "--memory-budget is -1; give the memory of one rank in GiB" in capsys.readouterr().err
+
+
+def test_a_budget_holding_a_whole_number_of_samples_is_not_cut_by_the_fits_rounding():
+    budget, fixed = 1024**3, 4 * 1024**2
+    one_ulp_steep = math.nextafter(40 * 1024.0, math.inf)  # what np.polyfit may return for 40 KiB
+    assert largest_batch((fixed, one_ulp_steep), budget) == "26,112"
+    assert largest_batch((fixed, 40 * 1024.0 + 1), budget) == "26,111"  # a real byte more a sample still counts

@@ -43,7 +43,9 @@ def largest_batch(line: tuple[float, float] | None, budget: float) -> str:
         return f"none: {human_bytes(fixed_bytes)} before any sample"
     if per_sample <= 0:
         return "no growth with the batch measured"
-    return count(math.floor((budget - fixed_bytes) / per_sample))
+    # The fit's rounding (a few ULPs, which vary with the LAPACK path taken) must not cost a
+    # sample where the budget holds a whole number of them exactly.
+    return count(math.floor(round((budget - fixed_bytes) / per_sample, 6)))
 
 
 def throughput_cost(without: pd.DataFrame, with_: pd.DataFrame) -> float:
