@@ -24,6 +24,7 @@ LONGEST_FIRST = (
     "test_docs_commands_run.py",
     "test_rehearsal.py",
     "test_baseline_memory.py",
+    "test_activation_checkpointing.py",
     "test_recommend.py",
     "test_extras_install.py",
     "test_full_disk.py",
@@ -39,6 +40,9 @@ LONGEST_FIRST = (
     "test_sweep_interrupts.py",
     "test_hybrid_sharding.py",
     "test_precision.py",
+    "test_hf_templates.py",
+    "test_reliability.py",
+    "test_backends_cli.py",
 )
 
 
