@@ -14,9 +14,11 @@ A job ``{"id": ..., "export": RUN_DIR_OF_JOB, "to": FILE}`` exports that job's c
 """
 
 import contextlib
+import faulthandler
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -65,6 +67,9 @@ def delayed_allreduce(delay_s: float):
 
 
 def main(jobs_path: str, results_path: str) -> None:
+    # A rank the others gave up on is stopped by torchrun's SIGTERM: its stack, on stderr (which
+    # the failing test shows), says where it was held.
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     torch.set_num_threads(1)
     jobs = json.loads(Path(jobs_path).read_text())
     env = DistEnv.from_environ("cpu")
@@ -87,6 +92,8 @@ def main(jobs_path: str, results_path: str) -> None:
             with delayed_allreduce(delay) if delay else contextlib.nullcontext():
                 record = trainer.run()
         except Exception as err:
+            # every rank says it: only rank 0 writes the results, and another rank may raise alone
+            print(f"[rank {env.rank}] job {job['id']} raised {type(err).__name__}: {err}", file=sys.stderr)
             results[job["id"]] = {
                 "status": "raised",
                 "error": f"{type(err).__name__}: {err}",
