@@ -63,6 +63,32 @@ def deepspeed_ssh_run(ssh_hosts, tmp_path, env):
     )
 
 
+def test_an_unreachable_host_is_named_before_launch(ssh_hosts, tmp_path):
+    """The first entry answers (the test sshd, its key); the second is named, and nothing starts."""
+    hosts = hostfile(tmp_path, ["127.0.0.1", "no-such-node.invalid"])
+    ssh = ["--ssh-port", str(ssh_hosts.port), "--ssh-key", str(ssh_hosts.key)]
+    out = tmp_path / "runs"
+    env = cli_env(PDSH_SSH_ARGS_APPEND=SSH_APPEND)
+    done = kanscale(
+        "run",
+        "quickstart",
+        "--strategy",
+        "zero2",
+        "--launcher",
+        "deepspeed",
+        "--hostfile",
+        str(hosts),
+        *ssh,
+        "--out",
+        str(out),
+        env=env,
+    )
+    assert done.returncode == 2, explain(done)
+    assert "ssh cannot reach no-such-node.invalid without a password" in done.stderr, explain(done)
+    assert "cannot reach 127.0.0.1" not in done.stderr, explain(done)
+    assert "Traceback" not in done.stderr and not out.exists(), explain(done)
+
+
 def test_deepspeed_over_ssh_trains_two_ranks_on_two_host_entries(ssh_hosts, tmp_path):
     done = deepspeed_ssh_run(ssh_hosts, tmp_path, cli_env(PDSH_SSH_ARGS_APPEND=SSH_APPEND))
     assert done.returncode == 0, explain(done)
