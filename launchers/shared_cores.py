@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -29,6 +30,19 @@ def measure_shared_cores(env: DistEnv) -> list[dict[str, Any]]:
     return [time_shared_cores(env, compute_s) for compute_s in COMPUTE_S]
 
 
+def units_in(compute_s: float, unit: Callable[[], None], calibrate_s: float = 0.02) -> int:
+    """How many calls of ``unit`` take ``compute_s``: each call timed for ``calibrate_s``, their
+    median taken. A total over the window would not do: one stall in it (another process given
+    the core, as on a loaded machine) made a 16 ms length measure under 2 ms."""
+    times: list[float] = []
+    end = time.perf_counter() + calibrate_s
+    while time.perf_counter() < end or len(times) < 5:
+        start = time.perf_counter()
+        unit()
+        times.append(time.perf_counter() - start)
+    return max(1, round(compute_s / statistics.median(times)))
+
+
 def time_shared_cores(env: DistEnv, compute_s: float) -> dict[str, Any]:
     """About ``compute_s`` of a training step's kind of work (a small network's forward, backward
     and Adam steps) alone and together: per step, the slowest rank's time, the all-reduce's own
@@ -45,11 +59,7 @@ def time_shared_cores(env: DistEnv, compute_s: float) -> dict[str, Any]:
 
     for _ in range(10):  # warm
         unit()
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < 0.02:
-        unit()
-        done += 1
-    box = [max(1, round(compute_s / ((time.perf_counter() - start) / done)))]
+    box = [units_in(compute_s, unit)]
     dist.broadcast_object_list(box, src=0)  # rank 0's count: every rank does the same work
     # short steps vary most: more of them, about half a second of each kind in all
     iters = min(200, max(FEWEST_ITERS, round(0.5 / compute_s)))

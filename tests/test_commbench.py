@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -13,6 +14,7 @@ from launchers.cli import main
 from launchers.commbench import BenchOptions, iterations, message_sizes, rank_command
 from launchers.launch.commands import LaunchSpec
 from launchers.shared_cores import COMPUTE_S as SHARED_CORES_COMPUTE_S
+from launchers.shared_cores import units_in
 from tests.helpers.launch import ROOT, child_env, two_agent_commbench
 
 
@@ -122,3 +124,19 @@ def test_commbench_refuses_bad_flags(argv, message, capsys, in_tmp_cwd):
     assert code == 2
     assert message in capsys.readouterr().err
     assert not list(in_tmp_cwd.iterdir())  # refused before anything is written
+
+
+def test_one_stall_while_calibrating_does_not_shorten_the_work_timed():
+    """A unit of 0.5 ms whose third call is held 30 ms, longer than the whole calibration window
+    (another process given the core): 16 ms is still about 32 units."""
+    calls = []
+
+    def unit() -> None:
+        calls.append(None)
+        if len(calls) == 3:
+            time.sleep(0.03)
+        end = time.perf_counter() + 5e-4
+        while time.perf_counter() < end:
+            pass
+
+    assert 26 <= units_in(16e-3, unit) <= 32
