@@ -39,7 +39,8 @@ def test_pdsh_reaches_both_host_entries_through_the_test_sshd(ssh_hosts):
     assert sorted(line.split(":")[0] for line in done.stdout.splitlines()) == sorted(ssh_hosts.hosts)
 
 
-def deepspeed_ssh_run(ssh_hosts, tmp_path, env):
+def deepspeed_ssh_run(ssh_hosts, tmp_path, env, hosts=None):
+    """``kanscale run`` over the test sshd, on its host entries or on ``hosts``."""
     return kanscale(
         "run",
         "quickstart",
@@ -48,7 +49,7 @@ def deepspeed_ssh_run(ssh_hosts, tmp_path, env):
         "--launcher",
         "deepspeed",
         "--hostfile",
-        str(hostfile(tmp_path, ssh_hosts.hosts)),
+        str(hostfile(tmp_path, hosts or ssh_hosts.hosts)),
         "--ssh-port",
         str(ssh_hosts.port),
         "--ssh-key",
@@ -65,28 +66,12 @@ def deepspeed_ssh_run(ssh_hosts, tmp_path, env):
 
 def test_an_unreachable_host_is_named_before_launch(ssh_hosts, tmp_path):
     """The first entry answers (the test sshd, its key); the second is named, and nothing starts."""
-    hosts = hostfile(tmp_path, ["127.0.0.1", "no-such-node.invalid"])
-    ssh = ["--ssh-port", str(ssh_hosts.port), "--ssh-key", str(ssh_hosts.key)]
-    out = tmp_path / "runs"
     env = cli_env(PDSH_SSH_ARGS_APPEND=SSH_APPEND)
-    done = kanscale(
-        "run",
-        "quickstart",
-        "--strategy",
-        "zero2",
-        "--launcher",
-        "deepspeed",
-        "--hostfile",
-        str(hosts),
-        *ssh,
-        "--out",
-        str(out),
-        env=env,
-    )
+    done = deepspeed_ssh_run(ssh_hosts, tmp_path, env, hosts=["127.0.0.1", "no-such-node.invalid"])
     assert done.returncode == 2, explain(done)
     assert "ssh cannot reach no-such-node.invalid without a password" in done.stderr, explain(done)
     assert "cannot reach 127.0.0.1" not in done.stderr, explain(done)
-    assert "Traceback" not in done.stderr and not out.exists(), explain(done)
+    assert "Traceback" not in done.stderr and not (tmp_path / "runs").exists(), explain(done)
 
 
 def test_deepspeed_over_ssh_trains_two_ranks_on_two_host_entries(ssh_hosts, tmp_path):
